@@ -1,0 +1,44 @@
+"""Cython build of the compiled core (``sfc_fast``); metadata lives in pyproject.toml."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+HERE = Path(__file__).parent
+SRC = HERE / "src" / "sfc_fast"
+
+# Module-wide directives. Hot loops additionally drop bounds and wraparound checks
+# with @cython.boundscheck(False) / @cython.wraparound(False) at the function, where
+# the indexes have been validated (Graph.from_bytes checks every table); code that
+# indexes Python lists keeps Python's checks.
+DIRECTIVES = {
+    "language_level": "3",
+    "initializedcheck": False,
+    "embedsignature": True,
+}
+
+debug = os.environ.get("SFC_DEBUG_BUILD") == "1"
+cflags = ["-O0", "-g"] if debug else ["-O3"]
+
+extensions = [
+    Extension(
+        f"sfc_fast.{pyx.stem}",
+        [str(pyx.relative_to(HERE))],
+        extra_compile_args=cflags,
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+    for pyx in sorted(SRC.glob("*.pyx"))
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives=DIRECTIVES,
+        nthreads=int(os.environ.get("SFC_BUILD_JOBS", "2")),
+        annotate=os.environ.get("SFC_ANNOTATE") == "1",
+    ),
+)

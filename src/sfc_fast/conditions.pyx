@@ -1,0 +1,797 @@
+# cython: language_level=3
+"""Transition conditions: parser, bytecode emitter, verifier and stack machine.
+
+The language (docs/recipes.md): literals (numbers, 'text', true, false, null,
+lists), references (``action.field.sub``, ``action._round``, ``action._outcome``,
+``job.param``, bare names), ``== != < <= > >= in``, ``not in``, ``and or not``,
+parentheses and unary minus. Nothing here calls back into Python code written by
+a recipe author: there is no ``eval`` and no attribute access.
+"""
+
+from libc.stdint cimport int32_t
+from cpython.object cimport PyObject_IsTrue
+from cpython.list cimport PyList_GET_SIZE
+
+import json
+
+# OP codes are exported for tools (disassembly in tests and docs).
+OPCODES = {
+    "END": OP_END, "CONST": OP_CONST, "LOAD": OP_LOAD, "EQ": OP_EQ, "NE": OP_NE,
+    "LT": OP_LT, "LE": OP_LE, "GT": OP_GT, "GE": OP_GE, "IN": OP_IN, "NOT": OP_NOT,
+    "AND_JUMP": OP_AND_JUMP, "OR_JUMP": OP_OR_JUMP, "BOOL": OP_BOOL, "LIST": OP_LIST,
+    "NEG": OP_NEG,
+}
+REF_KINDS = {"result": REF_RESULT, "round": REF_ROUND, "outcome": REF_OUTCOME,
+             "job": REF_JOB, "bare": REF_BARE}
+
+TRIVIALLY_TRUE = frozenset(("", "always", "true"))
+
+
+class ConditionSyntaxError(ValueError):
+    """A condition that does not parse; ``position`` is a 0-based character offset."""
+
+    def __init__(self, message: str, position: int) -> None:
+        super().__init__(f"{message} at position {position}")
+        self.message = message
+        self.position = position
+
+
+# ---------------------------------------------------------------- tokenizer
+
+cdef enum:
+    T_EOF = 0
+    T_NUM = 1
+    T_STR = 2
+    T_NAME = 3      # dotted path of identifiers
+    T_OP = 4        # == != < <= > >=
+    T_LP = 5
+    T_RP = 6
+    T_LB = 7
+    T_RB = 8
+    T_COMMA = 9
+    T_MINUS = 10
+    T_KW = 11       # and or not in true false null
+
+_KEYWORDS = frozenset(("and", "or", "not", "in", "true", "false", "null"))
+
+
+cdef inline bint _ident_start(Py_UCS4 c) noexcept:
+    return c == u'_' or (u'a' <= c <= u'z') or (u'A' <= c <= u'Z')
+
+
+cdef inline bint _ident_char(Py_UCS4 c) noexcept:
+    return _ident_start(c) or (u'0' <= c <= u'9')
+
+
+cdef list _tokenize(str text):
+    """Return a list of (kind, value, position) tuples, ending with T_EOF."""
+    cdef list out = []
+    cdef Py_ssize_t i = 0, n = len(text), j
+    cdef Py_UCS4 c, q
+    cdef list buf
+    while i < n:
+        c = text[i]
+        if c == u' ' or c == u'\t' or c == u'\n' or c == u'\r':
+            i += 1
+            continue
+        if _ident_start(c):
+            j = i
+            while True:
+                while j < n and _ident_char(text[j]):
+                    j += 1
+                # a dot followed by an identifier continues the path
+                if j + 1 < n and text[j] == u'.' and _ident_start(text[j + 1]):
+                    j += 1
+                    continue
+                break
+            word = text[i:j]
+            if word in _KEYWORDS:
+                out.append((T_KW, word, i))
+            else:
+                out.append((T_NAME, word, i))
+            i = j
+            continue
+        if (u'0' <= c <= u'9') or (c == u'.' and i + 1 < n and u'0' <= text[i + 1] <= u'9'):
+            j = i
+            while j < n and (u'0' <= text[j] <= u'9'):
+                j += 1
+            if j < n and text[j] == u'.':
+                j += 1
+                while j < n and (u'0' <= text[j] <= u'9'):
+                    j += 1
+            if j < n and (text[j] == u'e' or text[j] == u'E'):
+                k = j + 1
+                if k < n and (text[k] == u'+' or text[k] == u'-'):
+                    k += 1
+                if k < n and (u'0' <= text[k] <= u'9'):
+                    j = k
+                    while j < n and (u'0' <= text[j] <= u'9'):
+                        j += 1
+            lit = text[i:j]
+            if j < n and _ident_char(text[j]):
+                raise ConditionSyntaxError(f"malformed number {text[i:j + 1]!r}", i)
+            try:
+                if u'.' in lit or u'e' in lit or u'E' in lit:
+                    value = float(lit)
+                else:
+                    value = int(lit)
+            except ValueError:
+                raise ConditionSyntaxError(f"malformed number {lit!r}", i) from None
+            out.append((T_NUM, value, i))
+            i = j
+            continue
+        if c == u"'" or c == u'"':
+            q = c
+            j = i + 1
+            buf = []
+            while True:
+                if j >= n:
+                    raise ConditionSyntaxError("unterminated string", i)
+                c = text[j]
+                if c == q:
+                    j += 1
+                    break
+                if c == u'\\':
+                    if j + 1 >= n:
+                        raise ConditionSyntaxError("unterminated string", i)
+                    e = text[j + 1]
+                    if e == u'n':
+                        buf.append(u'\n')
+                    elif e == u't':
+                        buf.append(u'\t')
+                    elif e == u'\\' or e == u"'" or e == u'"':
+                        buf.append(e)
+                    else:
+                        raise ConditionSyntaxError(f"unknown escape \\{e}", j)
+                    j += 2
+                    continue
+                buf.append(c)
+                j += 1
+            out.append((T_STR, u''.join(buf), i))
+            i = j
+            continue
+        if c == u'=' or c == u'!' or c == u'<' or c == u'>':
+            if i + 1 < n and text[i + 1] == u'=':
+                out.append((T_OP, text[i:i + 2], i))
+                i += 2
+                continue
+            if c == u'<' or c == u'>':
+                out.append((T_OP, text[i], i))
+                i += 1
+                continue
+            if c == u'=':
+                raise ConditionSyntaxError("'=' is not an operator, use '=='", i)
+            raise ConditionSyntaxError("'!' is not an operator, use 'not' or '!='", i)
+        if c == u'(':
+            out.append((T_LP, c, i))
+        elif c == u')':
+            out.append((T_RP, c, i))
+        elif c == u'[':
+            out.append((T_LB, c, i))
+        elif c == u']':
+            out.append((T_RB, c, i))
+        elif c == u',':
+            out.append((T_COMMA, c, i))
+        elif c == u'-':
+            out.append((T_MINUS, c, i))
+        else:
+            raise ConditionSyntaxError(f"unexpected character {c!r}", i)
+        i += 1
+    out.append((T_EOF, None, n))
+    return out
+
+
+# ---------------------------------------------------------------- parser
+
+_CMP_OPS = {"==": OP_EQ, "!=": OP_NE, "<": OP_LT, "<=": OP_LE, ">": OP_GT, ">=": OP_GE}
+
+_CONST = object()   # marks a folded constant on the parser's value side
+
+
+cdef class CondBuilder:
+    """Collects the bytecode, references and constants of every condition of a recipe.
+
+    ``actions`` maps action names (non-reset associations) to their index.
+    Constants and references are shared between conditions.
+    """
+    cdef public list code
+    cdef public list offsets     # start of each condition in code; one extra at the end
+    cdef public list refs        # (kind, action index or -1, segments tuple)
+    cdef public list consts      # canonical JSON text of each constant
+    cdef dict _actions
+    cdef dict _ref_ids
+    cdef dict _const_ids
+    cdef dict _cache             # condition text -> condition index
+    # parser state
+    cdef list _toks
+    cdef Py_ssize_t _p
+    cdef list _out
+
+    def __init__(self, dict actions):
+        self.code = []
+        self.offsets = [0]
+        self.refs = []
+        self.consts = []
+        self._actions = actions
+        self._ref_ids = {}
+        self._const_ids = {}
+        self._cache = {}
+
+    def add(self, str text) -> int:
+        """Compile ``text``; return its condition index, or -1 for a trivially true one."""
+        stripped = text.strip()
+        if stripped in TRIVIALLY_TRUE:
+            return -1
+        cached = self._cache.get(stripped)
+        if cached is not None:
+            return cached
+        self._toks = _tokenize(stripped)
+        self._p = 0
+        self._out = []
+        kind = self._expr(0)
+        if kind is not None:
+            self._emit_const(kind)
+        tok = self._toks[self._p]
+        if tok[0] != T_EOF:
+            raise ConditionSyntaxError(f"unexpected {tok[1]!r}", tok[2])
+        self._out.append(OP_END)
+        self.code.extend(self._out)
+        self.offsets.append(len(self.code))
+        index = len(self.offsets) - 2
+        self._cache[stripped] = index
+        return index
+
+    # The parser returns a Python value wrapper for folded constants, or None when
+    # the value has been emitted. (_Const, value) tuples are folded lazily so that
+    # literal lists and negative numbers become one constant.
+
+    cdef tuple _peek(self):
+        return self._toks[self._p]
+
+    cdef tuple _next(self):
+        tok = self._toks[self._p]
+        self._p += 1
+        return tok
+
+    cdef _emit_const(self, object folded):
+        self._out.append(OP_CONST)
+        self._out.append(self._const_id(folded[1]))
+
+    cdef int _const_id(self, object value) except -1:
+        key = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        # bools and numbers must not collide (json keeps them apart: true vs 1)
+        cid = self._const_ids.get(key)
+        if cid is None:
+            cid = len(self.consts)
+            self.consts.append(key)
+            self._const_ids[key] = cid
+        return cid
+
+    cdef _materialize(self, object v):
+        if v is not None:
+            self._emit_const(v)
+
+    cdef object _expr(self, int depth):
+        if depth > MAX_DEPTH:
+            raise ConditionSyntaxError("condition nested too deeply", self._peek()[2])
+        return self._or(depth)
+
+    cdef object _or(self, int depth):
+        cdef list jumps = []
+        v = self._and(depth)
+        while True:
+            tok = self._peek()
+            if tok[0] == T_KW and tok[1] == "or":
+                self._next()
+                self._materialize(v)
+                self._out.append(OP_OR_JUMP)
+                jumps.append(len(self._out))
+                self._out.append(0)
+                v = self._and(depth)
+                continue
+            break
+        if jumps:
+            self._materialize(v)
+            self._out.append(OP_BOOL)
+            for at in jumps:
+                self._out[at] = len(self._out)
+            return None
+        return v
+
+    cdef object _and(self, int depth):
+        cdef list jumps = []
+        v = self._not(depth)
+        while True:
+            tok = self._peek()
+            if tok[0] == T_KW and tok[1] == "and":
+                self._next()
+                self._materialize(v)
+                self._out.append(OP_AND_JUMP)
+                jumps.append(len(self._out))
+                self._out.append(0)
+                v = self._not(depth)
+                continue
+            break
+        if jumps:
+            self._materialize(v)
+            self._out.append(OP_BOOL)
+            for at in jumps:
+                self._out[at] = len(self._out)
+            return None
+        return v
+
+    cdef object _not(self, int depth):
+        tok = self._peek()
+        if tok[0] == T_KW and tok[1] == "not":
+            self._next()
+            if depth + 1 > MAX_DEPTH:
+                raise ConditionSyntaxError("condition nested too deeply", tok[2])
+            v = self._not(depth + 1)
+            self._materialize(v)
+            self._out.append(OP_NOT)
+            return None
+        return self._cmp(depth)
+
+    cdef object _cmp(self, int depth):
+        left = self._unary(depth)
+        tok = self._peek()
+        cdef int op = -1
+        cdef bint negate = False
+        if tok[0] == T_OP:
+            op = _CMP_OPS[tok[1]]
+            self._next()
+        elif tok[0] == T_KW and tok[1] == "in":
+            op = OP_IN
+            self._next()
+        elif tok[0] == T_KW and tok[1] == "not":
+            nxt = self._toks[self._p + 1]
+            if nxt[0] == T_KW and nxt[1] == "in":
+                op = OP_IN
+                negate = True
+                self._next()
+                self._next()
+        if op < 0:
+            return left
+        self._materialize(left)
+        right = self._unary(depth)
+        self._materialize(right)
+        self._out.append(op)
+        if negate:
+            self._out.append(OP_NOT)
+        tok = self._peek()
+        if tok[0] == T_OP or (tok[0] == T_KW and tok[1] == "in"):
+            raise ConditionSyntaxError(
+                "comparisons do not chain; use 'and' between them", tok[2])
+        return None
+
+    cdef object _unary(self, int depth):
+        tok = self._peek()
+        if tok[0] == T_MINUS:
+            self._next()
+            if depth + 1 > MAX_DEPTH:
+                raise ConditionSyntaxError("condition nested too deeply", tok[2])
+            v = self._unary(depth + 1)
+            if v is not None:
+                value = v[1]
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ConditionSyntaxError("'-' applies to numbers only", tok[2])
+                return (_CONST, -value)
+            self._out.append(OP_NEG)
+            return None
+        return self._primary(depth)
+
+    cdef object _primary(self, int depth):
+        tok = self._next()
+        kind = tok[0]
+        if kind == T_NUM or kind == T_STR:
+            return (_CONST, tok[1])
+        if kind == T_KW:
+            word = tok[1]
+            if word == "true":
+                return (_CONST, True)
+            if word == "false":
+                return (_CONST, False)
+            if word == "null":
+                return (_CONST, None)
+            raise ConditionSyntaxError(f"expected an operand, found {word!r}", tok[2])
+        if kind == T_NAME:
+            self._out.append(OP_LOAD)
+            self._out.append(self._ref(tok[1], tok[2]))
+            return None
+        if kind == T_LP:
+            v = self._expr(depth + 1)
+            close = self._next()
+            if close[0] != T_RP:
+                raise ConditionSyntaxError("expected ')'", close[2])
+            return v
+        if kind == T_LB:
+            return self._list(depth + 1, tok[2])
+        if kind == T_EOF:
+            raise ConditionSyntaxError("expected an operand, found the end", tok[2])
+        raise ConditionSyntaxError(f"expected an operand, found {tok[1]!r}", tok[2])
+
+    cdef object _list(self, int depth, Py_ssize_t pos):
+        if depth > MAX_DEPTH:
+            raise ConditionSyntaxError("condition nested too deeply", pos)
+        cdef list items = []
+        cdef Py_ssize_t mark = len(self._out)
+        tok = self._peek()
+        if tok[0] == T_RB:
+            self._next()
+            return (_CONST, [])
+        while True:
+            items.append((len(self._out), self._expr(depth)))
+            tok = self._next()
+            if tok[0] == T_COMMA:
+                continue
+            if tok[0] == T_RB:
+                break
+            raise ConditionSyntaxError("expected ',' or ']'", tok[2])
+        if len(items) > MAX_STACK:
+            raise ConditionSyntaxError("list too long", pos)
+        if all(v is not None for _, v in items):
+            return (_CONST, [v[1] for _, v in items])
+        # A list with references: emit every element in order, then LIST n.
+        # Elements already emitted sit in the output; folded ones are spliced in.
+        cdef list emitted = self._out[mark:]
+        del self._out[mark:]
+        cdef Py_ssize_t k, shift, pc
+        for k in range(len(items)):
+            start, v = items[k]
+            end = items[k + 1][0] if k + 1 < len(items) else mark + len(emitted)
+            if v is not None:
+                self._emit_const(v)
+                continue
+            # Jumps inside the element are absolute within the condition: move them
+            # by the constants spliced in before it.
+            shift = len(self._out) - start
+            seg = emitted[start - mark:end - mark]
+            pc = 0
+            while pc < len(seg):
+                op = seg[pc]
+                if op == OP_AND_JUMP or op == OP_OR_JUMP:
+                    seg[pc + 1] += shift
+                    pc += 2
+                elif op == OP_CONST or op == OP_LOAD or op == OP_LIST:
+                    pc += 2
+                else:
+                    pc += 1
+            self._out.extend(seg)
+        self._out.append(OP_LIST)
+        self._out.append(len(items))
+        return None
+
+    cdef int _ref(self, str path, Py_ssize_t pos) except -1:
+        segs = path.split(".")
+        head = segs[0]
+        if len(segs) == 1:
+            key = (REF_BARE, -1, (head,))
+        elif head == "job":
+            for s in segs[1:]:
+                if s.startswith("_"):
+                    raise ConditionSyntaxError(f"unknown reserved field {s!r}", pos)
+            key = (REF_JOB, -1, tuple(segs[1:]))
+        elif head in self._actions:
+            act = self._actions[head]
+            second = segs[1]
+            if second == "_round" or second == "_outcome":
+                if len(segs) > 2:
+                    raise ConditionSyntaxError(f"{second} has no fields", pos)
+                key = (REF_ROUND if second == "_round" else REF_OUTCOME, act, ())
+            else:
+                for s in segs[1:]:
+                    if s.startswith("_"):
+                        raise ConditionSyntaxError(f"unknown reserved field {s!r}", pos)
+                key = (REF_RESULT, act, tuple(segs[1:]))
+        else:
+            raise ConditionSyntaxError(
+                f"unknown action {head!r} in {path!r} (use a bare name or job.{head})", pos)
+        rid = self._ref_ids.get(key)
+        if rid is None:
+            rid = len(self.refs)
+            self.refs.append(key)
+            self._ref_ids[key] = rid
+        return rid
+
+
+# ---------------------------------------------------------------- values
+
+cdef inline bint _is_number(object v) noexcept:
+    return (type(v) is int or type(v) is float) or (
+        not isinstance(v, bool) and isinstance(v, (int, float)))
+
+
+cdef bint truthy(object v) except -1:
+    if v is None:
+        return False
+    return PyObject_IsTrue(v)
+
+
+cdef bint values_equal(object a, object b) except -1:
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if _is_number(a) and _is_number(b):
+        return a == b
+    if type(a) is not type(b):
+        return False
+    if type(a) is list:
+        if len(<list>a) != len(<list>b):
+            return False
+        for x, y in zip(<list>a, <list>b):
+            if not values_equal(x, y):
+                return False
+        return True
+    return a == b
+
+
+cdef int _order(object a, object b) except -2:
+    """-1, 0, 1 for comparable values; 2 when they are not comparable (null, mixed)."""
+    if a is None or b is None:
+        return 2
+    if isinstance(a, bool) or isinstance(b, bool):
+        return 2
+    if _is_number(a) and _is_number(b):
+        return -1 if a < b else (1 if a > b else 0)
+    if type(a) is str and type(b) is str:
+        return -1 if a < b else (1 if a > b else 0)
+    return 2
+
+
+cdef bint _contains(object item, object container) except -1:
+    if item is None or container is None:
+        return False
+    if type(container) is list:
+        for x in <list>container:
+            if values_equal(item, x):
+                return True
+        return False
+    if type(container) is str:
+        return type(item) is str and (<str>item) in (<str>container)
+    if type(container) is dict:
+        return type(item) is str and item in (<dict>container)
+    return False
+
+
+# ---------------------------------------------------------------- machine
+
+cdef class CondContext:
+    cdef object load(self, int32_t ref):
+        return None
+
+
+cdef object run_condition(const int32_t* code, Py_ssize_t start, Py_ssize_t end,
+                          list consts, CondContext ctx):
+    """Run one verified condition; return its value (a Python object)."""
+    cdef list stack = []
+    cdef Py_ssize_t pc = start
+    cdef int32_t op
+    cdef int o
+    cdef Py_ssize_t n
+    while pc < end:
+        op = code[pc]
+        if op == OP_END:
+            break
+        elif op == OP_CONST:
+            stack.append(consts[code[pc + 1]])
+            pc += 2
+        elif op == OP_LOAD:
+            stack.append(ctx.load(code[pc + 1]))
+            pc += 2
+        elif op == OP_EQ or op == OP_NE:
+            b = stack.pop()
+            a = stack.pop()
+            stack.append(values_equal(a, b) == (op == OP_EQ))
+            pc += 1
+        elif OP_LT <= op <= OP_GE:
+            b = stack.pop()
+            a = stack.pop()
+            o = _order(a, b)
+            if o == 2:
+                stack.append(False)
+            elif op == OP_LT:
+                stack.append(o < 0)
+            elif op == OP_LE:
+                stack.append(o <= 0)
+            elif op == OP_GT:
+                stack.append(o > 0)
+            else:
+                stack.append(o >= 0)
+            pc += 1
+        elif op == OP_IN:
+            b = stack.pop()
+            a = stack.pop()
+            stack.append(_contains(a, b))
+            pc += 1
+        elif op == OP_NOT:
+            stack.append(not truthy(stack.pop()))
+            pc += 1
+        elif op == OP_AND_JUMP:
+            if not truthy(stack[PyList_GET_SIZE(stack) - 1]):
+                stack[PyList_GET_SIZE(stack) - 1] = False
+                pc = start + code[pc + 1]
+            else:
+                stack.pop()
+                pc += 2
+        elif op == OP_OR_JUMP:
+            if truthy(stack[PyList_GET_SIZE(stack) - 1]):
+                stack[PyList_GET_SIZE(stack) - 1] = True
+                pc = start + code[pc + 1]
+            else:
+                stack.pop()
+                pc += 2
+        elif op == OP_BOOL:
+            stack.append(truthy(stack.pop()))
+            pc += 1
+        elif op == OP_LIST:
+            n = code[pc + 1]
+            items = stack[PyList_GET_SIZE(stack) - n:]
+            del stack[PyList_GET_SIZE(stack) - n:]
+            stack.append(items)
+            pc += 2
+        elif op == OP_NEG:
+            v = stack.pop()
+            stack.append(-v if _is_number(v) else None)
+            pc += 1
+        else:
+            raise ValueError(f"bad opcode {op}")
+    if PyList_GET_SIZE(stack) != 1:
+        raise ValueError("condition left a malformed stack")
+    return stack[0]
+
+
+cdef int verify_code(const int32_t* code, Py_ssize_t start, Py_ssize_t end,
+                     Py_ssize_t n_consts, Py_ssize_t n_refs) noexcept:
+    """0 when the code of one condition is safe to run: known opcodes, operands in
+    range, jumps forward inside the condition, bounded stack, ends with END."""
+    cdef Py_ssize_t pc = start, depth = 0
+    cdef int32_t op, arg
+    if end <= start or code[end - 1] != OP_END:
+        return -1
+    while pc < end - 1:
+        op = code[pc]
+        if op <= OP_END or op >= OP_COUNT:
+            return -1
+        if op == OP_CONST or op == OP_LOAD or op == OP_AND_JUMP or op == OP_OR_JUMP \
+                or op == OP_LIST:
+            if pc + 1 >= end - 1:
+                return -1
+            arg = code[pc + 1]
+            if op == OP_CONST:
+                if arg < 0 or arg >= n_consts:
+                    return -1
+                depth += 1
+            elif op == OP_LOAD:
+                if arg < 0 or arg >= n_refs:
+                    return -1
+                depth += 1
+            elif op == OP_LIST:
+                if arg < 0 or arg > depth:
+                    return -1
+                depth = depth - arg + 1
+            else:
+                # target relative to start, strictly forward, inside the condition
+                if arg <= pc + 1 - start or start + arg > end - 1:
+                    return -1
+                if depth < 1:
+                    return -1
+                depth -= 1
+            pc += 2
+        else:
+            if op == OP_NOT or op == OP_BOOL or op == OP_NEG:
+                if depth < 1:
+                    return -1
+            else:
+                if depth < 2:
+                    return -1
+                depth -= 1
+            pc += 1
+        if depth > MAX_STACK:
+            return -1
+    return 0
+
+
+# ---------------------------------------------------------------- Python-facing helpers
+
+cdef class _DictContext(CondContext):
+    cdef list _refs
+    cdef dict _results
+    cdef dict _rounds
+    cdef dict _outcomes
+    cdef dict _params
+    cdef list _bare
+    cdef list _names
+
+    cdef object load(self, int32_t ref):
+        kind, act, segs = self._refs[ref]
+        if kind == REF_ROUND:
+            return self._rounds.get(self._names[act])
+        if kind == REF_OUTCOME:
+            return self._outcomes.get(self._names[act])
+        if kind == REF_RESULT:
+            return lookup_path(self._results.get(self._names[act]), segs)
+        if kind == REF_JOB:
+            return lookup_path(self._params, segs)
+        head = segs[0]
+        for res in self._bare:
+            if type(res) is dict and head in res:
+                return (<dict>res)[head]
+        return (<dict>self._params).get(head)
+
+
+cpdef object lookup_path(object value, tuple segs):
+    """Walk ``segs`` into nested objects; a missing key or a non-object is null."""
+    for s in segs:
+        if type(value) is not dict:
+            return None
+        value = (<dict>value).get(s)
+    return value
+
+
+def truthy_value(v) -> bool:
+    """The truth a transition sees: null, false, 0, '' and empty lists are false."""
+    return truthy(v)
+
+
+def evaluate(str text, *, dict results=None, dict rounds=None, dict outcomes=None,
+             dict params=None, list bare=None):
+    """Compile and evaluate one condition against plain dicts (for tools and tests).
+
+    ``results``/``rounds``/``outcomes`` are keyed by action name; ``bare`` is the list of
+    result dicts a bare name is looked up in, newest first, before ``params``.
+    Returns the truth value the transition would see.
+    """
+    results = results or {}
+    rounds = rounds or {}
+    outcomes = outcomes or {}
+    names = sorted(set(results) | set(rounds) | set(outcomes))
+    b = CondBuilder({n: i for i, n in enumerate(names)})
+    idx = b.add(text)
+    if idx < 0:
+        return True
+    cdef _DictContext ctx = _DictContext()
+    ctx._refs = b.refs
+    ctx._results = results
+    ctx._rounds = rounds
+    ctx._outcomes = outcomes
+    ctx._params = params or {}
+    ctx._bare = bare or []
+    ctx._names = names
+    consts = [json.loads(c) for c in b.consts]
+    import array
+    code = array.array("i", b.code)
+    cdef const int32_t[:] view = code
+    if verify_code(&view[0], b.offsets[idx], b.offsets[idx + 1], len(consts), len(b.refs)) != 0:
+        raise AssertionError("the compiler emitted code the verifier refuses")
+    return truthy(run_condition(&view[0], b.offsets[idx], b.offsets[idx + 1], consts, ctx))
+
+
+def disassemble(str text, actions=()):
+    """Readable bytecode of one condition, for docs and tests."""
+    b = CondBuilder({n: i for i, n in enumerate(actions)})
+    idx = b.add(text)
+    if idx < 0:
+        return ["TRUE"]
+    names = {v: k for k, v in OPCODES.items()}
+    out = []
+    code = b.code
+    pc = b.offsets[idx]
+    end = b.offsets[idx + 1]
+    while pc < end:
+        op = code[pc]
+        if op in (OP_CONST, OP_LOAD, OP_AND_JUMP, OP_OR_JUMP, OP_LIST):
+            arg = code[pc + 1]
+            if op == OP_CONST:
+                out.append(f"CONST {b.consts[arg]}")
+            elif op == OP_LOAD:
+                kind, act, segs = b.refs[arg]
+                kname = {v: k for k, v in REF_KINDS.items()}[kind]
+                out.append(f"LOAD {kname}:{act}:{'.'.join(segs)}")
+            else:
+                out.append(f"{names[op]} {arg}")
+            pc += 2
+        else:
+            out.append(names[op])
+            pc += 1
+    return out
