@@ -21,6 +21,9 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
+if os.environ.get("SFC_PROFILE") == "1":
+    DIRECTIVES["profile"] = True
+
 debug = os.environ.get("SFC_DEBUG_BUILD") == "1"
 cflags = ["-O0", "-g"] if debug else ["-O3"]
 

@@ -27,6 +27,32 @@ REF_KINDS = {"result": REF_RESULT, "round": REF_ROUND, "outcome": REF_OUTCOME,
 TRIVIALLY_TRUE = frozenset(("", "always", "true"))
 
 
+def _not_json(o):
+    raise TypeError(f"{type(o).__name__} is not JSON data")
+
+
+try:
+    from json.encoder import c_make_encoder as _c_make_encoder
+    from json.encoder import encode_basestring as _encode_basestring
+except ImportError:  # pragma: no cover - CPython always has the C encoder
+    _c_make_encoder = None
+
+if _c_make_encoder is not None:
+    # Built once: json.dumps with options constructs a new encoder on every call.
+    _C_CANON = _c_make_encoder(None, _not_json, _encode_basestring, None, ":", ",",
+                               True, False, False)
+
+    def canonical_dumps(obj) -> str:
+        """JSON text with sorted keys and no whitespace (the stored, hashed form)."""
+        return "".join(_C_CANON(obj, 0))
+else:  # pragma: no cover
+    _PY_CANON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                                 allow_nan=False)
+
+    def canonical_dumps(obj) -> str:
+        return _PY_CANON.encode(obj)
+
+
 class ConditionSyntaxError(ValueError):
     """A condition that does not parse; ``position`` is a 0-based character offset."""
 
@@ -69,6 +95,7 @@ cdef list _tokenize(str text):
     cdef Py_ssize_t i = 0, n = len(text), j
     cdef Py_UCS4 c, q
     cdef list buf
+    cdef object value
     while i < n:
         c = text[i]
         if c == u' ' or c == u'\t' or c == u'\n' or c == u'\r':
@@ -258,7 +285,7 @@ cdef class CondBuilder:
         self._out.append(self._const_id(folded[1]))
 
     cdef int _const_id(self, object value) except -1:
-        key = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        key = canonical_dumps(value)
         # bools and numbers must not collide (json keeps them apart: true vs 1)
         cid = self._const_ids.get(key)
         if cid is None:

@@ -36,6 +36,7 @@ cdef enum:
     TK_EXIT = 2          # branch -> after the branch converged
     TK_PATH = 3          # between steps of one path (explicit)
     TK_IMPLICIT = 4      # next step of a path, or a selection path with no entry condition
+    TK_PATH_END = 5      # from a path step to its own branch: this path has ended
 
 # Step flags.
 cdef enum:

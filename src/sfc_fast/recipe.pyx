@@ -19,7 +19,7 @@ import json
 import re
 from array import array
 
-from sfc_fast.conditions import CondBuilder, ConditionSyntaxError
+from sfc_fast.conditions import CondBuilder, ConditionSyntaxError, canonical_dumps
 
 SCHEMA_V100 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.0.0/"
 SCHEMA_V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"
@@ -40,7 +40,7 @@ INTERACTION_NAMES = {v: k for k, v in INTERACTIONS.items()}
 BRANCH_TYPES = {"selection": B_SELECTION, "simultaneous": B_SIMULTANEOUS}
 BRANCH_TYPE_NAMES = {v: k for k, v in BRANCH_TYPES.items()}
 TRANSITION_KINDS = {TK_STEP: "step", TK_ENTRY: "entry", TK_EXIT: "exit",
-                    TK_PATH: "path", TK_IMPLICIT: "implicit"}
+                    TK_PATH: "path", TK_IMPLICIT: "implicit", TK_PATH_END: "path_end"}
 
 V110_FIELDS = ("HoldTypeId", "RestartTypeId", "HoldTimeoutSeconds", "Retries",
                "DurationSeconds", "Match")
@@ -186,10 +186,16 @@ def _load(data):
     return data
 
 
+_BAD_NAME = re.compile(r"[\s\x00-\x1f\x7f]")
+#: Longest text field (names, type ids, conditions, Match templates).
+MAX_FIELD_CHARS = 65536
+#: Longest Parameters object of one action, as JSON.
+MAX_PARAMS_CHARS = 1024 * 1024
+
+
 def canonical_json(obj) -> bytes:
-    """The canonical text a fingerprint is taken over: sorted keys, no whitespace."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    """Sorted keys, no whitespace: how Parameters are stored and fingerprinted."""
+    return canonical_dumps(obj).encode("utf-8")
 
 
 # ---------------------------------------------------------------- compiler
@@ -233,6 +239,10 @@ cdef class _Compiler:
         return v
 
     cdef void _unknown_keys(self, dict obj, frozenset allowed, str path):
+        d = obj.get("Description")
+        if d is not None and (not _is_str(d) or len(d) > MAX_FIELD_CHARS):
+            self.err("SFC013", f"{path}.Description",
+                     f"Description must be text of at most {MAX_FIELD_CHARS} characters")
         for k in obj:
             if k not in allowed:
                 if isinstance(k, str) and k in V110_FIELDS:
@@ -244,6 +254,21 @@ cdef class _Compiler:
         v = obj.get("Name")
         if not _is_str(v) or not v.strip():
             self.err("SFC013", f"{path}.Name", f"{what} needs a non-empty Name (text)")
+            return None
+        if len(v) > MAX_FIELD_CHARS:
+            self.err("SFC015", f"{path}.Name", f"Name is {len(v)} characters, the limit is "
+                                               f"{MAX_FIELD_CHARS}")
+            return None
+        return v
+
+    cdef object _text(self, object v, str path, str what):
+        """A non-empty text field of bounded length, or None after reporting."""
+        if not _is_str(v) or not v:
+            self.err("SFC013", path, f"{what} is required (non-empty text)")
+            return None
+        if len(v) > MAX_FIELD_CHARS:
+            self.err("SFC015", path, f"{what} is {len(v)} characters, the limit is "
+                                     f"{MAX_FIELD_CHARS}")
             return None
         return v
 
@@ -266,7 +291,7 @@ cdef class _Compiler:
             return None
         return int(round(v * 1000))
 
-    def run(self, obj, bytes fingerprint):
+    def run(self, obj):
         if not isinstance(obj, dict):
             self.err("SFC014", "$", f"a recipe is a JSON object, not {type(obj).__name__}")
             return None
@@ -413,7 +438,7 @@ cdef class _Compiler:
                 elif name in RESERVED_ACTION_NAMES:
                     self.err("SFC004", f"{p}.Name",
                              f"action name {name!r} is reserved (job.* names job parameters)")
-                elif any(c.isspace() for c in name) or any(ord(c) < 32 for c in name):
+                elif _BAD_NAME.search(name) is not None:
                     self.err("SFC004", f"{p}.Name",
                              f"action name {name!r} contains whitespace or control characters")
             rec["name"] = name
@@ -439,17 +464,25 @@ cdef class _Compiler:
                          f"unknown interaction {str(inter)[:40]!r}; use push_command or "
                          f"pull_event")
             rec["inter"] = ic
-            tid = a.get("TypeId")
-            if not _is_str(tid) or not tid:
-                self.err("SFC013", f"{p}.TypeId", "TypeId is required (non-empty text)")
-                tid = None
-            rec["type"] = tid
+            rec["type"] = self._text(a.get("TypeId"), f"{p}.TypeId", "TypeId")
             rec["timeout"] = self._seconds(a, "TimeoutSeconds", p, "SFC005", False)
             params = a.get("Parameters")
-            if params is not None and not isinstance(params, dict):
-                self.err("SFC013", f"{p}.Parameters", "Parameters must be an object")
-                params = None
-            rec["params"] = params
+            ptext = None
+            if params is not None:
+                if not isinstance(params, dict):
+                    self.err("SFC013", f"{p}.Parameters", "Parameters must be an object")
+                else:
+                    try:
+                        ptext = canonical_dumps(params)
+                    except (TypeError, ValueError) as e:
+                        self.err("SFC013", f"{p}.Parameters", f"Parameters must be JSON data: {e}")
+                    else:
+                        if len(ptext) > MAX_PARAMS_CHARS:
+                            self.err("SFC015", f"{p}.Parameters",
+                                     f"Parameters are {len(ptext)} characters as JSON, the "
+                                     f"limit is {MAX_PARAMS_CHARS}")
+                            ptext = None
+            rec["params"] = ptext
             rec["hold"] = rec["restart"] = rec["subject"] = rec["corr"] = None
             rec["hold_timeout"] = None
             rec["retries"] = 0
@@ -505,6 +538,10 @@ cdef class _Compiler:
             if not _is_str(cond_text):
                 self.err("SFC013", f"{p}.Condition",
                          "Condition is required (text; 'always' for none)")
+                cond_text = None
+            elif len(cond_text) > MAX_FIELD_CHARS:
+                self.err("SFC015", f"{p}.Condition", f"Condition is {len(cond_text)} characters, "
+                                                     f"the limit is {MAX_FIELD_CHARS}")
                 cond_text = None
             else:
                 try:
@@ -569,8 +606,7 @@ cdef class _Compiler:
         # strings
         a_name = [self.sid(r["name"]) for r in acts]
         a_type = [self.sid(r["type"]) for r in acts]
-        a_params = [self.sid(canonical_json(r["params"]).decode("utf-8"))
-                    if r["params"] is not None else -1 for r in acts]
+        a_params = [self.sid(r["params"]) if r["params"] is not None else -1 for r in acts]
         a_hold = [self.sid(r["hold"]) if r["hold"] is not None else -1 for r in acts]
         a_restart = [self.sid(r["restart"]) if r["restart"] is not None else -1 for r in acts]
         a_subj = [self.sid(r["subject"]) if r["subject"] is not None else -1 for r in acts]
@@ -594,6 +630,10 @@ cdef class _Compiler:
         for e in encoded:
             str_off.append(str_off[-1] + len(e))
         str_data = b"".join(encoded)
+        if len(str_data) > MAX_RECIPE_BYTES:
+            self.err("SFC015", "$", f"recipe text is {len(str_data)} bytes, the limit is "
+                                    f"{MAX_RECIPE_BYTES}")
+            return None
 
         counts = (S, B, len(path_branch), len(path_steps), T, A, len(cb.offsets) - 1,
                   len(cb.code), len(ref_kind), len(ref_segs), len(const_text),
@@ -617,7 +657,7 @@ cdef class _Compiler:
             [r["hold_timeout"] or 0 for r in acts],
             [r["duration"] for r in acts],
         ]
-        return _pack(self.minor, fingerprint, counts, i32, i64, str_data)
+        return _pack(self.minor, counts, i32, i64, str_data)
 
     cdef int _kind(self, int src, int dst, int S, list step_path, list path_branch,
                    list path_off, list path_steps, list br_types, list step_names,
@@ -630,9 +670,12 @@ cdef class _Compiler:
             if sp >= 0:
                 if dst < S and dp == sp:
                     return TK_PATH
+                if dst == S + path_branch[sp]:
+                    return TK_PATH_END
                 self.err("SFC019", p,
                          f"a transition from {step_names[src]!r} (inside a branch path) must "
-                         f"stay in its path; the branch converges after the path's last step")
+                         f"stay in its path, or target its own branch "
+                         f"{br_names[path_branch[sp]]!r} to end the path")
                 return -1
             if dst < S and dp >= 0:
                 self.err("SFC019", p,
@@ -770,7 +813,7 @@ def _i32_lengths(c):
             NS + 1)
 
 
-def _pack(int minor, bytes fingerprint, tuple counts, list i32, list i64, bytes str_data):
+def _pack(int minor, tuple counts, list i32, list i64, bytes str_data):
     lengths = _i32_lengths(counts)
     parts = []
     for arr, n in zip(i32, lengths):
@@ -781,10 +824,17 @@ def _pack(int minor, bytes fingerprint, tuple counts, list i32, list i64, bytes 
     pad = (8 - len(body32) % 8) % 8
     body64 = b"".join(array("q", arr).tobytes() for arr in i64)
     import struct
-    header = struct.pack("<4sHHHH16s14i", _MAGIC, GRAPH_FORMAT_MAJOR, GRAPH_FORMAT_MINOR,
-                         minor, 0, fingerprint, *counts)
-    header += b"\0" * (HEADER_SIZE - len(header))
-    return header + body32 + b"\0" * pad + body64 + str_data
+    tail = struct.pack("<14i", *counts)
+    tail += b"\0" * (HEADER_SIZE - 28 - len(tail))
+    tail += body32 + b"\0" * pad + body64 + str_data
+    # The fingerprint is taken over the canonical encoding itself: every field that
+    # decides behaviour, in document order, Parameters as sorted-key JSON. Key order
+    # and whitespace of the source do not reach it; the schema version does.
+    fp = hashlib.blake2b(tail, digest_size=16,
+                         person=b"sfc-recipe-1." + str(minor).encode()).digest()
+    head = struct.pack("<4sHHHH16s", _MAGIC, GRAPH_FORMAT_MAJOR, GRAPH_FORMAT_MINOR,
+                       minor, 0, fp)
+    return head + tail
 
 
 cdef inline bint _in(int32_t v, int32_t lo, int32_t hi) noexcept:
@@ -1192,7 +1242,7 @@ cdef int _attach(Graph g, bytes blob) except -1:
             or _check_csr(g.step_act_off, S, A) or _check_range(g.step_acts, A, 0, A)
             or _check_csr(g.node_out_off, N, T) or _check_range(g.node_out, T, 0, T)
             or _check_range(g.tr_source, T, 0, N) or _check_range(g.tr_target, T, 0, N)
-            or _check_range(g.tr_cond, T, -1, C) or _check_range(g.tr_kind, T, 0, 5)
+            or _check_range(g.tr_cond, T, -1, C) or _check_range(g.tr_kind, T, 0, 6)
             or _check_range(g.tr_text, T, -1, NS)
             or _check_range(g.act_name, A, 0, NS) or _check_range(g.act_step, A, 0, S)
             or _check_range(g.act_qual, A, 0, 8) or _check_range(g.act_inter, A, 0, 2)
@@ -1249,19 +1299,11 @@ def compile_recipe(data, dataschema) -> Graph:
     """
     minor = schema_minor(dataschema)
     obj = _load(data)
+    cdef _Compiler comp = _Compiler(minor)
     try:
-        canonical = canonical_json(obj)
-    except (TypeError, ValueError) as e:
-        raise RecipeError([Problem("SFC014", "$", f"recipe is not JSON data: {e}")]) from None
+        blob = comp.run(obj)
     except RecursionError:
         raise RecipeError([Problem("SFC014", "$", "recipe is nested too deeply")]) from None
-    if len(canonical) > MAX_RECIPE_BYTES:
-        raise RecipeError([Problem("SFC015", "$", f"recipe is {len(canonical)} bytes, the "
-                                                  f"limit is {MAX_RECIPE_BYTES}")])
-    fp = hashlib.blake2b(canonical, digest_size=16,
-                         person=b"sfc-recipe-1." + str(minor).encode()).digest()
-    cdef _Compiler comp = _Compiler(minor)
-    blob = comp.run(obj, fp)
     if comp.problems:
         raise RecipeError(comp.problems)
     cdef Graph g = Graph.__new__(Graph)

@@ -1,0 +1,161 @@
+"""The ``sfc-host`` command line.
+
+User mistakes (a wrong argument, a missing file) are one line on stderr and exit 2;
+a recipe with problems is exit 1 with one line per problem; never a traceback for
+either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from sfc_fast import RecipeError
+from sfc_host.workmaster import UsageError, compile_file, example_files
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+
+# Subcommand groups that live with the part they drive; each module has
+# ``register(subparsers)``. A group whose module is not there yet is left out.
+_PLUGGED = ("sfc_host.engine.cli",)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the default prints the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def cmd_recipe_check(args: argparse.Namespace) -> int:
+    worst = EXIT_OK
+    results = []
+    for path in args.files:
+        try:
+            _loaded, graph = compile_file(path, args.dataschema)
+        except UsageError as e:
+            print(f"sfc-host: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except RecipeError as e:
+            worst = EXIT_PROBLEMS
+            if args.json:
+                results.append({"file": path, "ok": False,
+                                "problems": [p.to_dict() for p in e.problems]})
+            else:
+                n = len(e.problems)
+                print(f"{path}: refused, {n} problem{'s' if n != 1 else ''}")
+                for p in e.problems:
+                    print(f"{path}: {p.code} {p.path}: {p.message}")
+            continue
+        s = graph.summary()
+        if args.json:
+            results.append({"file": path, "ok": True, **s})
+        else:
+            br = s["branches"]
+            print(f"{path}: ok, recipe v{s['version']}, {s['steps']} steps, "
+                  f"{s['actions']} actions, {br} branch{'es' if br != 1 else ''}, "
+                  f"{s['transitions']} transitions, initial {s['initial']}, "
+                  f"fingerprint {s['fingerprint']}")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return worst
+
+
+def cmd_recipe_diagram(args: argparse.Namespace) -> int:
+    from sfc_host.diagram import to_mermaid
+
+    try:
+        _, graph = compile_file(args.file, args.dataschema)
+    except UsageError as e:
+        print(f"sfc-host: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except RecipeError as e:
+        for p in e.problems:
+            print(f"{args.file}: {p.code} {p.path}: {p.message}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    sys.stdout.write(to_mermaid(graph))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    # Until the host runs jobs end to end, the demo shows the compiler on the
+    # example recipes that ship with the package, including one it refuses.
+    files = example_files()
+    print("sfc-host demo: the full demo (Redis, MQTT, a simulated station, jobs) is not "
+          "built yet;")
+    print("for now it checks the example recipes that ship with the package.\n")
+    ok = refused = 0
+    for f in files:
+        try:
+            _, graph = compile_file(f)
+        except RecipeError as e:
+            refused += 1
+            print(f"{f.name}: refused, as it should be ({len(e.problems)} problems):")
+            for p in e.problems:
+                print(f"    {p.code} {p.path}: {p.message}")
+            continue
+        ok += 1
+        s = graph.summary()
+        print(f"{f.name}: ok, v{s['version']}, {s['steps']} steps, {s['actions']} actions, "
+              f"{s['branches']} branches, fingerprint {s['fingerprint'][:16]}")
+    print(f"\n{ok} recipes compiled, {refused} refused.")
+    expected_bad = sum(1 for f in files if f.name.startswith("bad_"))
+    return EXIT_OK if refused == expected_bad else EXIT_PROBLEMS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sfc-host", description="sfc-fast recipe-execution host")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    recipe = sub.add_parser("recipe", help="check or draw recipes")
+    rsub = recipe.add_subparsers(dest="recipe_command", metavar="ACTION", parser_class=_Parser)
+    rsub.required = True
+    check = rsub.add_parser("check", help="compile recipes and print a summary or the problems")
+    check.add_argument("files", nargs="+", metavar="FILE",
+                       help="a Work Master JSON ({data, dataschema}) or a bare recipe")
+    check.add_argument("--dataschema", metavar="URI",
+                       help="format of a bare recipe: 1.0.0, 1.1.0 or the full URI")
+    check.add_argument("--json", action="store_true", help="print the result as JSON")
+    check.set_defaults(func=cmd_recipe_check)
+    diagram = rsub.add_parser("diagram", help="print a Mermaid flowchart of a recipe")
+    diagram.add_argument("file", metavar="FILE")
+    diagram.add_argument("--dataschema", metavar="URI")
+    diagram.set_defaults(func=cmd_recipe_diagram)
+
+    demo = sub.add_parser("demo", help="run the demo on an embedded default")
+    demo.set_defaults(func=cmd_demo)
+
+    for name in _PLUGGED:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            # the group's module or its package is not there yet; anything else is a bug
+            if e.name is None or not name.startswith(e.name):
+                raise
+            continue
+        register: Callable[[argparse._SubParsersAction], None] = mod.register
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("sfc-host: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Shared fixtures: real redis-server and mosquitto, started once per test session.
+
+Outside CI a missing binary skips the tests that need it, with the reason; under
+``CI=true`` it fails them, so a CI machine without the servers cannot pass quietly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from servers import MosquittoServer, RedisServer, ServerMissing, in_ci
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_RECIPES = REPO.parent / "shared" / "reference" / "recipes"
+PACKAGED_RECIPES = REPO / "src" / "sfc_host" / "examples"
+
+
+def reference_recipes_dir() -> Path:
+    """The shared reference recipes, or the copies shipped with the package."""
+    return SHARED_RECIPES if SHARED_RECIPES.is_dir() else PACKAGED_RECIPES
+
+
+def load_reference(name: str) -> dict:
+    return json.loads((reference_recipes_dir() / name).read_text())
+
+
+def _missing(e: ServerMissing) -> None:
+    msg = f"{e}; install it (apt-get install -y redis-server mosquitto) to run this test"
+    if in_ci():
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+    except ServerMissing as e:
+        _missing(e)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def mosquitto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoServer]:
+    try:
+        server = MosquittoServer(tmp_path_factory.mktemp("mosquitto"))
+    except ServerMissing as e:
+        _missing(e)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def mqtt_url(mosquitto_server: MosquittoServer) -> str:
+    return mosquitto_server.url
+
+
+@pytest.fixture
+def make_redis(tmp_path: Path) -> Iterator:
+    """A factory of private redis-servers (for fault tests that restart them)."""
+    started: list[RedisServer] = []
+
+    def make(**kwargs) -> RedisServer:
+        try:
+            server = RedisServer(tmp_path / f"redis{len(started)}", **kwargs)
+        except ServerMissing as e:
+            _missing(e)
+        server.start()
+        started.append(server)
+        return server
+
+    yield make
+    for s in started:
+        s.stop()
