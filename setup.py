@@ -27,6 +27,10 @@ if os.environ.get("SFC_PROFILE") == "1":
 debug = os.environ.get("SFC_DEBUG_BUILD") == "1"
 cflags = ["-O0", "-g"] if debug else ["-O3"]
 
+# SFC_BUILD_ONLY=evolve,state rebuilds only those modules (a quick edit loop with
+# `python setup.py build_ext --inplace`); unset, every module is built.
+only = {m for m in os.environ.get("SFC_BUILD_ONLY", "").split(",") if m}
+
 extensions = [
     Extension(
         f"sfc_fast.{pyx.stem}",
@@ -35,6 +39,7 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
     for pyx in sorted(SRC.glob("*.pyx"))
+    if not only or pyx.stem in only
 ]
 
 setup(
