@@ -1,0 +1,1050 @@
+# cython: language_level=3
+"""``evolve``: the pure step of a job. State bytes and an event in, a Decision out.
+
+No clock, no I/O: ``now_ms`` comes in as an argument and everything the host has to do
+comes out as data (work entries, commands, job order transitions, index changes).
+The rules are DESIGN §2.2 and docs/execution.md; each is named where it is kept.
+"""
+
+from libc.stdint cimport int32_t, int64_t
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+cimport cython
+
+from sfc_fast.recipe cimport (
+    Graph, Q_N, Q_P, Q_P1, Q_P0, Q_S, Q_R, Q_L, Q_D, I_PUSH, I_PULL,
+    B_SELECTION, B_SIMULTANEOUS, TK_ENTRY, TK_EXIT, TK_IMPLICIT, TK_PATH_END,
+)
+from sfc_fast.conditions cimport (
+    CondContext, truthy, REF_RESULT, REF_ROUND, REF_OUTCOME, REF_JOB, REF_BARE,
+)
+from sfc_fast.state cimport (
+    State, ActSt, NO_TIME, decode_state, new_state,
+    ST_RUNNING, ST_COMPLETED, ST_ABORTED, ST_STOPPED, JF_HELD, JF_ENDING,
+    PH_IDLE, PH_DELAYED, PH_OPEN, PH_DONE, PH_WAIT_EXIT,
+    OC_NONE, OC_COMPLETED, OC_FAILED, OC_TIMEOUT, OC_CANCELLED, OC_LIMITED,
+    HP_NONE, HP_OPEN, HP_HELD, HP_NOT_HELD, AF_RESTART, AF_ABORT_PENDING,
+)
+from sfc_fast.events cimport (
+    BaseEvent, Start, Completed, Failed, Held, NotHeld, Event, Tick, Cancel, Shift,
+    EV_START, EV_COMPLETED, EV_FAILED, EV_HELD, EV_NOT_HELD, EV_EVENT, EV_TICK, EV_CANCEL,
+    EV_HOLD, EV_RELEASE, EV_RESUME, EV_SHIFT,
+)
+
+import json
+
+from sfc_fast.conditions import canonical_dumps, lookup_path
+
+#: Step entries one evolve call may make before the recipe is judged to loop without
+#: waiting (a cycle of steps with no holding action and true conditions).
+MAX_ENTRIES_PER_CALL = 10_000
+
+STATUS_RUNNING = "running"
+STATUS_HELD = "held"
+_STATUS = ("running", "completed", "aborted", "stopped")
+_OUTCOMES = (None, "completed", "failed", "timeout", "cancelled", "limited")
+_EMPTY = ()
+
+
+cdef class Command:
+    """A command to send to equipment: the work of a push action, a hold or a restart."""
+    cdef readonly str command_id
+    cdef readonly str action
+    cdef readonly str type_id
+    cdef readonly object parameters
+    cdef readonly object deadline_ms
+    cdef readonly bint hold
+    cdef readonly bint restart
+    cdef readonly str job
+    cdef readonly str scope
+    cdef readonly int attempt
+
+    def __repr__(self) -> str:
+        kind = " hold" if self.hold else (" restart" if self.restart else "")
+        return (f"Command({self.command_id!r}{kind}, type_id={self.type_id!r}, "
+                f"deadline_ms={self.deadline_ms})")
+
+    def to_dict(self) -> dict:
+        return {"command_id": self.command_id, "action": self.action,
+                "type_id": self.type_id, "parameters": self.parameters,
+                "deadline_ms": self.deadline_ms, "hold": self.hold, "restart": self.restart,
+                "job": self.job, "scope": self.scope, "attempt": self.attempt}
+
+
+cdef class Decision:
+    """What one evolve call decided. ``applied`` False: absorbed, nothing to write."""
+    cdef readonly bint applied
+    cdef readonly object state
+    cdef readonly str status
+    cdef readonly str reason
+    cdef readonly list work
+    cdef readonly list commands
+    cdef readonly tuple job
+    cdef readonly object next_deadline
+    cdef readonly tuple waits_added
+    cdef readonly tuple waits_removed
+
+    def __repr__(self) -> str:
+        return (f"Decision(applied={self.applied}, status={self.status!r}, "
+                f"reason={self.reason!r}, work={self.work!r}, job={self.job!r}, "
+                f"next_deadline={self.next_deadline!r})")
+
+
+# ---------------------------------------------------------------- conditions
+
+cdef class _Ctx(CondContext):
+    """Resolves condition references against a job's state."""
+    cdef Graph g
+    cdef State s
+    cdef list refs
+    cdef int32_t src_step         # source step for bare names; -1 none
+    cdef dict parsed              # action index -> parsed result (per evaluation run)
+    cdef list bare_order          # action indices of the source step, newest first
+
+    cdef object result(self, int a):
+        cdef ActSt* x = &self.s.acts[a]
+        if x.res_len < 0:
+            return None
+        v = self.parsed.get(a, self)
+        if v is self:
+            try:
+                v = json.loads(PyBytes_FromStringAndSize(x.res, x.res_len))
+            except ValueError:
+                v = None
+            self.parsed[a] = v
+        return v
+
+    cdef object load(self, int32_t ref):
+        kind, act, segs = self.refs[ref]
+        cdef int a = act
+        cdef ActSt* x
+        if kind == REF_RESULT:
+            return lookup_path(self.result(a), segs)
+        if kind == REF_ROUND:
+            return self.s.step_round[self.g.act_step[a]]
+        if kind == REF_OUTCOME:
+            x = &self.s.acts[a]
+            if x.phase == PH_OPEN or x.phase == PH_DELAYED or x.phase == PH_WAIT_EXIT:
+                return "open"
+            return _OUTCOMES[x.outcome]
+        if kind == REF_JOB:
+            return lookup_path(self.s.params_obj(), segs)
+        # bare name: the source step's results, newest first, then job parameters
+        head = segs[0]
+        if self.bare_order is None:
+            self.bare_order = self._bare_order()
+        for a in self.bare_order:
+            res = self.result(a)
+            if type(res) is dict and head in <dict>res:
+                return lookup_path(res, segs)
+        return lookup_path(self.s.params_obj(), segs)
+
+    cdef list _bare_order(self):
+        cdef Graph g = self.g
+        cdef list items = []
+        cdef int k, a
+        if self.src_step < 0:
+            return items
+        for k in range(g.step_act_off[self.src_step], g.step_act_off[self.src_step + 1]):
+            a = g.step_acts[k]
+            if g.act_qual[a] == Q_R:
+                a = g.act_reset[a]
+            if self.s.acts[a].res_len >= 0:
+                items.append((self.s.acts[a].done_at, a))
+        items.sort(reverse=True)
+        return [a for _, a in items]
+
+
+# ---------------------------------------------------------------- one call
+
+cdef dict _name_index(Graph g):
+    # name -> stored (non-R) association; cached on the graph like Graph.action_index
+    if g._action_index is None:
+        d = {}
+        for i in range(g.n_actions):
+            if g.act_qual[i] != Q_R:
+                d[g.s(g.act_name[i])] = i
+        g._action_index = d
+    return g._action_index
+
+
+cdef class _Run:
+    cdef Graph g
+    cdef State s
+    cdef int64_t now
+    cdef list work
+    cdef list commands
+    cdef list job_tr
+    cdef bint changed
+    cdef int entries
+    cdef _Ctx ctx
+
+    # ---- effects
+
+    cdef str cmd_id(self, int a, int64_t n):
+        return f"{self.s.job}:{self.g.s(self.g.act_name[a])}#{n}"
+
+    cdef void emit(self, int a, int64_t n, bint hold, bint restart, int64_t deadline):
+        cdef Graph g = self.g
+        cdef str name = g.s(g.act_name[a])
+        cdef str cid = f"{self.s.job}:{name}#{n}"
+        cdef Command c = Command.__new__(Command)
+        if hold:
+            cid = cid + ":hold"
+            c.type_id = g.s(g.act_hold_type[a])
+        elif restart:
+            c.type_id = g.s(g.act_restart_type[a])
+        else:
+            c.type_id = g.s(g.act_type[a])
+        c.command_id = cid
+        c.action = name
+        c.parameters = g.params(a)
+        c.deadline_ms = None if deadline == NO_TIME else deadline
+        c.hold = hold
+        c.restart = restart
+        c.job = self.s.job
+        c.scope = self.s.scope
+        c.attempt = self.s.acts[a].attempt
+        self.commands.append(c)
+        self.work.append(("dispatch:" + name, name, cid))
+
+    cdef void job(self, str transition):
+        self.job_tr.append(transition)
+        self.work.append(("job", transition, ""))
+
+    # ---- arming and settling
+
+    cdef int arm(self, int a) except -1:
+        """Start an attempt of action a now (qualifier rules decided that it starts)."""
+        cdef Graph g = self.g
+        cdef ActSt* x = &self.s.acts[a]
+        x.round = self.s.step_round[g.act_step[a]]
+        x.attempt = 1
+        x.outcome = OC_NONE
+        x.hold = HP_NONE
+        x.hold_n = 0
+        x.hold_deadline = NO_TIME
+        x.flags = 0
+        x.since = self.now
+        x.timer = NO_TIME
+        x.phase = PH_OPEN
+        x.deadline = self.now + g.act_timeout_ms[a]
+        if g.act_qual[a] == Q_L:
+            x.timer = self.now + g.act_duration_ms[a]
+        if g.act_inter[a] == I_PUSH:
+            self.s.cmd_counter += 1
+            x.cmd_n = self.s.cmd_counter
+            self.emit(a, x.cmd_n, False, False, x.deadline)
+        else:
+            x.cmd_n = 0
+        self.changed = True
+        return 0
+
+    cdef int redispatch(self, int a, bint new_attempt) except -1:
+        """Retry after a timeout (new id) or send an unsent command again (same id)."""
+        cdef Graph g = self.g
+        cdef ActSt* x = &self.s.acts[a]
+        cdef bint restart = (x.flags & AF_RESTART) != 0
+        if new_attempt:
+            x.attempt += 1
+            self.s.cmd_counter += 1
+            x.cmd_n = self.s.cmd_counter
+            x.flags &= ~AF_RESTART
+            restart = False
+        x.deadline = self.now + g.act_timeout_ms[a]
+        x.since = self.now
+        self.emit(a, x.cmd_n, False, restart, x.deadline)
+        self.changed = True
+        return 0
+
+    cdef int restart(self, int a) except -1:
+        """Held work goes on only through a restart: a new attempt of RestartTypeId."""
+        cdef Graph g = self.g
+        cdef ActSt* x = &self.s.acts[a]
+        self.s.cmd_counter += 1
+        x.cmd_n = self.s.cmd_counter
+        x.flags |= AF_RESTART
+        x.hold = HP_NONE
+        x.hold_n = 0
+        x.hold_deadline = NO_TIME
+        x.deadline = self.now + g.act_timeout_ms[a]
+        x.since = self.now
+        if g.act_restart_type[a] >= 0:
+            self.emit(a, x.cmd_n, False, True, x.deadline)
+        else:
+            # no restart command declared: the work itself is issued again
+            x.flags &= ~AF_RESTART
+            self.emit(a, x.cmd_n, False, False, x.deadline)
+        self.changed = True
+        return 0
+
+    cdef void settle(self, int a, int outcome):
+        cdef ActSt* x = &self.s.acts[a]
+        x.phase = PH_DONE
+        x.outcome = outcome
+        x.deadline = NO_TIME
+        x.timer = NO_TIME
+        x.hold = HP_NONE
+        x.hold_deadline = NO_TIME
+        x.flags &= ~AF_RESTART
+        x.done_at = self.now
+        self.changed = True
+
+    cdef void withdraw_all(self, bint only_non_holding):
+        """Settle open work as cancelled (later answers are absorbed by id)."""
+        cdef Graph g = self.g
+        cdef int a, q
+        cdef ActSt* x
+        for a in range(g.n_actions):
+            x = &self.s.acts[a]
+            if x.phase == PH_OPEN or x.phase == PH_DELAYED or x.phase == PH_WAIT_EXIT:
+                q = g.act_qual[a]
+                if only_non_holding and q != Q_P and q != Q_P1 and q != Q_P0:
+                    continue
+                self.settle(a, OC_CANCELLED)
+
+    cdef void abort(self, str reason):
+        self.withdraw_all(False)
+        self.s.status = ST_ABORTED
+        self.s.reason = reason
+        self.s.n_active = 0
+        self.s.flags &= ~(JF_HELD | JF_ENDING)
+        self.s.held_at = NO_TIME
+        self.job("Abort")
+        self.changed = True
+
+    # ---- steps, branches, transitions
+
+    cdef int enter_step(self, int32_t st) except -1:
+        cdef Graph g = self.g
+        cdef int k, a, q, r
+        cdef ActSt* x
+        self.entries += 1
+        if self.entries > MAX_ENTRIES_PER_CALL:
+            raise _Loop(g.s(g.step_name[st]))
+        self.s.step_round[st] += 1
+        self.s.add_active(st)
+        self.changed = True
+        for k in range(g.step_act_off[st], g.step_act_off[st + 1]):
+            a = g.step_acts[k]
+            q = g.act_qual[a]
+            x = &self.s.acts[a]
+            if q == Q_R:
+                r = g.act_reset[a]
+                if self.s.acts[r].phase == PH_OPEN or self.s.acts[r].phase == PH_DELAYED:
+                    self.settle(r, OC_CANCELLED)
+            elif q == Q_P0:
+                x.phase = PH_WAIT_EXIT
+                x.round = self.s.step_round[st]
+            elif q == Q_D:
+                x.phase = PH_DELAYED
+                x.outcome = OC_NONE
+                x.round = self.s.step_round[st]
+                x.timer = self.now + g.act_duration_ms[a]
+                x.deadline = NO_TIME
+                x.since = self.now
+            else:
+                self.arm(a)
+        return 0
+
+    cdef int exit_step(self, int32_t st) except -1:
+        cdef Graph g = self.g
+        cdef int k, a
+        self.s.remove_active(st)
+        self.s.last_exit = st
+        for k in range(g.step_act_off[st], g.step_act_off[st + 1]):
+            a = g.step_acts[k]
+            if g.act_qual[a] == Q_P0 and self.s.acts[a].phase == PH_WAIT_EXIT:
+                self.arm(a)
+        self.changed = True
+        return 0
+
+    cdef bint step_done(self, int32_t st):
+        """A step is done when its holding actions (N, L, D) are settled."""
+        cdef Graph g = self.g
+        cdef int k, a, q
+        for k in range(g.step_act_off[st], g.step_act_off[st + 1]):
+            a = g.step_acts[k]
+            q = g.act_qual[a]
+            if (q == Q_N or q == Q_L or q == Q_D) and self.s.acts[a].phase != PH_DONE:
+                return False
+        return True
+
+    cdef int choose(self, int node, int32_t src_step, int kind_mask) except -2:
+        """First outgoing transition of node (by priority) whose kind is in kind_mask
+        and whose condition is true; -1 when none is true; -3 when none has the kind."""
+        cdef Graph g = self.g
+        cdef int k, t
+        cdef bint any_kind = False
+        for k in range(g.node_out_off[node], g.node_out_off[node + 1]):
+            t = g.node_out[k]
+            if not ((1 << g.tr_kind[t]) & kind_mask):
+                continue
+            any_kind = True
+            if g.tr_cond[t] < 0:
+                return t
+            self.ctx.src_step = src_step
+            self.ctx.bare_order = None
+            if truthy(g.eval_cond(g.tr_cond[t], self.ctx)):
+                return t
+        return -1 if any_kind else -3
+
+    cdef int leave(self, int32_t st) except -1:
+        """Step st is done: fire its first true transition, end its path, or end."""
+        cdef Graph g = self.g
+        cdef int t = self.choose(st, st, 0xFF)
+        cdef int p
+        if t == -1:
+            self.abort(f"no transition out of step {g.s(g.step_name[st])!r} is true")
+            return 0
+        self.exit_step(st)
+        if t == -3:
+            p = g.step_path[st]
+            if p >= 0:
+                self.path_ended(p)
+            else:
+                self.recipe_end()
+            return 0
+        self.take(t)
+        return 0
+
+    cdef int take(self, int t) except -1:
+        cdef Graph g = self.g
+        cdef int target = g.tr_target[t]
+        if g.tr_kind[t] == TK_PATH_END:
+            self.path_ended(g.step_path[g.tr_source[t]])
+        elif target < g.n_steps:
+            self.enter_step(target)
+        else:
+            self.enter_branch(target - g.n_steps)
+        return 0
+
+    cdef int enter_branch(self, int b) except -1:
+        cdef Graph g = self.g
+        cdef int p, t
+        self.s.br_ended[b] = 0
+        self.changed = True
+        if g.br_type[b] == B_SIMULTANEOUS:
+            for p in range(g.br_path_off[b], g.br_path_off[b + 1]):
+                self.enter_step(g.path_steps[g.path_off[p]])
+            return 0
+        t = self.choose(g.n_steps + b, self.s.last_exit, (1 << TK_ENTRY) | (1 << TK_IMPLICIT))
+        if t < 0:
+            self.s.br_ended[b] = -1
+            self.abort(f"no entry of selection branch {g.s(g.br_name[b])!r} is true")
+            return 0
+        self.enter_step(g.tr_target[t])
+        return 0
+
+    cdef int path_ended(self, int p) except -1:
+        cdef Graph g = self.g
+        cdef int b = g.path_branch[p]
+        cdef int t
+        if g.br_type[b] == B_SIMULTANEOUS:
+            self.s.br_ended[b] += 1
+            if self.s.br_ended[b] < g.br_path_off[b + 1] - g.br_path_off[b]:
+                return 0
+        # converged (simultaneous) or its one path ended (selection): leave the branch
+        self.s.br_ended[b] = -1
+        self.changed = True
+        t = self.choose(g.n_steps + b, self.s.last_exit, 1 << TK_EXIT)
+        if t == -3:
+            self.recipe_end()
+        elif t == -1:
+            self.abort(f"no exit transition of branch {g.s(g.br_name[b])!r} is true")
+        else:
+            self.take(t)
+        return 0
+
+    cdef void recipe_end(self):
+        self.s.flags |= JF_ENDING
+        self.changed = True
+        self.check_end()
+
+    cdef void check_end(self):
+        """The recipe has ended: complete unless a stored (S) action is still open."""
+        cdef Graph g = self.g
+        cdef int a
+        if not (self.s.flags & JF_ENDING) or self.s.status != ST_RUNNING:
+            return
+        if self.s.flags & JF_HELD:
+            return
+        for a in range(g.n_actions):
+            if g.act_qual[a] == Q_S and (self.s.acts[a].phase == PH_OPEN
+                                         or self.s.acts[a].phase == PH_DELAYED):
+                return
+        self.withdraw_all(True)
+        self.s.status = ST_COMPLETED
+        self.s.flags &= ~JF_ENDING
+        self.s.n_active = 0
+        self.job("Complete")
+        self.changed = True
+
+    cdef int advance(self) except -1:
+        """Fire what can fire: done steps leave, until nothing changes."""
+        cdef Py_ssize_t i
+        cdef bint moved
+        cdef int a
+        if self.s.status != ST_RUNNING or (self.s.flags & JF_HELD):
+            return 0
+        # a failure recorded while held is routed now
+        for a in range(self.g.n_actions):
+            if self.s.acts[a].flags & AF_ABORT_PENDING:
+                self.s.acts[a].flags &= ~AF_ABORT_PENDING
+                self.abort(self.s.reason or
+                           f"action {self.g.s(self.g.act_name[a])!r} failed while held")
+                return 0
+        while self.s.status == ST_RUNNING:
+            moved = False
+            for i in range(self.s.n_active):
+                if self.step_done(self.s.active[i]):
+                    self.leave(self.s.active[i])
+                    moved = True
+                    break
+            if not moved:
+                break
+        self.check_end()
+        return 0
+
+    # ---- answers
+
+    cdef int parse(self, str cid, int64_t* n, bint* is_hold) except -2:
+        """Action index of a command id of this job, or -1 (not ours, malformed)."""
+        cdef str job = self.s.job
+        cdef Py_ssize_t lj = len(job)
+        if not cid.startswith(job) or len(cid) <= lj + 2 or cid[lj] != ":":
+            return -1
+        rest = cid[lj + 1:]
+        is_hold[0] = rest.endswith(":hold")
+        if is_hold[0]:
+            rest = rest[:-5]
+        pos = rest.rfind("#")
+        if pos <= 0:
+            return -1
+        num = rest[pos + 1:]
+        if not num.isdigit() or len(num) > 15 or not num.isascii():
+            return -1
+        n[0] = int(num)
+        a = _name_index(self.g).get(rest[:pos])
+        if a is None:
+            return -1
+        return a
+
+    cdef int on_completed(self, Completed ev) except -1:
+        cdef int64_t n = 0
+        cdef bint is_hold = False
+        cdef int a = self.parse(ev.command_id, &n, &is_hold)
+        if a < 0 or self.g.act_inter[a] != I_PUSH:
+            return 0
+        if is_hold:
+            # a hold command answered "completed": the equipment holds the work
+            return self.on_held_n(a, n, True)
+        cdef ActSt* x = &self.s.acts[a]
+        if x.phase != PH_OPEN or x.cmd_n != n:
+            return 0     # late or duplicate answer: absorbed
+        self.settle(a, OC_COMPLETED)
+        if ev.result is not None:
+            self.s.set_result(a, canonical_dumps(ev.result).encode("utf-8"))
+        self.advance()
+        return 0
+
+    cdef int on_failed(self, Failed ev) except -1:
+        cdef int64_t n = 0
+        cdef bint is_hold = False
+        cdef int a = self.parse(ev.command_id, &n, &is_hold)
+        if a < 0 or self.g.act_inter[a] != I_PUSH:
+            return 0
+        if is_hold:
+            return self.on_not_held_n(a, n)
+        cdef ActSt* x = &self.s.acts[a]
+        if x.phase != PH_OPEN or x.cmd_n != n:
+            return 0
+        cdef str name = self.g.s(self.g.act_name[a])
+        reason = f"action {name!r} failed" + (f": {ev.reason}" if ev.reason else "")
+        self.settle(a, OC_FAILED)
+        if self.s.flags & JF_HELD:
+            # recorded now, routed on release
+            x.flags |= AF_ABORT_PENDING
+            self.s.reason = reason
+            return 0
+        self.abort(reason)
+        return 0
+
+    cdef int on_held_n(self, int a, int64_t n, bint is_hold) except -1:
+        cdef ActSt* x = &self.s.acts[a]
+        if x.phase != PH_OPEN:
+            return 0
+        if is_hold:
+            if x.hold_n != n:
+                return 0
+        elif x.cmd_n != n or x.hold_n == 0:
+            return 0
+        if x.hold != HP_OPEN and x.hold != HP_NOT_HELD:
+            return 0
+        # a late "held" still counts: the equipment did hold the work
+        x.hold = HP_HELD
+        x.hold_deadline = NO_TIME
+        x.deadline = NO_TIME
+        self.changed = True
+        if not (self.s.flags & JF_HELD):
+            self.restart(a)     # the release came before the answer
+        return 0
+
+    cdef int on_not_held_n(self, int a, int64_t n) except -1:
+        cdef ActSt* x = &self.s.acts[a]
+        if x.phase != PH_OPEN or x.hold_n != n or x.hold != HP_OPEN:
+            return 0
+        x.hold = HP_NOT_HELD
+        x.hold_deadline = NO_TIME
+        self.changed = True
+        if not (self.s.flags & JF_HELD):
+            self.redispatch(a, False)
+        return 0
+
+    cdef int on_hold_answer(self, str cid, bint held) except -1:
+        cdef int64_t n = 0
+        cdef bint is_hold = False
+        cdef int a = self.parse(cid, &n, &is_hold)
+        if a < 0 or self.g.act_inter[a] != I_PUSH:
+            return 0
+        if held:
+            return self.on_held_n(a, n, is_hold)
+        if not is_hold:
+            if self.s.acts[a].cmd_n != n:
+                return 0
+            n = self.s.acts[a].hold_n
+        return self.on_not_held_n(a, n)
+
+    cdef int on_event(self, Event ev) except -1:
+        cdef Graph g = self.g
+        cdef int a, best = -1
+        cdef ActSt* x
+        cdef int64_t best_since = 0
+        for a in range(g.n_actions):
+            x = &self.s.acts[a]
+            if x.phase != PH_OPEN or g.act_inter[a] != I_PULL:
+                continue
+            if g.s(g.act_type[a]) != ev.type_id:
+                continue
+            if not self.matches(a, g.act_match_subject[a], ev.subject):
+                continue
+            if not self.matches(a, g.act_match_corr[a], ev.correlation_id):
+                continue
+            if best < 0 or x.since < best_since:
+                best = a
+                best_since = x.since
+        if best < 0:
+            return 0
+        self.settle(best, OC_COMPLETED)
+        if ev.data is not None:
+            self.s.set_result(best, canonical_dumps(ev.data).encode("utf-8"))
+        self.advance()
+        return 0
+
+    cdef bint matches(self, int a, int32_t sid, object value):
+        if sid < 0:
+            return True
+        if value is None:
+            return False
+        cdef str tpl = self.g.s(sid)
+        if "{" in tpl:
+            tpl = (tpl.replace("{job}", self.s.job).replace("{scope}", self.s.scope)
+                   .replace("{action}", self.g.s(self.g.act_name[a])))
+        return tpl == value
+
+    # ---- time
+
+    cdef int on_tick(self, Tick ev) except -1:
+        cdef Graph g = self.g
+        cdef int a
+        cdef ActSt* x
+        cdef int64_t now = self.now
+        cdef str name
+        if self.s.flags & JF_HELD:
+            # while held only hold commands expire (DESIGN §3.9)
+            for a in range(g.n_actions):
+                x = &self.s.acts[a]
+                if x.phase == PH_OPEN and x.hold == HP_OPEN and x.hold_deadline != NO_TIME \
+                        and x.hold_deadline <= now:
+                    x.hold = HP_NOT_HELD
+                    x.hold_deadline = NO_TIME
+                    self.changed = True
+            return 0
+        for a in range(g.n_actions):
+            if self.s.status != ST_RUNNING:
+                break
+            x = &self.s.acts[a]
+            if x.phase == PH_DELAYED:
+                if x.timer != NO_TIME and x.timer <= now:
+                    self.arm(a)
+                continue
+            if x.phase != PH_OPEN:
+                continue
+            if x.hold == HP_OPEN and x.hold_deadline != NO_TIME and x.hold_deadline <= now:
+                # the hold was never answered: the work is issued again
+                x.hold = HP_NOT_HELD
+                x.hold_deadline = NO_TIME
+                self.redispatch(a, False)
+                continue
+            if g.act_qual[a] == Q_L and x.timer != NO_TIME and x.timer <= now:
+                self.settle(a, OC_LIMITED)
+                continue
+            if x.deadline == NO_TIME or x.deadline > now:
+                continue
+            name = g.s(g.act_name[a])
+            if g.act_inter[a] == I_PULL:
+                x.outcome = OC_TIMEOUT
+                self.abort(f"action {name!r} timed out waiting for "
+                           f"{g.s(g.act_type[a])} after {g.act_timeout_ms[a] / 1000:g} s")
+                break
+            if ev.unsent and self.cmd_id(a, x.cmd_n) in ev.unsent:
+                self.redispatch(a, False)     # it never went out: send it, no retry spent
+            elif x.attempt <= g.act_retries[a]:
+                self.redispatch(a, True)
+            else:
+                self.settle(a, OC_TIMEOUT)
+                self.abort(f"action {name!r} timed out after "
+                           f"{g.act_timeout_ms[a] / 1000:g} s (attempt {x.attempt})")
+                break
+        self.advance()
+        return 0
+
+    cdef void shift(self, int64_t gap, bint holds_too):
+        cdef Graph g = self.g
+        cdef int a
+        cdef ActSt* x
+        for a in range(g.n_actions):
+            x = &self.s.acts[a]
+            if x.phase != PH_OPEN and x.phase != PH_DELAYED:
+                continue
+            if x.deadline != NO_TIME:
+                x.deadline += gap
+                self.changed = True
+            if x.timer != NO_TIME:
+                x.timer += gap
+                self.changed = True
+            if holds_too and x.hold_deadline != NO_TIME:
+                x.hold_deadline += gap
+                self.changed = True
+
+    cdef int on_hold(self) except -1:
+        cdef Graph g = self.g
+        cdef int a
+        cdef ActSt* x
+        if self.s.flags & JF_HELD:
+            return 0
+        self.s.flags |= JF_HELD
+        self.s.held_at = self.now
+        self.changed = True
+        for a in range(g.n_actions):
+            x = &self.s.acts[a]
+            if x.phase != PH_OPEN or g.act_inter[a] != I_PUSH or g.act_hold_type[a] < 0:
+                continue
+            if x.hold == HP_HELD:
+                continue
+            x.hold = HP_OPEN
+            x.hold_n = x.cmd_n
+            x.hold_deadline = self.now + (g.act_hold_timeout_ms[a] or g.act_timeout_ms[a])
+            self.emit(a, x.cmd_n, True, False, x.hold_deadline)
+        return 0
+
+    cdef int on_release(self) except -1:
+        cdef Graph g = self.g
+        cdef int a
+        cdef ActSt* x
+        if not (self.s.flags & JF_HELD):
+            return 0
+        cdef int64_t gap = self.now - self.s.held_at
+        if gap < 0:
+            gap = 0
+        self.s.flags &= ~JF_HELD
+        self.s.held_at = NO_TIME
+        self.changed = True
+        self.shift(gap, False)
+        for a in range(g.n_actions):
+            x = &self.s.acts[a]
+            if x.phase != PH_OPEN or g.act_inter[a] != I_PUSH:
+                continue
+            if x.hold == HP_HELD:
+                self.restart(a)
+            elif x.hold == HP_OPEN:
+                pass                # the answer to the hold decides
+            else:
+                x.hold = HP_NONE
+                if x.deadline == NO_TIME:
+                    x.deadline = self.now + g.act_timeout_ms[a]
+                self.emit(a, x.cmd_n, False, (x.flags & AF_RESTART) != 0, x.deadline)
+        self.advance()
+        return 0
+
+    cdef int on_resume(self) except -1:
+        """Recovery: issue again what has no deadline, and restarts of held work."""
+        cdef Graph g = self.g
+        cdef int a
+        cdef ActSt* x
+        if self.s.flags & JF_HELD:
+            return 0
+        for a in range(g.n_actions):
+            x = &self.s.acts[a]
+            if x.phase != PH_OPEN or g.act_inter[a] != I_PUSH:
+                continue
+            if x.hold == HP_HELD:
+                self.restart(a)
+            elif x.deadline == NO_TIME:
+                self.redispatch(a, False)
+            elif x.flags & AF_RESTART:
+                self.emit(a, x.cmd_n, False, True, x.deadline)
+        self.advance()
+        return 0
+
+
+class _Loop(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- the API
+
+cdef object _next_deadline(Graph g, State s):
+    """Earliest open deadline; while held, the earliest hold deadline (DESIGN §3.9)."""
+    cdef int a
+    cdef ActSt* x
+    cdef int64_t best = NO_TIME
+    cdef bint held = (s.flags & JF_HELD) != 0
+    if s.status != ST_RUNNING:
+        return None
+    for a in range(g.n_actions):
+        x = &s.acts[a]
+        if x.phase != PH_OPEN and x.phase != PH_DELAYED:
+            continue
+        if x.hold_deadline != NO_TIME and (best == NO_TIME or x.hold_deadline < best):
+            best = x.hold_deadline
+        if held:
+            continue
+        if x.deadline != NO_TIME and (best == NO_TIME or x.deadline < best):
+            best = x.deadline
+        if x.timer != NO_TIME and (best == NO_TIME or x.timer < best):
+            best = x.timer
+    return None if best == NO_TIME else best
+
+
+cdef set _waits(Graph g, State s):
+    cdef int a
+    cdef set out = set()
+    if s.status != ST_RUNNING:
+        return out
+    for a in range(g.n_actions):
+        if g.act_inter[a] == I_PULL and s.acts[a].phase == PH_OPEN:
+            out.add(g.s(g.act_type[a]))
+    return out
+
+
+cdef str _status(State s):
+    if s.status == ST_RUNNING and (s.flags & JF_HELD):
+        return STATUS_HELD
+    return _STATUS[s.status]
+
+
+cdef Decision _absorbed(Graph g, State s, object state):
+    cdef Decision d = Decision.__new__(Decision)
+    d.applied = False
+    d.state = state
+    d.work = []
+    d.commands = []
+    d.job = _EMPTY
+    d.waits_added = _EMPTY
+    d.waits_removed = _EMPTY
+    if s is None:
+        d.status = "none"
+        d.reason = None
+        d.next_deadline = None
+    else:
+        d.status = _status(s)
+        d.reason = s.reason or None
+        d.next_deadline = _next_deadline(g, s)
+    return d
+
+
+cdef bytes _params_text(object params):
+    if params is None:
+        return b""
+    return canonical_dumps(params).encode("utf-8")
+
+
+cpdef Decision evolve(Graph graph, object state, BaseEvent event, int64_t now_ms):
+    """Apply ``event`` to a job's ``state`` (bytes; None only before Start) at ``now_ms``.
+
+    Returns a Decision; ``applied`` False means absorbed (nothing to write). Raises
+    StateFormatError for bytes that are not a readable state of this graph.
+    """
+    cdef State s = None
+    cdef int kind = event.kind
+    cdef Start st
+    if state is not None:
+        s = decode_state(graph, state)
+    if kind == EV_START:
+        st = <Start>event
+        if s is not None:
+            if s.status == ST_RUNNING:
+                return _absorbed(graph, s, state)        # already running: a repeat
+            if st.order and st.order == s.order:
+                return _absorbed(graph, s, state)        # same order, already ended
+        # a new job, or an ended state of a re-stored job id: replaced
+        old_waits = _waits(graph, s) if s is not None else set()
+        s = new_state(graph, st.job, st.scope, _params_text(st.params), st.order, now_ms)
+        return _run(graph, s, None, event, now_ms, old_waits)
+    if s is None:
+        return _absorbed(graph, None, None)
+    if s.status != ST_RUNNING:
+        return _absorbed(graph, s, state)                # a terminal job stays terminal
+    return _run(graph, s, state, event, now_ms, None)
+
+
+cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now,
+                   set old_waits):
+    cdef _Run r = _Run.__new__(_Run)
+    r.g = g
+    r.s = s
+    r.now = now
+    r.work = []
+    r.commands = []
+    r.job_tr = []
+    r.changed = False
+    r.entries = 0
+    cdef _Ctx ctx = _Ctx.__new__(_Ctx)
+    ctx.g = g
+    ctx.s = s
+    ctx.refs = g.refs()
+    ctx.parsed = {}
+    ctx.src_step = -1
+    r.ctx = ctx
+    if old_waits is None:
+        old_waits = _waits(g, s)
+    cdef int kind = event.kind
+    try:
+        if kind == EV_START:
+            r.job("Run")
+            r.enter_step(g.initial_step)
+            r.advance()
+        elif kind == EV_COMPLETED:
+            r.on_completed(<Completed>event)
+        elif kind == EV_FAILED:
+            r.on_failed(<Failed>event)
+        elif kind == EV_HELD:
+            r.on_hold_answer((<Held>event).command_id, True)
+        elif kind == EV_NOT_HELD:
+            r.on_hold_answer((<NotHeld>event).command_id, False)
+        elif kind == EV_EVENT:
+            r.on_event(<Event>event)
+        elif kind == EV_TICK:
+            r.on_tick(<Tick>event)
+        elif kind == EV_CANCEL:
+            r.withdraw_all(False)
+            s.status = ST_STOPPED if (<Cancel>event).stop else ST_ABORTED
+            s.reason = (<Cancel>event).reason or ("stopped" if (<Cancel>event).stop
+                                                  else "aborted")
+            s.n_active = 0
+            s.flags = 0
+            s.held_at = NO_TIME
+            r.changed = True
+        elif kind == EV_HOLD:
+            r.on_hold()
+        elif kind == EV_RELEASE:
+            r.on_release()
+        elif kind == EV_RESUME:
+            r.on_resume()
+        elif kind == EV_SHIFT:
+            if (<Shift>event).gap_ms > 0:
+                r.shift((<Shift>event).gap_ms, True)
+                if s.held_at != NO_TIME:
+                    # the outage is not part of the hold: release moves by the hold alone
+                    s.held_at += (<Shift>event).gap_ms
+                    r.changed = True
+    except _Loop as e:
+        r.work = []
+        r.commands = []
+        r.job_tr = []
+        r.abort(f"the recipe loops without waiting (more than {MAX_ENTRIES_PER_CALL} step "
+                f"entries in one step, last at {e.args[0]!r})")
+    if not r.changed and not r.work:
+        return _absorbed(g, s, before)
+    cdef Decision d = Decision.__new__(Decision)
+    d.applied = True
+    d.state = s.encode()
+    d.status = _status(s)
+    d.reason = s.reason or None
+    d.work = r.work
+    d.commands = r.commands
+    d.job = tuple(r.job_tr)
+    d.next_deadline = _next_deadline(g, s)
+    new_waits = _waits(g, s)
+    if new_waits == old_waits:
+        d.waits_added = d.waits_removed = _EMPTY
+    else:
+        d.waits_added = tuple(sorted(new_waits - old_waits))
+        d.waits_removed = tuple(sorted(old_waits - new_waits))
+    return d
+
+
+def evolve_many(Graph graph, states, events, int64_t now_ms) -> list:
+    """Evolve many jobs of one graph: ``events`` is one event for all, or one per state.
+
+    A state that cannot be read gives its StateFormatError in place of a Decision, so
+    one bad job does not stop a sweep.
+    """
+    cdef list out = []
+    cdef BaseEvent one = None
+    if isinstance(events, BaseEvent):
+        one = <BaseEvent>events
+        for st in states:
+            try:
+                out.append(evolve(graph, st, one, now_ms))
+            except ValueError as e:
+                out.append(e)
+        return out
+    states = list(states)
+    events = list(events)
+    if len(states) != len(events):
+        raise ValueError(f"{len(states)} states but {len(events)} events")
+    for st, ev in zip(states, events):
+        try:
+            out.append(evolve(graph, st, ev, now_ms))
+        except ValueError as e:
+            out.append(e)
+    return out
+
+
+def job_index(Graph graph, state) -> tuple:
+    """(status, next deadline, waited-for type ids) of a state: what the indexes hold."""
+    cdef State s = decode_state(graph, state)
+    return _status(s), _next_deadline(graph, s), tuple(sorted(_waits(graph, s)))
+
+
+def open_command(Graph graph, state, str action):
+    """The command a ``dispatch:{action}`` entry should send now, or None.
+
+    None when the job is not running, is held, or the action has no open push attempt.
+    While held, the open hold command of the action is returned instead (if any).
+    """
+    cdef State s = decode_state(graph, state)
+    a = _name_index(graph).get(action)
+    if a is None or s.status != ST_RUNNING:
+        return None
+    cdef int ai = a
+    cdef ActSt* x = &s.acts[ai]
+    if graph.act_inter[ai] != I_PUSH or x.phase != PH_OPEN:
+        return None
+    cdef _Run r = _Run.__new__(_Run)
+    r.g = graph
+    r.s = s
+    r.work = []
+    r.commands = []
+    r.job_tr = []
+    if s.flags & JF_HELD:
+        if x.hold != HP_OPEN:
+            return None
+        r.emit(ai, x.hold_n, True, False, x.hold_deadline)
+    else:
+        if x.hold == HP_HELD or x.hold == HP_OPEN or x.deadline == NO_TIME:
+            return None
+        r.emit(ai, x.cmd_n, False, (x.flags & AF_RESTART) != 0, x.deadline)
+    return r.commands[0]
