@@ -1,10 +1,14 @@
 """sfc-fast: the compiled core of the recipe-execution host.
 
-Pure functions over array-based graphs: the recipe compiler, conditions, and (as
-they land) evolve, the deadline index and the table-driven state machines.
-No I/O, no clock: time comes in as integer milliseconds.
+Pure functions over array-based graphs: the recipe compiler and conditions, the
+``evolve`` step over compact state documents, the deadline index, the embedded
+runner and the table-driven state machines. No I/O, no clock: time comes in as
+integer milliseconds.
 """
 
+from sfc_fast import events
+from sfc_fast.deadlines import DeadlineIndex
+from sfc_fast.evolve import Command, Decision, evolve, evolve_many, job_index, open_command
 from sfc_fast.recipe import (
     SCHEMA_V100,
     SCHEMA_V110,
@@ -14,15 +18,29 @@ from sfc_fast.recipe import (
     RecipeError,
     compile_recipe,
 )
+from sfc_fast.runner import Runner, job_of_command
+from sfc_fast.state import StateFormatError, state_to_json
 
 __all__ = [
     "SCHEMA_V100",
     "SCHEMA_V110",
+    "Command",
+    "DeadlineIndex",
+    "Decision",
     "Graph",
     "GraphFormatError",
     "Problem",
     "RecipeError",
+    "Runner",
+    "StateFormatError",
     "compile_recipe",
+    "events",
+    "evolve",
+    "evolve_many",
+    "job_index",
+    "job_of_command",
+    "open_command",
+    "state_to_json",
 ]
 
 __version__ = "0.1.0"
