@@ -8,6 +8,7 @@ The rules are DESIGN §2.2 and docs/execution.md; each is named where it is kept
 
 from libc.stdint cimport int32_t, int64_t
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 cimport cython
 
@@ -108,7 +109,7 @@ cdef class _Ctx(CondContext):
         v = self.parsed.get(a, self)
         if v is self:
             try:
-                v = json.loads(PyBytes_FromStringAndSize(x.res, x.res_len))
+                v = json.loads(PyUnicode_DecodeUTF8(x.res, x.res_len, NULL))
             except ValueError:
                 v = None
             self.parsed[a] = v
@@ -176,8 +177,28 @@ cdef class _Run:
     cdef list commands
     cdef list job_tr
     cdef bint changed
+    cdef bint waits_dirty         # a pull wait opened or closed, or the status changed
     cdef int entries
-    cdef _Ctx ctx
+    cdef _Ctx ctx                 # made on the first condition that needs one
+    cdef dict fresh               # action -> result object set by this call (no re-parse)
+
+    cdef void make_ctx(self):
+        cdef _Ctx ctx = _Ctx.__new__(_Ctx)
+        ctx.g = self.g
+        ctx.s = self.s
+        ctx.refs = self.g.refs()
+        ctx.parsed = self.fresh if self.fresh is not None else {}
+        ctx.src_step = -1
+        self.ctx = ctx
+
+    cdef void keep_result(self, int a, dict result):
+        self.s.set_result(a, canonical_dumps(result).encode("utf-8"))
+        if self.ctx is not None:
+            self.ctx.parsed[a] = result
+        else:
+            if self.fresh is None:
+                self.fresh = {}
+            self.fresh[a] = result
 
     # ---- effects
 
@@ -237,6 +258,7 @@ cdef class _Run:
             self.emit(a, x.cmd_n, False, False, x.deadline)
         else:
             x.cmd_n = 0
+            self.waits_dirty = True
         self.changed = True
         return 0
 
@@ -289,6 +311,8 @@ cdef class _Run:
         x.flags &= ~AF_RESTART
         x.done_at = self.now
         self.changed = True
+        if self.g.act_inter[a] == I_PULL:
+            self.waits_dirty = True
 
     cdef void withdraw_all(self, bint only_non_holding):
         """Settle open work as cancelled (later answers are absorbed by id)."""
@@ -312,6 +336,7 @@ cdef class _Run:
         self.s.held_at = NO_TIME
         self.job("Abort")
         self.changed = True
+        self.waits_dirty = True
 
     # ---- steps, branches, transitions
 
@@ -383,6 +408,8 @@ cdef class _Run:
             any_kind = True
             if g.tr_cond[t] < 0:
                 return t
+            if self.ctx is None:
+                self.make_ctx()
             self.ctx.src_step = src_step
             self.ctx.bare_order = None
             if truthy(g.eval_cond(g.tr_cond[t], self.ctx)):
@@ -479,6 +506,7 @@ cdef class _Run:
         self.s.n_active = 0
         self.job("Complete")
         self.changed = True
+        self.waits_dirty = True
 
     cdef int advance(self) except -1:
         """Fire what can fire: done steps leave, until nothing changes."""
@@ -511,21 +539,29 @@ cdef class _Run:
     cdef int parse(self, str cid, int64_t* n, bint* is_hold) except -2:
         """Action index of a command id of this job, or -1 (not ours, malformed)."""
         cdef str job = self.s.job
-        cdef Py_ssize_t lj = len(job)
-        if not cid.startswith(job) or len(cid) <= lj + 2 or cid[lj] != ":":
+        cdef Py_ssize_t lj = len(job), ln = len(cid), end = ln, i, digits = 0
+        cdef int64_t v = 0, mul = 1
+        cdef Py_UCS4 c
+        if ln <= lj + 3 or cid[lj] != u":" or not cid.startswith(job):
             return -1
-        rest = cid[lj + 1:]
-        is_hold[0] = rest.endswith(":hold")
+        is_hold[0] = cid.endswith(":hold")
         if is_hold[0]:
-            rest = rest[:-5]
-        pos = rest.rfind("#")
-        if pos <= 0:
+            end -= 5
+        i = end - 1
+        while i > lj:
+            c = cid[i]
+            if c < u"0" or c > u"9":
+                break
+            digits += 1
+            if digits > 15:
+                return -1
+            v += (<int64_t>c - 48) * mul
+            mul *= 10
+            i -= 1
+        if digits == 0 or i <= lj + 1 or cid[i] != u"#":
             return -1
-        num = rest[pos + 1:]
-        if not num.isdigit() or len(num) > 15 or not num.isascii():
-            return -1
-        n[0] = int(num)
-        a = _name_index(self.g).get(rest[:pos])
+        n[0] = v
+        a = _name_index(self.g).get(cid[lj + 1:i])
         if a is None:
             return -1
         return a
@@ -544,7 +580,7 @@ cdef class _Run:
             return 0     # late or duplicate answer: absorbed
         self.settle(a, OC_COMPLETED)
         if ev.result is not None:
-            self.s.set_result(a, canonical_dumps(ev.result).encode("utf-8"))
+            self.keep_result(a, ev.result)
         self.advance()
         return 0
 
@@ -637,7 +673,7 @@ cdef class _Run:
             return 0
         self.settle(best, OC_COMPLETED)
         if ev.data is not None:
-            self.s.set_result(best, canonical_dumps(ev.data).encode("utf-8"))
+            self.keep_result(best, ev.data)
         self.advance()
         return 0
 
@@ -909,16 +945,8 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
     r.commands = []
     r.job_tr = []
     r.changed = False
+    r.waits_dirty = old_waits is not None
     r.entries = 0
-    cdef _Ctx ctx = _Ctx.__new__(_Ctx)
-    ctx.g = g
-    ctx.s = s
-    ctx.refs = g.refs()
-    ctx.parsed = {}
-    ctx.src_step = -1
-    r.ctx = ctx
-    if old_waits is None:
-        old_waits = _waits(g, s)
     cdef int kind = event.kind
     try:
         if kind == EV_START:
@@ -946,6 +974,7 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
             s.flags = 0
             s.held_at = NO_TIME
             r.changed = True
+            r.waits_dirty = True
         elif kind == EV_HOLD:
             r.on_hold()
         elif kind == EV_RELEASE:
@@ -976,12 +1005,15 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
     d.commands = r.commands
     d.job = tuple(r.job_tr)
     d.next_deadline = _next_deadline(g, s)
-    new_waits = _waits(g, s)
-    if new_waits == old_waits:
-        d.waits_added = d.waits_removed = _EMPTY
-    else:
-        d.waits_added = tuple(sorted(new_waits - old_waits))
-        d.waits_removed = tuple(sorted(old_waits - new_waits))
+    d.waits_added = d.waits_removed = _EMPTY
+    if r.waits_dirty:
+        if old_waits is None:
+            # the wait set before this call, from the bytes we started with
+            old_waits = _waits(g, decode_state(g, before))
+        new_waits = _waits(g, s)
+        if new_waits != old_waits:
+            d.waits_added = tuple(sorted(new_waits - old_waits))
+            d.waits_removed = tuple(sorted(old_waits - new_waits))
     return d
 
 
