@@ -1,0 +1,55 @@
+"""The script engine: user scripts with periodic Tasks and long-running Missions.
+
+Scripts declare ``@task``, ``@mission`` and ``Variable`` (``sfc_host.engine.script``);
+the ``Engine`` (``sfc_host.engine.manager``) builds a scripts folder and runs it
+under the Engine, Task and Mission machines of ``sfc_fast.machines``.
+"""
+
+from sfc_host.engine.api import (
+    JobAPI,
+    JobsNotConnected,
+    LocalBus,
+    MqttLink,
+    ScriptAPI,
+    ScriptAPIError,
+    VariableStore,
+    topic_matches,
+)
+from sfc_host.engine.build import BuildFailed, BuildProblem, build_scripts
+from sfc_host.engine.manager import Engine, EngineFault, EngineStateError
+from sfc_host.engine.missions import (
+    MemoryMissionStore,
+    MissionInstance,
+    MissionStore,
+    RedisMissionStore,
+)
+from sfc_host.engine.script import MissionDef, TaskDef, Variable, mission, task
+from sfc_host.engine.tasks import TaskDisposed, TaskRunner
+
+__all__ = [
+    "BuildFailed",
+    "BuildProblem",
+    "Engine",
+    "EngineFault",
+    "EngineStateError",
+    "JobAPI",
+    "JobsNotConnected",
+    "LocalBus",
+    "MemoryMissionStore",
+    "MissionDef",
+    "MissionInstance",
+    "MissionStore",
+    "MqttLink",
+    "RedisMissionStore",
+    "ScriptAPI",
+    "ScriptAPIError",
+    "TaskDef",
+    "TaskDisposed",
+    "TaskRunner",
+    "Variable",
+    "VariableStore",
+    "build_scripts",
+    "mission",
+    "task",
+    "topic_matches",
+]

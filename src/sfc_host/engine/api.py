@@ -1,0 +1,305 @@
+"""The API a Task or Mission gets as ``api``: variables, log, score, MQTT, jobs.
+
+One ``ScriptAPI`` per Task and per Mission instance (its log and score are its own);
+the variables, the MQTT link and the job API are the engine's, shared by all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from sfc_host.engine.manager import Engine
+    from sfc_host.engine.missions import MissionInstance
+    from sfc_host.engine.tasks import TaskRunner
+
+log = logging.getLogger("sfc_host.engine")
+
+
+class ScriptAPIError(RuntimeError):
+    """A script called the API in a way it cannot serve (named in the message)."""
+
+
+# ---- variables ------------------------------------------------------------------------
+
+
+class VariableStore:
+    """The engine's shared variables: only declared names (a typo is an error)."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+        self._lock = threading.Lock()   # sync tasks run in worker threads
+
+    def reset(self, initial: dict[str, Any]) -> None:
+        with self._lock:
+            self._values = dict(initial)
+
+    def clear(self) -> None:
+        self.reset({})
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise KeyError(f"no variable {name!r}; declare it in a script with "
+                           f"Variable({name!r}, initial)") from None
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        with self._lock:
+            if name not in self._values:
+                raise KeyError(f"no variable {name!r}; declare it in a script with "
+                               f"Variable({name!r}, initial)")
+            self._values[name] = value
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._values.get(name, default)
+
+    def set(self, name: str, value: Any) -> None:
+        self[name] = value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._values))
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._values)
+
+
+# ---- log ------------------------------------------------------------------------------
+
+
+class ScriptLog:
+    """Log lines of one Task or Mission: kept (bounded) and sent to Python logging."""
+
+    def __init__(self, kind: str, name: str, *, keep: int) -> None:
+        self.logger = logging.getLogger(f"sfc_host.engine.scripts.{kind}.{name}")
+        self.lines: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.dropped = 0
+
+    def _add(self, level: int, msg: str) -> None:
+        if len(self.lines) == self.lines.maxlen:
+            self.dropped += 1
+        self.lines.append({"t": int(time.time() * 1000), "level": logging.getLevelName(level),
+                           "msg": str(msg)})
+        self.logger.log(level, "%s", msg)
+
+    def __call__(self, msg: str) -> None:
+        self._add(logging.INFO, msg)
+
+    def debug(self, msg: str) -> None:
+        self._add(logging.DEBUG, msg)
+
+    def info(self, msg: str) -> None:
+        self._add(logging.INFO, msg)
+
+    def warning(self, msg: str) -> None:
+        self._add(logging.WARNING, msg)
+
+    def error(self, msg: str) -> None:
+        self._add(logging.ERROR, msg)
+
+
+# ---- MQTT -----------------------------------------------------------------------------
+
+Handler = Callable[[str, bytes], Any]
+
+
+class MqttLink(Protocol):
+    """What the engine needs from an MQTT link (the host's link implements it)."""
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int = 0,
+                      retain: bool = False) -> None: ...
+
+    def subscribe(self, topic_filter: str, handler: Handler) -> Callable[[], None]:
+        """Deliver matching messages to ``handler(topic, payload)``; returns unsubscribe."""
+        ...
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """MQTT topic filter matching (``+`` one level, ``#`` the rest)."""
+    f = topic_filter.split("/")
+    t = topic.split("/")
+    if topic.startswith("$") and f[0] in ("+", "#"):
+        return False
+    for i, part in enumerate(f):
+        if part == "#":
+            return True
+        if i >= len(t) or (part != "+" and part != t[i]):
+            return False
+    return len(f) == len(t)
+
+
+class LocalBus:
+    """An in-process MQTT stand-in: scripts of one engine talk to each other.
+
+    Used when the engine has no MQTT link; keeps retained messages like a broker.
+    """
+
+    def __init__(self) -> None:
+        self._subs: list[tuple[str, Handler]] = []
+        self.retained: dict[str, bytes] = {}
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int = 0,
+                      retain: bool = False) -> None:
+        if retain:
+            if payload:
+                self.retained[topic] = payload
+            else:
+                self.retained.pop(topic, None)
+        for flt, handler in list(self._subs):
+            if topic_matches(flt, topic):
+                await _deliver(handler, topic, payload)
+
+    def subscribe(self, topic_filter: str, handler: Handler) -> Callable[[], None]:
+        entry = (topic_filter, handler)
+        self._subs.append(entry)
+        for topic, payload in list(self.retained.items()):
+            if topic_matches(topic_filter, topic):
+                asyncio.get_running_loop().create_task(_deliver(handler, topic, payload))
+
+        def unsubscribe() -> None:
+            if entry in self._subs:
+                self._subs.remove(entry)
+        return unsubscribe
+
+
+async def _deliver(handler: Handler, topic: str, payload: bytes) -> None:
+    try:
+        r = handler(topic, payload)
+        if inspect.isawaitable(r):
+            await r
+    except Exception:
+        log.exception("MQTT handler for %s raised", topic)
+
+
+def _to_bytes(payload: Any) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, str):
+        return payload.encode()
+    import json
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+class ScriptMqtt:
+    """``api.mqtt``: publish and subscribe through the engine's link.
+
+    ``publish`` schedules the send and returns a future: ``await`` it in async code,
+    ignore it (or ``.result()``) in a sync task, which runs in a worker thread.
+    Subscriptions end with their Task or Mission.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._unsubs: list[Callable[[], None]] = []
+
+    def publish(self, topic: str, payload: Any, *, qos: int = 0,
+                retain: bool = False) -> asyncio.Future[None] | concurrent.futures.Future[None]:
+        coro = self._engine.mqtt.publish(topic, _to_bytes(payload), qos=qos, retain=retain)
+        return self._engine.run_on_loop(coro)
+
+    def subscribe(self, topic_filter: str, handler: Handler) -> Callable[[], None]:
+        unsub = self._engine.mqtt.subscribe(topic_filter, handler)
+        self._unsubs.append(unsub)
+        return unsub
+
+    def close(self) -> None:
+        for u in self._unsubs:
+            try:
+                u()
+            except Exception:
+                log.exception("unsubscribe failed")
+        self._unsubs.clear()
+
+
+# ---- jobs -----------------------------------------------------------------------------
+
+
+class JobAPI(Protocol):
+    """Job orders from scripts; the host's job control fills it in."""
+
+    async def submit(self, job_order: dict[str, Any], *, scope: str,
+                     start: bool = True) -> str: ...
+    async def query(self, job_id: str, *, scope: str) -> dict[str, Any] | None: ...
+    async def pause(self, job_id: str, *, scope: str) -> None: ...
+    async def resume(self, job_id: str, *, scope: str) -> None: ...
+    async def abort(self, job_id: str, *, scope: str) -> None: ...
+
+
+class JobsNotConnected:
+    """The job API of an engine that runs without the host's job control."""
+
+    def _refuse(self, what: str) -> ScriptAPIError:
+        return ScriptAPIError(f"api.jobs.{what}: this engine is not connected to job "
+                              "control (run it inside the host: sfc-host run)")
+
+    async def submit(self, job_order: dict[str, Any], *, scope: str,
+                     start: bool = True) -> str:
+        raise self._refuse("submit")
+
+    async def query(self, job_id: str, *, scope: str) -> dict[str, Any] | None:
+        raise self._refuse("query")
+
+    async def pause(self, job_id: str, *, scope: str) -> None:
+        raise self._refuse("pause")
+
+    async def resume(self, job_id: str, *, scope: str) -> None:
+        raise self._refuse("resume")
+
+    async def abort(self, job_id: str, *, scope: str) -> None:
+        raise self._refuse("abort")
+
+
+# ---- the API object -------------------------------------------------------------------
+
+
+class ScriptAPI:
+    """Passed as the first argument to every Task execution and Mission."""
+
+    def __init__(self, engine: Engine, kind: str, name: str, *, keep_log: int) -> None:
+        self._engine = engine
+        self.kind = kind
+        self.name = name
+        self.log = ScriptLog(kind, name, keep=keep_log)
+        self.score: float = 0
+        self.mqtt = ScriptMqtt(engine)
+
+    @property
+    def vars(self) -> VariableStore:
+        return self._engine.vars
+
+    @property
+    def jobs(self) -> JobAPI:
+        return self._engine.jobs
+
+    def add_score(self, points: float) -> float:
+        self.score += points
+        return self.score
+
+    def task(self, name: str) -> TaskRunner:
+        """Another Task of the engine (``enable()`` / ``disable()`` it, read its state)."""
+        return self._engine.task(name)
+
+    def create_mission(self, name: str, **args: Any) -> MissionInstance:
+        return self._engine.create_mission(name, **args)
+
+    async def start_mission(self, name: str, **args: Any) -> MissionInstance:
+        return await self._engine.start_mission(name, **args)
+
+    def close(self) -> None:
+        self.mqtt.close()
+
