@@ -7,17 +7,22 @@ The graph is one immutable bytes blob with int32/int64 tables inside; the
 ``from_bytes`` is a bounds check, not a parse.
 """
 
+cimport cython
 from libc.stdint cimport int32_t, int64_t, uint16_t
-from libc.string cimport memcpy
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8, Py_UNICODE_ISSPACE
+
+from sfc_fast._vec cimport I32Vec, I64Vec, i32_free, i32_push, i64_free, i64_push
 
 from sfc_fast.conditions cimport CondContext, run_condition, verify_code
 
 import hashlib
 import json
 import re
-from array import array
 
 from sfc_fast.conditions import CondBuilder, ConditionSyntaxError, canonical_dumps
 
@@ -198,599 +203,6 @@ def canonical_json(obj) -> bytes:
     return canonical_dumps(obj).encode("utf-8")
 
 
-# ---------------------------------------------------------------- compiler
-
-cdef class _Compiler:
-    cdef int minor
-    cdef list problems
-    cdef list strings
-    cdef dict string_ids
-
-    def __init__(self, int minor):
-        self.minor = minor
-        self.problems = []
-        self.strings = []
-        self.string_ids = {}
-
-    cdef void err(self, str code, str path, str message):
-        self.problems.append(Problem(code, path, message))
-
-    cdef int sid(self, str s) except -2:
-        i = self.string_ids.get(s)
-        if i is None:
-            i = len(self.strings)
-            self.strings.append(s)
-            self.string_ids[s] = i
-        return i
-
-    cdef list _list(self, dict obj, str key, str path, bint required):
-        v = obj.get(key)
-        if v is None:
-            if required:
-                self.err("SFC013", path, f"{key} is required")
-            return []
-        if not isinstance(v, list):
-            self.err("SFC013", f"{path}.{key}", f"{key} must be a list")
-            return []
-        if len(v) > MAX_ELEMENTS:
-            self.err("SFC015", f"{path}.{key}",
-                     f"{len(v)} entries, the limit is {MAX_ELEMENTS}")
-            return []
-        return v
-
-    cdef void _unknown_keys(self, dict obj, frozenset allowed, str path):
-        d = obj.get("Description")
-        if d is not None and (not _is_str(d) or len(d) > MAX_FIELD_CHARS):
-            self.err("SFC013", f"{path}.Description",
-                     f"Description must be text of at most {MAX_FIELD_CHARS} characters")
-        for k in obj:
-            if k not in allowed:
-                if isinstance(k, str) and k in V110_FIELDS:
-                    continue   # reported as SFC012 or validated where they belong
-                self.err("SFC021", f"{path}.{k}" if isinstance(k, str) else path,
-                         f"unknown field {str(k)[:80]!r}")
-
-    cdef object _name(self, dict obj, str path, str what):
-        v = obj.get("Name")
-        if not _is_str(v) or not v.strip():
-            self.err("SFC013", f"{path}.Name", f"{what} needs a non-empty Name (text)")
-            return None
-        if len(v) > MAX_FIELD_CHARS:
-            self.err("SFC015", f"{path}.Name", f"Name is {len(v)} characters, the limit is "
-                                               f"{MAX_FIELD_CHARS}")
-            return None
-        return v
-
-    cdef object _text(self, object v, str path, str what):
-        """A non-empty text field of bounded length, or None after reporting."""
-        if not _is_str(v) or not v:
-            self.err("SFC013", path, f"{what} is required (non-empty text)")
-            return None
-        if len(v) > MAX_FIELD_CHARS:
-            self.err("SFC015", path, f"{what} is {len(v)} characters, the limit is "
-                                     f"{MAX_FIELD_CHARS}")
-            return None
-        return v
-
-    cdef object _seconds(self, dict a, str key, str path, str code, bint allow_float):
-        v = a.get(key)
-        if allow_float:
-            ok = (_is_int(v) or type(v) is float) and v == v
-        else:
-            ok = _is_int(v)
-        if not ok:
-            kind = "a number of seconds" if allow_float else "a whole number of seconds"
-            self.err("SFC013" if v is None or not isinstance(v, (int, float)) else code,
-                     f"{path}.{key}", f"{key} must be {kind}")
-            return None
-        if v <= 0:
-            self.err(code, f"{path}.{key}", f"{key} must be greater than 0, not {v}")
-            return None
-        if v > MAX_SECONDS:
-            self.err(code, f"{path}.{key}", f"{key} must be at most {MAX_SECONDS}")
-            return None
-        return int(round(v * 1000))
-
-    def run(self, obj):
-        if not isinstance(obj, dict):
-            self.err("SFC014", "$", f"a recipe is a JSON object, not {type(obj).__name__}")
-            return None
-        self._unknown_keys(obj, _RECIPE_KEYS, "$")
-        steps_in = self._list(obj, "Steps", "$", True)
-        trans_in = self._list(obj, "Transitions", "$", True)
-        acts_in = self._list(obj, "Actions", "$", True)
-        brs_in = self._list(obj, "Branches", "$", False)
-
-        # ---- steps
-        cdef dict node_of = {}          # name -> node id
-        cdef list step_names = []
-        cdef list step_flags = []
-        cdef list initial = []
-        for i, st in enumerate(steps_in):
-            p = f"$.Steps[{i}]"
-            if not isinstance(st, dict):
-                self.err("SFC013", p, "a step is an object with a Name")
-                step_names.append(None)
-                step_flags.append(0)
-                continue
-            self._unknown_keys(st, _STEP_KEYS, p)
-            name = self._name(st, p, "a step")
-            ini = st.get("Initial", False)
-            if not isinstance(ini, bool):
-                self.err("SFC013", f"{p}.Initial", "Initial must be true or false")
-                ini = False
-            if name is not None:
-                if name in node_of:
-                    self.err("SFC002", f"{p}.Name", f"duplicate step name {name!r}")
-                else:
-                    node_of[name] = len(step_names)
-            step_names.append(name)
-            step_flags.append(SF_INITIAL if ini else 0)
-            if ini:
-                initial.append(i)
-        cdef int S = len(step_names)
-        if len(initial) != 1:
-            if not initial:
-                self.err("SFC001", "$.Steps", "no step is marked Initial; exactly one must be")
-            else:
-                names = ", ".join(repr(step_names[i]) for i in initial)
-                self.err("SFC001", "$.Steps",
-                         f"{len(initial)} steps are marked Initial ({names}); exactly one must be")
-
-        # ---- branches and paths
-        cdef list br_names = []
-        cdef list br_types = []
-        cdef list br_path_off = [0]
-        cdef list path_branch = []
-        cdef list path_off = [0]
-        cdef list path_steps = []
-        cdef list step_path = [-1] * S
-        # branch names first, so a path that names a branch is told apart from a typo
-        for bi, br in enumerate(brs_in):
-            p = f"$.Branches[{bi}]"
-            name = None
-            tcode = B_SELECTION
-            if not isinstance(br, dict):
-                self.err("SFC013", p, "a branch is an object with Name, Type and Branches")
-            else:
-                self._unknown_keys(br, _BRANCH_KEYS, p)
-                name = self._name(br, p, "a branch")
-                btype = br.get("Type")
-                if not _is_str(btype) or btype not in BRANCH_TYPES:
-                    self.err("SFC020", f"{p}.Type", f"unknown branch type {str(btype)[:80]!r}; "
-                                                    f"use selection or simultaneous")
-                else:
-                    tcode = BRANCH_TYPES[btype]
-                if name is not None:
-                    if name in node_of:
-                        self.err("SFC002", f"{p}.Name", f"duplicate name {name!r} (steps and "
-                                                        f"branches share one namespace)")
-                    else:
-                        node_of[name] = S + bi
-            br_names.append(name)
-            br_types.append(tcode)
-        for bi, br in enumerate(brs_in):
-            p = f"$.Branches[{bi}]"
-            name = br_names[bi]
-            if not isinstance(br, dict):
-                br_path_off.append(len(path_branch))
-                continue
-            paths = br.get("Branches")
-            if not isinstance(paths, list):
-                self.err("SFC013", f"{p}.Branches", "Branches must be a list of step lists")
-                paths = []
-            elif not paths:
-                self.err("SFC008", f"{p}.Branches", f"branch {name!r} has no paths")
-            for pi, path in enumerate(paths):
-                pp = f"{p}.Branches[{pi}]"
-                if not isinstance(path, list):
-                    self.err("SFC013", pp, "a branch path is a list of step names")
-                    continue
-                if not path:
-                    self.err("SFC008", pp, f"path {pi} of branch {name!r} is empty")
-                    continue
-                pidx = len(path_branch)
-                path_branch.append(bi)
-                for k, sname in enumerate(path):
-                    sp = f"{pp}[{k}]"
-                    if not _is_str(sname):
-                        self.err("SFC013", sp, "a branch path lists step names (text)")
-                        continue
-                    node = node_of.get(sname)
-                    if node is None:
-                        self.err("SFC003", sp, f"unknown step {sname!r}")
-                        continue
-                    if node >= S:
-                        self.err("SFC019", sp,
-                                 f"{sname!r} is a branch; paths hold steps only (no nesting)")
-                        continue
-                    if step_path[node] != -1:
-                        self.err("SFC009", sp, f"step {sname!r} is already in a branch path")
-                        continue
-                    step_path[node] = pidx
-                    path_steps.append(node)
-                path_off.append(len(path_steps))
-            br_path_off.append(len(path_branch))
-        cdef int B = len(br_names)
-        # Branch names given later in the list that a path mentions were checked above.
-        for i in initial:
-            if step_path[i] != -1:
-                self.err("SFC023", f"$.Steps[{i}]",
-                         f"initial step {step_names[i]!r} is inside a branch path")
-
-        # ---- actions
-        cdef list acts = []     # dicts of validated fields, or None
-        cdef dict stored = {}   # name -> association index of non-reset actions
-        for ai, a in enumerate(acts_in):
-            p = f"$.Actions[{ai}]"
-            if not isinstance(a, dict):
-                self.err("SFC013", p, "an action is an object")
-                acts.append(None)
-                continue
-            self._unknown_keys(a, _ACTION_KEYS, p)
-            rec = {}
-            name = self._name(a, p, "an action")
-            if name is not None:
-                if ":" in name:
-                    self.err("SFC004", f"{p}.Name",
-                             f"action name {name!r} contains ':'; command ids and markers "
-                             f"use ':' as a separator")
-                elif name in RESERVED_ACTION_NAMES:
-                    self.err("SFC004", f"{p}.Name",
-                             f"action name {name!r} is reserved (job.* names job parameters)")
-                elif _BAD_NAME.search(name) is not None:
-                    self.err("SFC004", f"{p}.Name",
-                             f"action name {name!r} contains whitespace or control characters")
-            rec["name"] = name
-            step = a.get("Step")
-            sidx = node_of.get(step) if _is_str(step) else None
-            if not _is_str(step):
-                self.err("SFC013", f"{p}.Step", "Step is required (a step name)")
-            elif sidx is None or sidx >= S:
-                self.err("SFC003", f"{p}.Step", f"unknown step {step!r}")
-                sidx = None
-            rec["step"] = sidx
-            q = a.get("Qualifier")
-            qc = QUALIFIERS.get(q) if _is_str(q) else None
-            if qc is None:
-                self.err("SFC006", f"{p}.Qualifier",
-                         f"unknown qualifier {str(q)[:40]!r}; use one of "
-                         f"{', '.join(QUALIFIERS)}")
-            rec["qual"] = qc
-            inter = a.get("Interaction")
-            ic = INTERACTIONS.get(inter) if _is_str(inter) else None
-            if ic is None:
-                self.err("SFC007", f"{p}.Interaction",
-                         f"unknown interaction {str(inter)[:40]!r}; use push_command or "
-                         f"pull_event")
-            rec["inter"] = ic
-            rec["type"] = self._text(a.get("TypeId"), f"{p}.TypeId", "TypeId")
-            rec["timeout"] = self._seconds(a, "TimeoutSeconds", p, "SFC005", False)
-            params = a.get("Parameters")
-            ptext = None
-            if params is not None:
-                if not isinstance(params, dict):
-                    self.err("SFC013", f"{p}.Parameters", "Parameters must be an object")
-                else:
-                    try:
-                        ptext = canonical_dumps(params)
-                    except (TypeError, ValueError) as e:
-                        self.err("SFC013", f"{p}.Parameters", f"Parameters must be JSON data: {e}")
-                    else:
-                        if len(ptext) > MAX_PARAMS_CHARS:
-                            self.err("SFC015", f"{p}.Parameters",
-                                     f"Parameters are {len(ptext)} characters as JSON, the "
-                                     f"limit is {MAX_PARAMS_CHARS}")
-                            ptext = None
-            rec["params"] = ptext
-            rec["hold"] = rec["restart"] = rec["subject"] = rec["corr"] = None
-            rec["hold_timeout"] = None
-            rec["retries"] = 0
-            rec["duration"] = 0
-            self._v110(a, p, rec)
-            if qc is not None and qc != Q_R and name is not None:
-                if name in stored:
-                    self.err("SFC002", f"{p}.Name", f"duplicate action name {name!r}")
-                else:
-                    stored[name] = ai
-            acts.append(rec)
-        # resets name a stored (S) action in another step
-        for ai, rec in enumerate(acts):
-            rec_reset = -1
-            if rec is not None and rec["qual"] == Q_R and rec["name"] is not None:
-                target = stored.get(rec["name"])
-                if target is None or acts[target] is None or acts[target]["qual"] != Q_S:
-                    self.err("SFC016", f"$.Actions[{ai}].Name",
-                             f"R resets {rec['name']!r}, which is not an S (stored) action")
-                elif acts[target]["step"] is not None and acts[target]["step"] == rec["step"]:
-                    self.err("SFC016", f"$.Actions[{ai}].Step",
-                             f"R of {rec['name']!r} must be in a later step than its S")
-                else:
-                    rec_reset = target
-            if rec is not None:
-                rec["reset"] = rec_reset
-
-        # ---- transitions
-        cb = CondBuilder(stored)
-        cdef list trans = []    # (source, target, priority, cond, kind, text, order)
-        cdef int N = S + B
-        cdef list has_out = [False] * N
-        cdef list entry_paths = [set() for _ in range(B)]
-        for ti, t in enumerate(trans_in):
-            p = f"$.Transitions[{ti}]"
-            if not isinstance(t, dict):
-                self.err("SFC013", p, "a transition is an object with Source, Target, Condition")
-                continue
-            self._unknown_keys(t, _TRANSITION_KEYS, p)
-            ends = []
-            for key in ("Source", "Target"):
-                v = t.get(key)
-                if not _is_str(v):
-                    self.err("SFC013", f"{p}.{key}", f"{key} is required (a step or branch name)")
-                    ends.append(None)
-                    continue
-                node = node_of.get(v)
-                if node is None:
-                    self.err("SFC003", f"{p}.{key}", f"unknown step or branch {v!r}")
-                ends.append(node)
-            cond_text = t.get("Condition")
-            cidx = -1
-            if not _is_str(cond_text):
-                self.err("SFC013", f"{p}.Condition",
-                         "Condition is required (text; 'always' for none)")
-                cond_text = None
-            elif len(cond_text) > MAX_FIELD_CHARS:
-                self.err("SFC015", f"{p}.Condition", f"Condition is {len(cond_text)} characters, "
-                                                     f"the limit is {MAX_FIELD_CHARS}")
-                cond_text = None
-            else:
-                try:
-                    cidx = cb.add(cond_text)
-                except ConditionSyntaxError as e:
-                    self.err("SFC011", f"{p}.Condition",
-                             f"{e.message} at position {e.position} in {cond_text[:200]!r}")
-            prio = t.get("Priority", 0)
-            if not _is_int(prio) or not (-1_000_000 <= prio <= 1_000_000):
-                self.err("SFC013", f"{p}.Priority",
-                         "Priority must be a whole number between -1000000 and 1000000")
-                prio = 0
-            src, dst = ends
-            if src is None or dst is None:
-                continue
-            kind = self._kind(src, dst, S, step_path, path_branch, path_off, path_steps,
-                              br_types, step_names, br_names, cond_text, cidx, p)
-            if kind < 0:
-                continue
-            if kind == TK_ENTRY:
-                entry_paths[src - S].add(step_path[dst])
-            has_out[src] = True
-            trans.append([src, dst, prio, cidx, kind,
-                          self.sid(cond_text) if cond_text is not None else -1])
-
-        if self.problems:
-            return None
-
-        # implicit transitions: next step of a path, default entry of a selection path
-        for pidx in range(len(path_branch)):
-            lo, hi = path_off[pidx], path_off[pidx + 1]
-            for k in range(lo, hi - 1):
-                node = path_steps[k]
-                if not has_out[node]:
-                    trans.append([node, path_steps[k + 1], 0, -1, TK_IMPLICIT, -1])
-            bi = path_branch[pidx]
-            if br_types[bi] == B_SELECTION and pidx not in entry_paths[bi]:
-                trans.append([S + bi, path_steps[lo], 2_000_000, -1, TK_IMPLICIT, -1])
-
-        # CSR of outgoing transitions, by priority then document order
-        cdef int T = len(trans)
-        order = sorted(range(T), key=lambda i: (trans[i][0], trans[i][2], i))
-        node_out_off = [0] * (N + 1)
-        for i in range(T):
-            node_out_off[trans[i][0] + 1] += 1
-        for n in range(N):
-            node_out_off[n + 1] += node_out_off[n]
-
-        # actions per step, document order
-        A = len(acts)
-        step_act_off = [0] * (S + 1)
-        for rec in acts:
-            step_act_off[rec["step"] + 1] += 1
-        for n in range(S):
-            step_act_off[n + 1] += step_act_off[n]
-        fill = list(step_act_off[:S])
-        step_acts = [0] * A
-        for ai, rec in enumerate(acts):
-            step_acts[fill[rec["step"]]] = ai
-            fill[rec["step"]] += 1
-
-        # strings
-        a_name = [self.sid(r["name"]) for r in acts]
-        a_type = [self.sid(r["type"]) for r in acts]
-        a_params = [self.sid(r["params"]) if r["params"] is not None else -1 for r in acts]
-        a_hold = [self.sid(r["hold"]) if r["hold"] is not None else -1 for r in acts]
-        a_restart = [self.sid(r["restart"]) if r["restart"] is not None else -1 for r in acts]
-        a_subj = [self.sid(r["subject"]) if r["subject"] is not None else -1 for r in acts]
-        a_corr = [self.sid(r["corr"]) if r["corr"] is not None else -1 for r in acts]
-        s_name = [self.sid(n) for n in step_names]
-        b_name = [self.sid(n) for n in br_names]
-        ref_kind = []
-        ref_action = []
-        ref_seg_off = [0]
-        ref_segs = []
-        for kind, act, segs in cb.refs:
-            ref_kind.append(kind)
-            ref_action.append(act)
-            for sg in segs:
-                ref_segs.append(self.sid(sg))
-            ref_seg_off.append(len(ref_segs))
-        const_text = [self.sid(c) for c in cb.consts]
-
-        encoded = [s.encode("utf-8") for s in self.strings]
-        str_off = [0]
-        for e in encoded:
-            str_off.append(str_off[-1] + len(e))
-        str_data = b"".join(encoded)
-        if len(str_data) > MAX_RECIPE_BYTES:
-            self.err("SFC015", "$", f"recipe text is {len(str_data)} bytes, the limit is "
-                                    f"{MAX_RECIPE_BYTES}")
-            return None
-
-        counts = (S, B, len(path_branch), len(path_steps), T, A, len(cb.offsets) - 1,
-                  len(cb.code), len(ref_kind), len(ref_segs), len(const_text),
-                  len(self.strings), len(str_data), initial[0])
-        i32 = [
-            s_name, step_flags, step_path, step_act_off, step_acts,
-            node_out_off, order,
-            [trans[i][0] for i in range(T)], [trans[i][1] for i in range(T)],
-            [trans[i][2] for i in range(T)], [trans[i][3] for i in range(T)],
-            [trans[i][4] for i in range(T)], [trans[i][5] for i in range(T)],
-            a_name, [r["step"] for r in acts], [r["qual"] for r in acts],
-            [r["inter"] for r in acts], a_type, a_params, a_hold, a_restart,
-            [r["retries"] for r in acts], a_subj, a_corr, [r["reset"] for r in acts],
-            b_name, br_types, br_path_off,
-            path_branch, path_off, path_steps,
-            cb.offsets, cb.code, ref_kind, ref_action, ref_seg_off, ref_segs, const_text,
-            str_off,
-        ]
-        i64 = [
-            [r["timeout"] or 0 for r in acts],
-            [r["hold_timeout"] or 0 for r in acts],
-            [r["duration"] for r in acts],
-        ]
-        return _pack(self.minor, counts, i32, i64, str_data)
-
-    cdef int _kind(self, int src, int dst, int S, list step_path, list path_branch,
-                   list path_off, list path_steps, list br_types, list step_names,
-                   list br_names, object cond_text, int cidx, str p) except -2:
-        """Classify a transition, or report why it crosses a branch path (-1)."""
-        cdef int sp, dp
-        if src < S:
-            sp = step_path[src]
-            dp = step_path[dst] if dst < S else -1
-            if sp >= 0:
-                if dst < S and dp == sp:
-                    return TK_PATH
-                if dst == S + path_branch[sp]:
-                    return TK_PATH_END
-                self.err("SFC019", p,
-                         f"a transition from {step_names[src]!r} (inside a branch path) must "
-                         f"stay in its path, or target its own branch "
-                         f"{br_names[path_branch[sp]]!r} to end the path")
-                return -1
-            if dst < S and dp >= 0:
-                self.err("SFC019", p,
-                         f"{step_names[dst]!r} is inside a branch path; target the branch "
-                         f"{br_names[path_branch[dp]]!r} instead")
-                return -1
-            return TK_STEP
-        bi = src - S
-        if dst < S and step_path[dst] >= 0:
-            pidx = step_path[dst]
-            if path_branch[pidx] == bi and path_steps[path_off[pidx]] == dst:
-                if br_types[bi] == B_SIMULTANEOUS and cidx >= 0:
-                    self.err("SFC019", p,
-                             f"every path of simultaneous branch {br_names[bi]!r} starts; an "
-                             f"entry transition cannot carry a condition")
-                    return -1
-                return TK_ENTRY
-            self.err("SFC019", p,
-                     f"{step_names[dst]!r} is inside a branch path and not the first step "
-                     f"of a path of {br_names[bi]!r}")
-            return -1
-        return TK_EXIT
-
-    cdef void _v110(self, dict a, str p, dict rec):
-        present = [k for k in V110_FIELDS if k in a]
-        if not present:
-            if rec["qual"] == Q_D or rec["qual"] == Q_L:
-                q = QUALIFIER_NAMES[rec["qual"]]
-                self.err("SFC017", f"{p}.DurationSeconds",
-                         f"qualifier {q} needs DurationSeconds" + (
-                             " (a v1.1.0 field)" if self.minor == 0 else ""))
-            return
-        if self.minor == 0:
-            for k in present:
-                self.err("SFC012", f"{p}.{k}",
-                         f"{k} is a v1.1.0 field; this recipe declares v1.0.0")
-            if rec["qual"] == Q_D or rec["qual"] == Q_L:
-                self.err("SFC017", f"{p}.DurationSeconds",
-                         f"qualifier {QUALIFIER_NAMES[rec['qual']]} needs DurationSeconds "
-                         f"(a v1.1.0 field)")
-            return
-        inter = rec["inter"]
-        hold = a.get("HoldTypeId")
-        if hold is not None:
-            if not _is_str(hold) or not hold:
-                self.err("SFC013", f"{p}.HoldTypeId", "HoldTypeId must be non-empty text")
-            elif inter == I_PULL:
-                self.err("SFC018", f"{p}.HoldTypeId",
-                         "only push_command actions can be held")
-            else:
-                rec["hold"] = hold
-        restart = a.get("RestartTypeId")
-        if restart is not None:
-            if hold is None:
-                self.err("SFC010", f"{p}.RestartTypeId", "RestartTypeId needs HoldTypeId")
-            elif not _is_str(restart) or not restart:
-                self.err("SFC013", f"{p}.RestartTypeId", "RestartTypeId must be non-empty text")
-            else:
-                rec["restart"] = restart
-        if "HoldTimeoutSeconds" in a:
-            if hold is None:
-                self.err("SFC010", f"{p}.HoldTimeoutSeconds",
-                         "HoldTimeoutSeconds needs HoldTypeId")
-            else:
-                rec["hold_timeout"] = self._seconds(a, "HoldTimeoutSeconds", p, "SFC005", False)
-        elif rec["hold"] is not None:
-            rec["hold_timeout"] = rec["timeout"]
-        if "Retries" in a:
-            r = a.get("Retries")
-            if not _is_int(r) or r < 0 or r > 1000:
-                self.err("SFC024", f"{p}.Retries", "Retries must be a whole number from 0 to 1000")
-            elif inter == I_PULL and r:
-                self.err("SFC018", f"{p}.Retries",
-                         "Retries re-dispatch a command; a pull_event action has none")
-            else:
-                rec["retries"] = r
-        q = rec["qual"]
-        if "DurationSeconds" in a:
-            if q != Q_D and q != Q_L:
-                self.err("SFC017", f"{p}.DurationSeconds",
-                         "only qualifiers D and L take DurationSeconds")
-            else:
-                d = self._seconds(a, "DurationSeconds", p, "SFC017", True)
-                if d is not None:
-                    rec["duration"] = d
-        elif q == Q_D or q == Q_L:
-            self.err("SFC017", f"{p}.DurationSeconds",
-                     f"qualifier {QUALIFIER_NAMES[q]} needs DurationSeconds")
-        if "Match" in a:
-            m = a.get("Match")
-            if inter == I_PUSH:
-                self.err("SFC018", f"{p}.Match", "Match selects pull events; this is a push_command")
-            elif not isinstance(m, dict):
-                self.err("SFC013", f"{p}.Match", "Match is an object with Subject and/or "
-                                                  "CorrelationId")
-            else:
-                for k in m:
-                    if k not in _MATCH_KEYS:
-                        self.err("SFC021", f"{p}.Match.{k}", f"unknown Match field {str(k)[:40]!r}")
-                for k, field in (("Subject", "subject"), ("CorrelationId", "corr")):
-                    if k not in m:
-                        continue
-                    v = m[k]
-                    if not _is_str(v):
-                        self.err("SFC013", f"{p}.Match.{k}", f"Match.{k} must be text")
-                        continue
-                    bad = [ph for ph in _PLACEHOLDER.findall(v) if ph not in PLACEHOLDERS]
-                    if bad:
-                        self.err("SFC022", f"{p}.Match.{k}",
-                                 f"unknown placeholder {{{bad[0]}}}; use {{job}}, {{scope}} or "
-                                 f"{{action}}")
-                        continue
-                    rec[field] = v
-
-
 # ---------------------------------------------------------------- blob layout
 
 # int32 tables in blob order, with their length in terms of the counts
@@ -813,28 +225,896 @@ def _i32_lengths(c):
             NS + 1)
 
 
-def _pack(int minor, tuple counts, list i32, list i64, bytes str_data):
-    lengths = _i32_lengths(counts)
-    parts = []
-    for arr, n in zip(i32, lengths):
-        if len(arr) != n:
-            raise AssertionError(f"graph table of length {len(arr)}, expected {n}")
-        parts.append(array("i", arr).tobytes())
-    body32 = b"".join(parts)
-    pad = (8 - len(body32) % 8) % 8
-    body64 = b"".join(array("q", arr).tobytes() for arr in i64)
-    import struct
-    tail = struct.pack("<14i", *counts)
-    tail += b"\0" * (HEADER_SIZE - 28 - len(tail))
-    tail += body32 + b"\0" * pad + body64 + str_data
-    # The fingerprint is taken over the canonical encoding itself: every field that
-    # decides behaviour, in document order, Parameters as sorted-key JSON. Key order
-    # and whitespace of the source do not reach it; the schema version does.
-    fp = hashlib.blake2b(tail, digest_size=16,
-                         person=b"sfc-recipe-1." + str(minor).encode()).digest()
-    head = struct.pack("<4sHHHH16s", _MAGIC, GRAPH_FORMAT_MAJOR, GRAPH_FORMAT_MINOR,
-                       minor, 0, fp)
-    return head + tail
+# ---------------------------------------------------------------- compiler
+
+# The int32 tables of the blob, in blob order (_attach reads them back). The compiler
+# fills one growable C vector per table; packing is a memcpy per table.
+cdef enum:
+    X_STEP_NAME
+    X_STEP_FLAGS
+    X_STEP_PATH
+    X_STEP_ACT_OFF
+    X_STEP_ACTS
+    X_NODE_OUT_OFF
+    X_NODE_OUT
+    X_TR_SRC
+    X_TR_DST
+    X_TR_PRIO
+    X_TR_COND
+    X_TR_KIND
+    X_TR_TEXT
+    X_A_NAME
+    X_A_STEP
+    X_A_QUAL
+    X_A_INTER
+    X_A_TYPE
+    X_A_PARAMS
+    X_A_HOLD
+    X_A_RESTART
+    X_A_RETRIES
+    X_A_SUBJ
+    X_A_CORR
+    X_A_RESET
+    X_B_NAME
+    X_B_TYPE
+    X_B_PATH_OFF
+    X_PATH_BRANCH
+    X_PATH_OFF
+    X_PATH_STEPS
+    X_COND_OFF
+    X_CODE
+    X_REF_KIND
+    X_REF_ACTION
+    X_REF_SEG_OFF
+    X_REF_SEGS
+    X_CONST_TEXT
+    X_STR_OFF
+    N_I32
+
+# int64 tables, after the int32 ones.
+cdef enum:
+    X_A_TIMEOUT
+    X_A_HOLD_TIMEOUT
+    X_A_DURATION
+    N_I64
+
+# A bucket of transitions leaving one node longer than this is ordered by Python's
+# sort rather than by insertion (a hostile recipe may give one node 100,000).
+cdef enum:
+    INSERTION_SORT_MAX = 16
+
+
+cdef str _at(str base, Py_ssize_t i, str suffix):
+    # JSON paths are built only when a problem is reported, never per element.
+    if i < 0:
+        return base + suffix
+    return f"{base}[{i}]{suffix}"
+
+
+cdef bint _bad_name_char(str s) noexcept:
+    # The same characters as the regex [\s\x00-\x1f\x7f]: Unicode whitespace
+    # (str.isspace, which is what re's \s matches for str) and ASCII controls.
+    cdef Py_UCS4 c
+    for c in s:
+        if c < 0x20 or c == 0x7f or Py_UNICODE_ISSPACE(c):
+            return True
+    return False
+
+
+cdef int _push_list(I32Vec* v, list xs) except -1:
+    cdef object x
+    for x in xs:
+        i32_push(v, x)
+    return 0
+
+
+cdef class _Compiler:
+    cdef int minor
+    cdef list problems
+    cdef list strings
+    cdef dict string_ids
+    cdef I32Vec t[N_I32]
+    cdef I64Vec t64[N_I64]
+    # what _v110 found for the action at hand
+    cdef object v_hold
+    cdef object v_restart
+    cdef object v_subject
+    cdef object v_corr
+    cdef int64_t v_hold_timeout
+    cdef int64_t v_duration
+    cdef int32_t v_retries
+
+    def __init__(self, int minor):
+        self.minor = minor
+        self.problems = []
+        self.strings = []
+        self.string_ids = {}
+
+    def __dealloc__(self):
+        cdef int k
+        for k in range(N_I32):
+            i32_free(&self.t[k])
+        for k in range(N_I64):
+            i64_free(&self.t64[k])
+
+    cdef void err(self, str code, str path, str message):
+        self.problems.append(Problem(code, path, message))
+
+    cdef int sid(self, str s) except -2:
+        cdef PyObject* found = PyDict_GetItem(self.string_ids, s)
+        cdef int i
+        if found != NULL:
+            return <int><object>found
+        i = len(self.strings)
+        self.strings.append(s)
+        self.string_ids[s] = i
+        return i
+
+    cdef list _list(self, dict obj, str key, str path, bint required):
+        v = obj.get(key)
+        if v is None:
+            if required:
+                self.err("SFC013", path, f"{key} is required")
+            return []
+        if not isinstance(v, list):
+            self.err("SFC013", f"{path}.{key}", f"{key} must be a list")
+            return []
+        if len(v) > MAX_ELEMENTS:
+            self.err("SFC015", f"{path}.{key}",
+                     f"{len(v)} entries, the limit is {MAX_ELEMENTS}")
+            return []
+        return v
+
+    cdef void _unknown_keys(self, dict obj, frozenset allowed, str base, Py_ssize_t idx):
+        d = obj.get("Description")
+        if d is not None and (not _is_str(d) or len(d) > MAX_FIELD_CHARS):
+            self.err("SFC013", _at(base, idx, ".Description"),
+                     f"Description must be text of at most {MAX_FIELD_CHARS} characters")
+        path = None
+        for k in obj:
+            if k not in allowed:
+                if isinstance(k, str) and k in V110_FIELDS:
+                    continue   # reported as SFC012 or validated where they belong
+                if path is None:
+                    path = _at(base, idx, "")
+                self.err("SFC021", f"{path}.{k}" if isinstance(k, str) else path,
+                         f"unknown field {str(k)[:80]!r}")
+
+    cdef object _name(self, dict obj, str base, Py_ssize_t idx, str what):
+        v = obj.get("Name")
+        if not _is_str(v) or not v.strip():
+            self.err("SFC013", _at(base, idx, ".Name"), f"{what} needs a non-empty Name (text)")
+            return None
+        if len(v) > MAX_FIELD_CHARS:
+            self.err("SFC015", _at(base, idx, ".Name"),
+                     f"Name is {len(v)} characters, the limit is {MAX_FIELD_CHARS}")
+            return None
+        return v
+
+    cdef object _text(self, object v, str base, Py_ssize_t idx, str suffix, str what):
+        """A non-empty text field of bounded length, or None after reporting."""
+        if not _is_str(v) or not v:
+            self.err("SFC013", _at(base, idx, suffix), f"{what} is required (non-empty text)")
+            return None
+        if len(v) > MAX_FIELD_CHARS:
+            self.err("SFC015", _at(base, idx, suffix),
+                     f"{what} is {len(v)} characters, the limit is {MAX_FIELD_CHARS}")
+            return None
+        return v
+
+    cdef object _seconds(self, dict a, str key, str base, Py_ssize_t idx, str code,
+                         bint allow_float):
+        v = a.get(key)
+        if allow_float:
+            ok = (_is_int(v) or type(v) is float) and v == v
+        else:
+            ok = _is_int(v)
+        if not ok:
+            kind = "a number of seconds" if allow_float else "a whole number of seconds"
+            self.err("SFC013" if v is None or not isinstance(v, (int, float)) else code,
+                     _at(base, idx, "." + key), f"{key} must be {kind}")
+            return None
+        if v <= 0:
+            self.err(code, _at(base, idx, "." + key), f"{key} must be greater than 0, not {v}")
+            return None
+        if v > MAX_SECONDS:
+            self.err(code, _at(base, idx, "." + key), f"{key} must be at most {MAX_SECONDS}")
+            return None
+        return int(round(v * 1000))
+
+    cdef int _end(self, dict t, str key, Py_ssize_t ti, dict node_of) except -2:
+        """The node a transition's Source or Target names, or -1 after reporting."""
+        v = t.get(key)
+        if not _is_str(v):
+            self.err("SFC013", _at("$.Transitions", ti, "." + key),
+                     f"{key} is required (a step or branch name)")
+            return -1
+        cdef PyObject* node = PyDict_GetItem(node_of, v)
+        if node == NULL:
+            self.err("SFC003", _at("$.Transitions", ti, "." + key),
+                     f"unknown step or branch {v!r}")
+            return -1
+        return <int><object>node
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def run(self, obj):
+        if not isinstance(obj, dict):
+            self.err("SFC014", "$", f"a recipe is a JSON object, not {type(obj).__name__}")
+            return None
+        self._unknown_keys(obj, _RECIPE_KEYS, "$", -1)
+        cdef list steps_in = self._list(obj, "Steps", "$", True)
+        cdef list trans_in = self._list(obj, "Transitions", "$", True)
+        cdef list acts_in = self._list(obj, "Actions", "$", True)
+        cdef list brs_in = self._list(obj, "Branches", "$", False)
+        cdef I32Vec* t = self.t
+        cdef I64Vec* t64 = self.t64
+        cdef Py_ssize_t i, k, ai, ti, bi, pi, lo, hi, n
+        cdef int32_t x, j
+        cdef object st, br, a, tr, name
+
+        # ---- steps
+        cdef dict node_of = {}          # name -> node id
+        cdef list step_names = []
+        cdef list initial = []
+        for i in range(len(steps_in)):
+            st = steps_in[i]
+            if not isinstance(st, dict):
+                self.err("SFC013", _at("$.Steps", i, ""), "a step is an object with a Name")
+                step_names.append(None)
+                i32_push(&t[X_STEP_FLAGS], 0)
+                continue
+            self._unknown_keys(st, _STEP_KEYS, "$.Steps", i)
+            name = self._name(st, "$.Steps", i, "a step")
+            ini = st.get("Initial", False)
+            if not isinstance(ini, bool):
+                self.err("SFC013", _at("$.Steps", i, ".Initial"), "Initial must be true or false")
+                ini = False
+            if name is not None:
+                if name in node_of:
+                    self.err("SFC002", _at("$.Steps", i, ".Name"),
+                             f"duplicate step name {name!r}")
+                else:
+                    node_of[name] = len(step_names)
+            step_names.append(name)
+            i32_push(&t[X_STEP_FLAGS], SF_INITIAL if ini else 0)
+            if ini:
+                initial.append(i)
+        cdef int S = len(step_names)
+        if len(initial) != 1:
+            if not initial:
+                self.err("SFC001", "$.Steps", "no step is marked Initial; exactly one must be")
+            else:
+                names = ", ".join(repr(step_names[i]) for i in initial)
+                self.err("SFC001", "$.Steps",
+                         f"{len(initial)} steps are marked Initial ({names}); exactly one must be")
+
+        # ---- branches and paths
+        cdef list br_names = []
+        cdef list br_types = []
+        cdef list br_path_off = [0]
+        cdef list path_branch = []
+        cdef list path_off = [0]
+        cdef list path_steps = []
+        cdef list step_path = [-1] * S
+        # branch names first, so a path that names a branch is told apart from a typo
+        for bi in range(len(brs_in)):
+            br = brs_in[bi]
+            name = None
+            tcode = B_SELECTION
+            if not isinstance(br, dict):
+                self.err("SFC013", _at("$.Branches", bi, ""),
+                         "a branch is an object with Name, Type and Branches")
+            else:
+                self._unknown_keys(br, _BRANCH_KEYS, "$.Branches", bi)
+                name = self._name(br, "$.Branches", bi, "a branch")
+                btype = br.get("Type")
+                if not _is_str(btype) or btype not in BRANCH_TYPES:
+                    self.err("SFC020", _at("$.Branches", bi, ".Type"),
+                             f"unknown branch type {str(btype)[:80]!r}; "
+                             f"use selection or simultaneous")
+                else:
+                    tcode = BRANCH_TYPES[btype]
+                if name is not None:
+                    if name in node_of:
+                        self.err("SFC002", _at("$.Branches", bi, ".Name"),
+                                 f"duplicate name {name!r} (steps and branches share one "
+                                 f"namespace)")
+                    else:
+                        node_of[name] = S + bi
+            br_names.append(name)
+            br_types.append(tcode)
+        for bi in range(len(brs_in)):
+            br = brs_in[bi]
+            name = br_names[bi]
+            if not isinstance(br, dict):
+                br_path_off.append(len(path_branch))
+                continue
+            paths = br.get("Branches")
+            if not isinstance(paths, list):
+                self.err("SFC013", _at("$.Branches", bi, ".Branches"),
+                         "Branches must be a list of step lists")
+                paths = []
+            elif not paths:
+                self.err("SFC008", _at("$.Branches", bi, ".Branches"),
+                         f"branch {name!r} has no paths")
+            for pi in range(len(paths)):
+                path = paths[pi]
+                if not isinstance(path, list):
+                    self.err("SFC013", f"$.Branches[{bi}].Branches[{pi}]",
+                             "a branch path is a list of step names")
+                    continue
+                if not path:
+                    self.err("SFC008", f"$.Branches[{bi}].Branches[{pi}]",
+                             f"path {pi} of branch {name!r} is empty")
+                    continue
+                pidx = len(path_branch)
+                path_branch.append(bi)
+                for k in range(len(path)):
+                    sname = path[k]
+                    if not _is_str(sname):
+                        self.err("SFC013", f"$.Branches[{bi}].Branches[{pi}][{k}]",
+                                 "a branch path lists step names (text)")
+                        continue
+                    node = node_of.get(sname)
+                    if node is None:
+                        self.err("SFC003", f"$.Branches[{bi}].Branches[{pi}][{k}]",
+                                 f"unknown step {sname!r}")
+                        continue
+                    if node >= S:
+                        self.err("SFC019", f"$.Branches[{bi}].Branches[{pi}][{k}]",
+                                 f"{sname!r} is a branch; paths hold steps only (no nesting)")
+                        continue
+                    if step_path[node] != -1:
+                        self.err("SFC009", f"$.Branches[{bi}].Branches[{pi}][{k}]",
+                                 f"step {sname!r} is already in a branch path")
+                        continue
+                    step_path[node] = pidx
+                    path_steps.append(node)
+                path_off.append(len(path_steps))
+            br_path_off.append(len(path_branch))
+        cdef int B = len(br_names)
+        cdef int P = len(path_branch)
+        # Branch names given later in the list that a path mentions were checked above.
+        for i in initial:
+            if step_path[i] != -1:
+                self.err("SFC023", _at("$.Steps", i, ""),
+                         f"initial step {step_names[i]!r} is inside a branch path")
+
+        # ---- actions: one entry per association in every table, valid or not
+        cdef Py_ssize_t A = len(acts_in)
+        cdef list a_names = []
+        cdef list a_types = []
+        cdef list a_params = []
+        cdef list a_hold = []
+        cdef list a_restart = []
+        cdef list a_subj = []
+        cdef list a_corr = []
+        cdef dict stored = {}   # name -> association index of non-reset actions
+        cdef int sidx, qc, ic
+        cdef int64_t timeout
+        for ai in range(A):
+            a = acts_in[ai]
+            if not isinstance(a, dict):
+                self.err("SFC013", _at("$.Actions", ai, ""), "an action is an object")
+                a_names.append(None)
+                a_types.append(None)
+                a_params.append(None)
+                a_hold.append(None)
+                a_restart.append(None)
+                a_subj.append(None)
+                a_corr.append(None)
+                i32_push(&t[X_A_STEP], -1)
+                i32_push(&t[X_A_QUAL], -1)
+                i32_push(&t[X_A_INTER], -1)
+                i32_push(&t[X_A_RETRIES], 0)
+                i64_push(&t64[X_A_TIMEOUT], 0)
+                i64_push(&t64[X_A_HOLD_TIMEOUT], 0)
+                i64_push(&t64[X_A_DURATION], 0)
+                continue
+            self._unknown_keys(a, _ACTION_KEYS, "$.Actions", ai)
+            name = self._name(a, "$.Actions", ai, "an action")
+            if name is not None:
+                if ":" in name:
+                    self.err("SFC004", _at("$.Actions", ai, ".Name"),
+                             f"action name {name!r} contains ':'; command ids and markers "
+                             f"use ':' as a separator")
+                elif name in RESERVED_ACTION_NAMES:
+                    self.err("SFC004", _at("$.Actions", ai, ".Name"),
+                             f"action name {name!r} is reserved (job.* names job parameters)")
+                elif _bad_name_char(name):
+                    self.err("SFC004", _at("$.Actions", ai, ".Name"),
+                             f"action name {name!r} contains whitespace or control characters")
+            step = a.get("Step")
+            sidx = -1
+            if not _is_str(step):
+                self.err("SFC013", _at("$.Actions", ai, ".Step"), "Step is required (a step name)")
+            else:
+                found = node_of.get(step)
+                if found is None or found >= S:
+                    self.err("SFC003", _at("$.Actions", ai, ".Step"), f"unknown step {step!r}")
+                else:
+                    sidx = found
+            q = a.get("Qualifier")
+            found = QUALIFIERS.get(q) if _is_str(q) else None
+            if found is None:
+                self.err("SFC006", _at("$.Actions", ai, ".Qualifier"),
+                         f"unknown qualifier {str(q)[:40]!r}; use one of "
+                         f"{', '.join(QUALIFIERS)}")
+                qc = -1
+            else:
+                qc = found
+            inter = a.get("Interaction")
+            found = INTERACTIONS.get(inter) if _is_str(inter) else None
+            if found is None:
+                self.err("SFC007", _at("$.Actions", ai, ".Interaction"),
+                         f"unknown interaction {str(inter)[:40]!r}; use push_command or "
+                         f"pull_event")
+                ic = -1
+            else:
+                ic = found
+            a_types.append(self._text(a.get("TypeId"), "$.Actions", ai, ".TypeId", "TypeId"))
+            found = self._seconds(a, "TimeoutSeconds", "$.Actions", ai, "SFC005", False)
+            timeout = 0 if found is None else found
+            params = a.get("Parameters")
+            ptext = None
+            if params is not None:
+                if not isinstance(params, dict):
+                    self.err("SFC013", _at("$.Actions", ai, ".Parameters"),
+                             "Parameters must be an object")
+                else:
+                    try:
+                        ptext = canonical_dumps(params)
+                    except (TypeError, ValueError) as e:
+                        self.err("SFC013", _at("$.Actions", ai, ".Parameters"),
+                                 f"Parameters must be JSON data: {e}")
+                    else:
+                        if len(ptext) > MAX_PARAMS_CHARS:
+                            self.err("SFC015", _at("$.Actions", ai, ".Parameters"),
+                                     f"Parameters are {len(ptext)} characters as JSON, the "
+                                     f"limit is {MAX_PARAMS_CHARS}")
+                            ptext = None
+            self._v110(a, ai, qc, ic, timeout)
+            if qc >= 0 and qc != Q_R and name is not None:
+                if name in stored:
+                    self.err("SFC002", _at("$.Actions", ai, ".Name"),
+                             f"duplicate action name {name!r}")
+                else:
+                    stored[name] = ai
+            a_names.append(name)
+            a_params.append(ptext)
+            a_hold.append(self.v_hold)
+            a_restart.append(self.v_restart)
+            a_subj.append(self.v_subject)
+            a_corr.append(self.v_corr)
+            i32_push(&t[X_A_STEP], sidx)
+            i32_push(&t[X_A_QUAL], qc)
+            i32_push(&t[X_A_INTER], ic)
+            i32_push(&t[X_A_RETRIES], self.v_retries)
+            i64_push(&t64[X_A_TIMEOUT], timeout)
+            i64_push(&t64[X_A_HOLD_TIMEOUT], self.v_hold_timeout)
+            i64_push(&t64[X_A_DURATION], self.v_duration)
+        # resets name a stored (S) action in another step
+        cdef const int32_t* a_step = t[X_A_STEP].data
+        cdef const int32_t* a_qual = t[X_A_QUAL].data
+        for ai in range(A):
+            x = -1
+            name = a_names[ai]
+            if a_qual[ai] == Q_R and name is not None:
+                target = stored.get(name)
+                if target is None or a_qual[<Py_ssize_t>target] != Q_S:
+                    self.err("SFC016", _at("$.Actions", ai, ".Name"),
+                             f"R resets {name!r}, which is not an S (stored) action")
+                elif (a_step[<Py_ssize_t>target] >= 0
+                      and a_step[<Py_ssize_t>target] == a_step[ai]):
+                    self.err("SFC016", _at("$.Actions", ai, ".Step"),
+                             f"R of {name!r} must be in a later step than its S")
+                else:
+                    x = target
+            i32_push(&t[X_A_RESET], x)
+
+        # ---- transitions
+        cb = CondBuilder(stored)
+        cb_add = cb.add
+        cdef int N = S + B
+        cdef bytearray has_out_buf = bytearray(N)
+        cdef bytearray entry_buf = bytearray(P)    # a path some explicit transition enters
+        cdef char* has_out = has_out_buf
+        cdef char* path_entry = entry_buf
+        cdef int src, dst, cidx, kind
+        for ti in range(len(trans_in)):
+            tr = trans_in[ti]
+            if not isinstance(tr, dict):
+                self.err("SFC013", _at("$.Transitions", ti, ""),
+                         "a transition is an object with Source, Target, Condition")
+                continue
+            self._unknown_keys(tr, _TRANSITION_KEYS, "$.Transitions", ti)
+            src = self._end(tr, "Source", ti, node_of)
+            dst = self._end(tr, "Target", ti, node_of)
+            cond_text = tr.get("Condition")
+            cidx = -1
+            if not _is_str(cond_text):
+                self.err("SFC013", _at("$.Transitions", ti, ".Condition"),
+                         "Condition is required (text; 'always' for none)")
+                cond_text = None
+            elif len(cond_text) > MAX_FIELD_CHARS:
+                self.err("SFC015", _at("$.Transitions", ti, ".Condition"),
+                         f"Condition is {len(cond_text)} characters, the limit is "
+                         f"{MAX_FIELD_CHARS}")
+                cond_text = None
+            elif cond_text != "always":     # the common case skips the builder call
+                try:
+                    cidx = cb_add(cond_text)
+                except ConditionSyntaxError as e:
+                    self.err("SFC011", _at("$.Transitions", ti, ".Condition"),
+                             f"{e.message} at position {e.position} in {cond_text[:200]!r}")
+            prio = tr.get("Priority", 0)
+            if not _is_int(prio) or not (-1_000_000 <= prio <= 1_000_000):
+                self.err("SFC013", _at("$.Transitions", ti, ".Priority"),
+                         "Priority must be a whole number between -1000000 and 1000000")
+                prio = 0
+            if src < 0 or dst < 0:
+                continue
+            kind = self._kind(src, dst, S, step_path, path_branch, path_off, path_steps,
+                              br_types, step_names, br_names, cidx, ti)
+            if kind < 0:
+                continue
+            if kind == TK_ENTRY:
+                path_entry[<Py_ssize_t>step_path[dst]] = 1
+            has_out[src] = 1
+            i32_push(&t[X_TR_SRC], src)
+            i32_push(&t[X_TR_DST], dst)
+            i32_push(&t[X_TR_PRIO], prio)
+            i32_push(&t[X_TR_COND], cidx)
+            i32_push(&t[X_TR_KIND], kind)
+            i32_push(&t[X_TR_TEXT], self.sid(cond_text) if cond_text is not None else -1)
+
+        if self.problems:
+            return None
+
+        # implicit transitions: next step of a path, default entry of a selection path
+        _push_list(&t[X_PATH_OFF], path_off)
+        _push_list(&t[X_PATH_STEPS], path_steps)
+        _push_list(&t[X_PATH_BRANCH], path_branch)
+        _push_list(&t[X_B_TYPE], br_types)
+        cdef const int32_t* poff = t[X_PATH_OFF].data
+        cdef const int32_t* psteps = t[X_PATH_STEPS].data
+        cdef const int32_t* pbranch = t[X_PATH_BRANCH].data
+        cdef const int32_t* btypes = t[X_B_TYPE].data
+        for pi in range(P):
+            lo = poff[pi]
+            hi = poff[pi + 1]
+            for k in range(lo, hi - 1):
+                x = psteps[k]
+                if not has_out[x]:
+                    i32_push(&t[X_TR_SRC], x)
+                    i32_push(&t[X_TR_DST], psteps[k + 1])
+                    i32_push(&t[X_TR_PRIO], 0)
+                    i32_push(&t[X_TR_COND], -1)
+                    i32_push(&t[X_TR_KIND], TK_IMPLICIT)
+                    i32_push(&t[X_TR_TEXT], -1)
+            x = pbranch[pi]
+            if btypes[x] == B_SELECTION and not path_entry[pi]:
+                i32_push(&t[X_TR_SRC], S + x)
+                i32_push(&t[X_TR_DST], psteps[lo])
+                i32_push(&t[X_TR_PRIO], 2_000_000)
+                i32_push(&t[X_TR_COND], -1)
+                i32_push(&t[X_TR_KIND], TK_IMPLICIT)
+                i32_push(&t[X_TR_TEXT], -1)
+
+        # CSR of outgoing transitions, by priority then document order: a counting
+        # sort by source keeps document order; each node's few are then ordered by
+        # priority with a stable sort.
+        cdef Py_ssize_t T = t[X_TR_SRC].size
+        _csr(&t[X_NODE_OUT_OFF], &t[X_NODE_OUT], t[X_TR_SRC].data, T, N)
+        cdef int32_t* out = t[X_NODE_OUT].data
+        cdef const int32_t* out_off = t[X_NODE_OUT_OFF].data
+        cdef const int32_t* prio_of = t[X_TR_PRIO].data
+        for n in range(N):
+            lo = out_off[n]
+            hi = out_off[n + 1]
+            if hi - lo <= 1:
+                continue
+            if hi - lo <= INSERTION_SORT_MAX:
+                for i in range(lo + 1, hi):
+                    x = out[i]
+                    k = i
+                    while k > lo and prio_of[out[k - 1]] > prio_of[x]:
+                        out[k] = out[k - 1]
+                        k -= 1
+                    out[k] = x
+            else:
+                keyed = sorted([(prio_of[out[i]], out[i]) for i in range(lo, hi)])
+                for i in range(lo, hi):
+                    out[i] = keyed[i - lo][1]
+
+        # actions per step, document order
+        _csr(&t[X_STEP_ACT_OFF], &t[X_STEP_ACTS], a_step, A, S)
+
+        # strings, in the order that fixes their ids (and so the blob)
+        for name in a_names:
+            i32_push(&t[X_A_NAME], self.sid(name))
+        for name in a_types:
+            i32_push(&t[X_A_TYPE], self.sid(name))
+        for name in a_params:
+            i32_push(&t[X_A_PARAMS], self.sid(name) if name is not None else -1)
+        for name in a_hold:
+            i32_push(&t[X_A_HOLD], self.sid(name) if name is not None else -1)
+        for name in a_restart:
+            i32_push(&t[X_A_RESTART], self.sid(name) if name is not None else -1)
+        for name in a_subj:
+            i32_push(&t[X_A_SUBJ], self.sid(name) if name is not None else -1)
+        for name in a_corr:
+            i32_push(&t[X_A_CORR], self.sid(name) if name is not None else -1)
+        for name in step_names:
+            i32_push(&t[X_STEP_NAME], self.sid(name))
+        for name in br_names:
+            i32_push(&t[X_B_NAME], self.sid(name))
+        i32_push(&t[X_REF_SEG_OFF], 0)
+        for ref in cb.refs:
+            i32_push(&t[X_REF_KIND], ref[0])
+            i32_push(&t[X_REF_ACTION], ref[1])
+            for name in ref[2]:
+                i32_push(&t[X_REF_SEGS], self.sid(name))
+            i32_push(&t[X_REF_SEG_OFF], <int32_t>t[X_REF_SEGS].size)
+        for name in cb.consts:
+            i32_push(&t[X_CONST_TEXT], self.sid(name))
+        _push_list(&t[X_STEP_PATH], step_path)
+        _push_list(&t[X_B_PATH_OFF], br_path_off)
+        _push_list(&t[X_COND_OFF], cb.offsets)
+        _push_list(&t[X_CODE], cb.code)
+
+        # UTF-8 offsets of the strings; the bytes are copied by _pack
+        cdef Py_ssize_t size, total = 0
+        i32_push(&t[X_STR_OFF], 0)
+        try:
+            for name in self.strings:
+                PyUnicode_AsUTF8AndSize(name, &size)
+                total += size
+                i32_push(&t[X_STR_OFF], <int32_t>total)   # wraps only past the limit
+        except UnicodeEncodeError as e:
+            # json.loads accepts lone surrogates ("\ud800"); they have no UTF-8 form.
+            self.err("SFC014", "$", f"recipe text is not valid Unicode: {e.reason} "
+                                    f"({e.object[e.start:e.end]!r})")
+            return None
+        if total > MAX_RECIPE_BYTES:
+            self.err("SFC015", "$", f"recipe text is {total} bytes, the limit is "
+                                    f"{MAX_RECIPE_BYTES}")
+            return None
+
+        cdef int32_t counts[14]
+        counts[:] = [S, B, P, t[X_PATH_STEPS].size, T, A, t[X_COND_OFF].size - 1,
+                     t[X_CODE].size, t[X_REF_KIND].size, t[X_REF_SEGS].size,
+                     t[X_CONST_TEXT].size, len(self.strings), total, initial[0]]
+        return self._pack(counts)
+
+    cdef bytes _pack(self, int32_t* c):
+        cdef Py_ssize_t lengths[N_I32]
+        cdef Py_ssize_t k, n32 = 0, off, n
+        cdef int32_t S = c[0], B = c[1], P = c[2], PS = c[3], T = c[4], A = c[5], C = c[6]
+        cdef int32_t K = c[7], R = c[8], RS = c[9], CN = c[10], NS = c[11], SB = c[12]
+        lengths[:] = [S, S, S, S + 1, A,
+                      S + B + 1, T,
+                      T, T, T, T, T, T,
+                      A, A, A, A, A, A, A, A, A, A, A, A,
+                      B, B, B + 1,
+                      P, P + 1, PS,
+                      C + 1, K, R, R, R + 1, RS, CN,
+                      NS + 1]
+        for k in range(N_I32):
+            if self.t[k].size != lengths[k]:
+                raise AssertionError(f"graph table {k} of length {self.t[k].size}, "
+                                     f"expected {lengths[k]}")
+            n32 += lengths[k]
+        for k in range(N_I64):
+            if self.t64[k].size != A:
+                raise AssertionError(f"graph table {N_I32 + k} of length {self.t64[k].size}, "
+                                     f"expected {A}")
+        off = HEADER_SIZE + 4 * n32
+        off += (8 - off % 8) % 8
+        cdef bytes blob = PyBytes_FromStringAndSize(NULL, off + 3 * 8 * A + SB)
+        cdef char* b = PyBytes_AS_STRING(blob)
+        memset(b, 0, HEADER_SIZE)
+        memcpy(b + 28, c, 14 * sizeof(int32_t))
+        cdef char* w = b + HEADER_SIZE
+        for k in range(N_I32):
+            if lengths[k]:
+                memcpy(w, self.t[k].data, lengths[k] * sizeof(int32_t))
+                w += lengths[k] * sizeof(int32_t)
+        memset(w, 0, (b + off) - w)
+        w = b + off
+        for k in range(N_I64):
+            if A:
+                memcpy(w, self.t64[k].data, A * sizeof(int64_t))
+                w += A * sizeof(int64_t)
+        cdef const char* u
+        for name in self.strings:
+            u = PyUnicode_AsUTF8AndSize(name, &n)
+            memcpy(w, u, n)
+            w += n
+        # The fingerprint is taken over the canonical encoding itself: every field that
+        # decides behaviour, in document order, Parameters as sorted-key JSON. Key order
+        # and whitespace of the source do not reach it; the schema version does.
+        fp = hashlib.blake2b(memoryview(blob)[28:], digest_size=16,
+                             person=b"sfc-recipe-1." + str(self.minor).encode()).digest()
+        cdef uint16_t h16[4]
+        h16[:] = [GRAPH_FORMAT_MAJOR, GRAPH_FORMAT_MINOR, self.minor, 0]
+        memcpy(b, b"SFCG", 4)          # _MAGIC
+        memcpy(b + 4, h16, 8)
+        memcpy(b + 12, <const char*>fp, 16)
+        return blob
+
+    cdef int _kind(self, int src, int dst, int S, list step_path, list path_branch,
+                   list path_off, list path_steps, list br_types, list step_names,
+                   list br_names, int cidx, Py_ssize_t ti) except -2:
+        """Classify a transition, or report why it crosses a branch path (-1)."""
+        cdef int sp, dp
+        if src < S:
+            sp = step_path[src]
+            dp = step_path[dst] if dst < S else -1
+            if sp >= 0:
+                if dst < S and dp == sp:
+                    return TK_PATH
+                if dst == S + path_branch[sp]:
+                    return TK_PATH_END
+                self.err("SFC019", _at("$.Transitions", ti, ""),
+                         f"a transition from {step_names[src]!r} (inside a branch path) must "
+                         f"stay in its path, or target its own branch "
+                         f"{br_names[path_branch[sp]]!r} to end the path")
+                return -1
+            if dst < S and dp >= 0:
+                self.err("SFC019", _at("$.Transitions", ti, ""),
+                         f"{step_names[dst]!r} is inside a branch path; target the branch "
+                         f"{br_names[path_branch[dp]]!r} instead")
+                return -1
+            return TK_STEP
+        bi = src - S
+        if dst < S and step_path[dst] >= 0:
+            pidx = step_path[dst]
+            if path_branch[pidx] == bi and path_steps[path_off[pidx]] == dst:
+                if br_types[bi] == B_SIMULTANEOUS and cidx >= 0:
+                    self.err("SFC019", _at("$.Transitions", ti, ""),
+                             f"every path of simultaneous branch {br_names[bi]!r} starts; an "
+                             f"entry transition cannot carry a condition")
+                    return -1
+                return TK_ENTRY
+            self.err("SFC019", _at("$.Transitions", ti, ""),
+                     f"{step_names[dst]!r} is inside a branch path and not the first step "
+                     f"of a path of {br_names[bi]!r}")
+            return -1
+        return TK_EXIT
+
+    cdef void _v110(self, dict a, Py_ssize_t ai, int qual, int inter, int64_t timeout):
+        self.v_hold = self.v_restart = self.v_subject = self.v_corr = None
+        self.v_hold_timeout = 0
+        self.v_retries = 0
+        self.v_duration = 0
+        present = [k for k in V110_FIELDS if k in a]
+        if not present:
+            if qual == Q_D or qual == Q_L:
+                q = QUALIFIER_NAMES[qual]
+                self.err("SFC017", _at("$.Actions", ai, ".DurationSeconds"),
+                         f"qualifier {q} needs DurationSeconds" + (
+                             " (a v1.1.0 field)" if self.minor == 0 else ""))
+            return
+        if self.minor == 0:
+            for k in present:
+                self.err("SFC012", _at("$.Actions", ai, "." + k),
+                         f"{k} is a v1.1.0 field; this recipe declares v1.0.0")
+            if qual == Q_D or qual == Q_L:
+                self.err("SFC017", _at("$.Actions", ai, ".DurationSeconds"),
+                         f"qualifier {QUALIFIER_NAMES[qual]} needs DurationSeconds "
+                         f"(a v1.1.0 field)")
+            return
+        hold = a.get("HoldTypeId")
+        if hold is not None:
+            if not _is_str(hold) or not hold:
+                self.err("SFC013", _at("$.Actions", ai, ".HoldTypeId"),
+                         "HoldTypeId must be non-empty text")
+            elif inter == I_PULL:
+                self.err("SFC018", _at("$.Actions", ai, ".HoldTypeId"),
+                         "only push_command actions can be held")
+            else:
+                self.v_hold = hold
+        restart = a.get("RestartTypeId")
+        if restart is not None:
+            if hold is None:
+                self.err("SFC010", _at("$.Actions", ai, ".RestartTypeId"),
+                         "RestartTypeId needs HoldTypeId")
+            elif not _is_str(restart) or not restart:
+                self.err("SFC013", _at("$.Actions", ai, ".RestartTypeId"),
+                         "RestartTypeId must be non-empty text")
+            else:
+                self.v_restart = restart
+        if "HoldTimeoutSeconds" in a:
+            if hold is None:
+                self.err("SFC010", _at("$.Actions", ai, ".HoldTimeoutSeconds"),
+                         "HoldTimeoutSeconds needs HoldTypeId")
+            else:
+                v = self._seconds(a, "HoldTimeoutSeconds", "$.Actions", ai, "SFC005", False)
+                self.v_hold_timeout = 0 if v is None else v
+        elif self.v_hold is not None:
+            self.v_hold_timeout = timeout
+        if "Retries" in a:
+            r = a.get("Retries")
+            if not _is_int(r) or r < 0 or r > 1000:
+                self.err("SFC024", _at("$.Actions", ai, ".Retries"),
+                         "Retries must be a whole number from 0 to 1000")
+            elif inter == I_PULL and r:
+                self.err("SFC018", _at("$.Actions", ai, ".Retries"),
+                         "Retries re-dispatch a command; a pull_event action has none")
+            else:
+                self.v_retries = r
+        if "DurationSeconds" in a:
+            if qual != Q_D and qual != Q_L:
+                self.err("SFC017", _at("$.Actions", ai, ".DurationSeconds"),
+                         "only qualifiers D and L take DurationSeconds")
+            else:
+                v = self._seconds(a, "DurationSeconds", "$.Actions", ai, "SFC017", True)
+                if v is not None:
+                    self.v_duration = v
+        elif qual == Q_D or qual == Q_L:
+            self.err("SFC017", _at("$.Actions", ai, ".DurationSeconds"),
+                     f"qualifier {QUALIFIER_NAMES[qual]} needs DurationSeconds")
+        if "Match" in a:
+            m = a.get("Match")
+            if inter == I_PUSH:
+                self.err("SFC018", _at("$.Actions", ai, ".Match"),
+                         "Match selects pull events; this is a push_command")
+            elif not isinstance(m, dict):
+                self.err("SFC013", _at("$.Actions", ai, ".Match"),
+                         "Match is an object with Subject and/or CorrelationId")
+            else:
+                for k in m:
+                    if k not in _MATCH_KEYS:
+                        self.err("SFC021", f"$.Actions[{ai}].Match.{k}",
+                                 f"unknown Match field {str(k)[:40]!r}")
+                for k, field in (("Subject", "subject"), ("CorrelationId", "corr")):
+                    if k not in m:
+                        continue
+                    v = m[k]
+                    if not _is_str(v):
+                        self.err("SFC013", f"$.Actions[{ai}].Match.{k}",
+                                 f"Match.{k} must be text")
+                        continue
+                    bad = [ph for ph in _PLACEHOLDER.findall(v) if ph not in PLACEHOLDERS]
+                    if bad:
+                        self.err("SFC022", f"$.Actions[{ai}].Match.{k}",
+                                 f"unknown placeholder {{{bad[0]}}}; use {{job}}, {{scope}} or "
+                                 f"{{action}}")
+                        continue
+                    if field == "subject":
+                        self.v_subject = v
+                    else:
+                        self.v_corr = v
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef int _csr(I32Vec* off, I32Vec* items, const int32_t* key, Py_ssize_t n,
+              Py_ssize_t n_keys) except -1:
+    """off[n_keys+1], items[n]: the indices 0..n-1 grouped by key[i], in order."""
+    cdef Py_ssize_t i
+    cdef int32_t* o
+    cdef int32_t* fill
+    for i in range(n_keys + 1):
+        i32_push(off, 0)
+    for i in range(n):
+        i32_push(items, 0)
+    o = off.data
+    for i in range(n):
+        o[key[i] + 1] += 1
+    for i in range(n_keys):
+        o[i + 1] += o[i]
+    fill = <int32_t*>malloc((n_keys + 1) * sizeof(int32_t))
+    if fill == NULL:
+        raise MemoryError()
+    memcpy(fill, o, (n_keys + 1) * sizeof(int32_t))
+    for i in range(n):
+        items.data[fill[key[i]]] = <int32_t>i
+        fill[key[i]] += 1
+    free(fill)
+    return 0
 
 
 cdef inline bint _in(int32_t v, int32_t lo, int32_t hi) noexcept:
