@@ -1,0 +1,290 @@
+"""The compiled core against the plain-Python baseline (py_evolve.py), same process.
+
+    python benchmarks/evolve_ratio.py            # the figures of docs/benchmarks.md
+    python benchmarks/evolve_ratio.py --quick    # small N, a smoke run
+
+Workloads, each through ``sfc_fast.evolve`` and through ``py_evolve`` with the same
+event objects (tests/test_py_evolve_parity.py checks that both decide the same):
+
+- run: many jobs of a 6-step recipe (a push action per step, a condition on every
+  transition): start every job, then complete each command as it is dispatched (FIFO
+  over all jobs) until every job is done. completions/s counts the Completed events
+  over the whole run's time, starts and the driver loop included;
+- one completion: the same completion (step 3 of 6, with and without a result dict)
+  evolved over and over against the same state bytes: the cost of one evolve call;
+- the run through the embedded ``Runner`` (deadline index, waits, callback included);
+- memory per job in the Runner with 100,000 running jobs: RSS growth and tracemalloc.
+
+Goals (issue 3): >= 1,000,000 completions/s on one core; >= 50x the plain-Python run;
+Runner memory <= 1 KB per job. The figures are printed as measured, met or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from py_evolve import load_recipe, py_evolve, status_of
+from recipes import V110, push
+
+from sfc_fast import Runner, compile_recipe
+from sfc_fast.events import Completed, Start
+from sfc_fast.evolve import evolve
+
+NOW = 1_000_000
+RESULT = {"torque": 85.5, "ok": True}
+GOAL_RATE = 1_000_000
+GOAL_RATIO = 50
+GOAL_BYTES = 1024
+
+
+def six_steps(retries: int = 0) -> dict[str, Any]:
+    """S0..S5 in sequence, one push action each (with parameters); every transition
+    has a condition on the result of the step's action (true without a result)."""
+    steps = [{"Name": f"S{i}", "Initial": i == 0} for i in range(6)]
+    trans = [{"Source": f"S{i}", "Target": f"S{i + 1}", "Condition": f"a{i}.ok != false"}
+             for i in range(5)]
+    extra: dict[str, Any] = {"Retries": retries} if retries else {}
+    acts = [push(f"a{i}", f"S{i}", Parameters={"program": i, "speed": 1.5}, **extra)
+            for i in range(6)]
+    return {"Steps": steps, "Transitions": trans, "Actions": acts}
+
+
+def job_ids(n: int) -> list[str]:
+    return [f"job-{i:07d}" for i in range(n)]
+
+
+# ---------------------------------------------------------------- the run workload
+
+
+def run_core(graph, jobs: list[str], result: dict | None) -> tuple[int, dict[str, bytes]]:
+    states: dict[str, bytes] = {}
+    queue: deque[tuple[str, str]] = deque()
+    for job in jobs:
+        d = evolve(graph, None, Start(job, "s1"), NOW)
+        states[job] = d.state
+        for c in d.commands:
+            queue.append((job, c.command_id))
+    n = 0
+    while queue:
+        job, cid = queue.popleft()
+        d = evolve(graph, states[job], Completed(cid, result), NOW)
+        n += 1
+        states[job] = d.state
+        for c in d.commands:
+            queue.append((job, c.command_id))
+    return n, states
+
+
+def run_py(model, jobs: list[str], result: dict | None) -> tuple[int, dict[str, bytes]]:
+    states: dict[str, bytes] = {}
+    queue: deque[tuple[str, str]] = deque()
+    for job in jobs:
+        _, state, _, commands, _ = py_evolve(model, None, Start(job, "s1"), NOW)
+        states[job] = state
+        for c in commands:
+            queue.append((job, c["command_id"]))
+    n = 0
+    while queue:
+        job, cid = queue.popleft()
+        _, state, _, commands, _ = py_evolve(model, states[job], Completed(cid, result), NOW)
+        n += 1
+        states[job] = state
+        for c in commands:
+            queue.append((job, c["command_id"]))
+    return n, states
+
+
+def run_runner(graph, jobs: list[str], result: dict | None) -> tuple[int, Runner]:
+    sent: deque[str] = deque()
+    runner = Runner(lambda c: sent.append(c.command_id), clock=lambda: NOW)
+    for job in jobs:
+        runner.start(job, graph, "s1")
+    n = 0
+    while sent:
+        runner.complete(sent.popleft(), result)
+        n += 1
+    return n, runner
+
+
+def timed(fn, *args) -> tuple[float, Any]:
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t0, out
+
+
+# ---------------------------------------------------------------- one completion
+
+
+def step3_states(graph, model, job: str) -> tuple[bytes, bytes]:
+    """Both implementations' state of ``job`` at step S2 (two completions done)."""
+    d = evolve(graph, None, Start(job, "s1"), NOW)
+    p = py_evolve(model, None, Start(job, "s1"), NOW)
+    for i in range(2):
+        ev = Completed(f"{job}:a{i}#{i + 1}", RESULT)
+        d = evolve(graph, d.state, ev, NOW)
+        p = py_evolve(model, p[1], ev, NOW)
+    return d.state, p[1]
+
+
+def per_call(fn, args: tuple, calls: int, rounds: int) -> float:
+    """Median seconds per call of ``fn(*args)`` over ``rounds`` loops of ``calls``."""
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        samples.append((time.perf_counter() - t0) / calls)
+    return statistics.median(samples)
+
+
+# ---------------------------------------------------------------- memory
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:   # not Linux: peak RSS is the best there is
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def runner_memory(graph, n: int, traced: bool) -> tuple[int, Runner]:
+    """Bytes the Runner holds for ``n`` started jobs (one command open each)."""
+    jobs = job_ids(n)           # the ids exist before: the host has them anyway
+    gc.collect()
+    if traced:
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+    else:
+        before = rss_bytes()
+    runner = Runner(lambda c: None, clock=lambda: NOW)
+    for job in jobs:
+        runner.start(job, graph, "s1")
+    gc.collect()
+    if traced:
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+    else:
+        after = rss_bytes()
+    assert len(runner) == n
+    return after - before, runner
+
+
+# ---------------------------------------------------------------- report
+
+
+def fmt_rate(r: float) -> str:
+    return f"{r:>12,.0f}/s"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=20_000, help="jobs in the run workload")
+    ap.add_argument("--calls", type=int, default=200_000,
+                    help="calls per round of the one-completion loop (compiled core)")
+    ap.add_argument("--mem-jobs", type=int, default=100_000, help="jobs for memory per job")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="small N (a smoke run)")
+    a = ap.parse_args()
+    if a.quick:
+        a.jobs, a.calls, a.mem_jobs, a.rounds = 1_000, 10_000, 5_000, 3
+    py_calls = max(a.calls // 20, 1_000)
+    py_jobs = max(a.jobs // 4, 500)
+
+    recipe = six_steps()
+    graph = compile_recipe(recipe, V110)
+    model = load_recipe(recipe)
+    print(f"sfc_fast evolve against py_evolve; Python {platform.python_version()} "
+          f"({platform.machine()}), {os.cpu_count()} CPUs visible, one thread")
+    print("recipe: 6 steps, one push action each, a condition on every transition")
+    print()
+
+    # memory first, while the heap is fresh (RSS growth is meaningful then)
+    rss, runner = runner_memory(graph, a.mem_jobs, traced=False)
+    del runner
+    traced, runner = runner_memory(graph, a.mem_jobs, traced=True)
+    del runner
+    gc.collect()
+    per_job_rss = rss / a.mem_jobs
+    per_job_traced = traced / a.mem_jobs
+    print(f"Runner memory, {a.mem_jobs:,} running jobs (one command open each):")
+    print(f"  RSS growth        {per_job_rss:>8.0f} bytes/job")
+    print(f"  tracemalloc       {per_job_traced:>8.0f} bytes/job")
+    c_state, p_state = step3_states(graph, model, "job-0000001")
+    print(f"  state document at S2: {len(c_state)} bytes (core), {len(p_state):,} bytes "
+          f"(py JSON)")
+    print()
+
+    # one completion
+    rows = []
+    for label, result in (("one completion", None), ("one completion + result", RESULT)):
+        ev = Completed("job-0000001:a2#3", result)
+        assert evolve(graph, c_state, ev, NOW).commands[0].command_id == "job-0000001:a3#4"
+        assert py_evolve(model, p_state, ev, NOW)[3][0]["command_id"] == "job-0000001:a3#4"
+        tc = per_call(evolve, (graph, c_state, ev, NOW), a.calls, a.rounds)
+        tp = per_call(py_evolve, (model, p_state, ev, NOW), py_calls, a.rounds)
+        rows.append((label, 1 / tc, 1 / tp))
+
+    # the run
+    for label, result in (("run (no result)", None), ("run (result dict)", RESULT)):
+        jobs = job_ids(a.jobs)
+        tc, (nc, states) = timed(run_core, graph, jobs, result)
+        assert nc == 6 * a.jobs
+        assert evolve(graph, states[jobs[-1]], Completed("x"), NOW).status == "completed"
+        del states
+        pjobs = job_ids(py_jobs)
+        tp, (np_, pstates) = timed(run_py, model, pjobs, result)
+        assert np_ == 6 * py_jobs and status_of(pstates[pjobs[-1]])[0] == "completed"
+        del pstates
+        rows.append((label, nc / tc, np_ / tp))
+        tr, (nr, runner) = timed(run_runner, graph, jobs, result)
+        assert nr == 6 * a.jobs and runner.status(jobs[-1]) == "completed"
+        del runner
+        rows.append((label.replace("run", "Runner run"), nr / tr, None))
+
+    print(f"{'completions/s':<28}{'compiled core':>16}{'plain Python':>16}{'ratio':>9}")
+    for label, rc, rp in rows:
+        if rp is None:
+            print(f"{label:<28}{fmt_rate(rc):>16}{'-':>16}{'-':>9}")
+        else:
+            print(f"{label:<28}{fmt_rate(rc):>16}{fmt_rate(rp):>16}{rc / rp:>8.1f}x")
+    print(f"(core: {a.calls:,} calls x {a.rounds} rounds, median; py: {py_calls:,} calls; "
+          f"run: {a.jobs:,} jobs core and Runner, {py_jobs:,} jobs py)")
+    print()
+
+    best_run = max(r[1] for r in rows if r[0].startswith("run"))
+    one = rows[0]
+    run_ratio = next(r for r in rows if r[0] == "run (no result)")
+    print("goals (issue 3):")
+    print(f"  >= {GOAL_RATE:,} completions/s      one completion {one[1]:,.0f}/s, "
+          f"run {best_run:,.0f}/s: {verdict(one[1] >= GOAL_RATE)} "
+          f"(run: {verdict(best_run >= GOAL_RATE)})")
+    print(f"  >= {GOAL_RATIO}x the plain-Python run   run {run_ratio[1] / run_ratio[2]:.1f}x, "
+          f"one completion {one[1] / one[2]:.1f}x: "
+          f"{verdict(run_ratio[1] / run_ratio[2] >= GOAL_RATIO)}")
+    print(f"  <= {GOAL_BYTES} bytes per job in Runner   {per_job_rss:.0f} (RSS), "
+          f"{per_job_traced:.0f} (tracemalloc): "
+          f"{verdict(max(per_job_rss, per_job_traced) <= GOAL_BYTES)}")
+
+
+if __name__ == "__main__":
+    main()
