@@ -55,6 +55,7 @@ _TRANSITION_KEYS = frozenset(("Source", "Target", "Condition", "Priority", "Desc
 _BRANCH_KEYS = frozenset(("Name", "Type", "Branches", "Description"))
 _ACTION_KEYS = frozenset(("Name", "Step", "Qualifier", "Interaction", "TypeId",
                           "TimeoutSeconds", "Parameters", "Description") + V110_FIELDS)
+_ACTION_V100_KEYS = _ACTION_KEYS - frozenset(V110_FIELDS)
 _MATCH_KEYS = frozenset(("Subject", "CorrelationId"))
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 PLACEHOLDERS = frozenset(("job", "scope", "action"))
@@ -365,7 +366,10 @@ cdef class _Compiler:
             return []
         return v
 
-    cdef void _unknown_keys(self, dict obj, frozenset allowed, str base, Py_ssize_t idx):
+    cdef int _unknown_keys(self, dict obj, frozenset allowed, str base,
+                           Py_ssize_t idx) except -1:
+        """Report unknown fields; return how many v1.1.0 fields obj has beyond allowed."""
+        cdef int n_v110 = 0
         d = obj.get("Description")
         if d is not None and (not _is_str(d) or len(d) > MAX_FIELD_CHARS):
             self.err("SFC013", _at(base, idx, ".Description"),
@@ -374,11 +378,13 @@ cdef class _Compiler:
         for k in obj:
             if k not in allowed:
                 if isinstance(k, str) and k in V110_FIELDS:
+                    n_v110 += 1
                     continue   # reported as SFC012 or validated where they belong
                 if path is None:
                     path = _at(base, idx, "")
                 self.err("SFC021", f"{path}.{k}" if isinstance(k, str) else path,
                          f"unknown field {str(k)[:80]!r}")
+        return n_v110
 
     cdef object _name(self, dict obj, str base, Py_ssize_t idx, str what):
         v = obj.get("Name")
@@ -420,6 +426,8 @@ cdef class _Compiler:
         if v > MAX_SECONDS:
             self.err(code, _at(base, idx, "." + key), f"{key} must be at most {MAX_SECONDS}")
             return None
+        if type(v) is int:
+            return v * 1000
         return int(round(v * 1000))
 
     cdef int _end(self, dict t, str key, Py_ssize_t ti, dict node_of) except -2:
@@ -591,7 +599,7 @@ cdef class _Compiler:
         cdef list a_subj = []
         cdef list a_corr = []
         cdef dict stored = {}   # name -> association index of non-reset actions
-        cdef int sidx, qc, ic
+        cdef int sidx, qc, ic, n_v110
         cdef int64_t timeout
         for ai in range(A):
             a = acts_in[ai]
@@ -612,7 +620,9 @@ cdef class _Compiler:
                 i64_push(&t64[X_A_HOLD_TIMEOUT], 0)
                 i64_push(&t64[X_A_DURATION], 0)
                 continue
-            self._unknown_keys(a, _ACTION_KEYS, "$.Actions", ai)
+            # Checked against the v1.0.0 fields: the count of v1.1.0 ones tells
+            # _v110 whether it has anything to look at.
+            n_v110 = self._unknown_keys(a, _ACTION_V100_KEYS, "$.Actions", ai)
             name = self._name(a, "$.Actions", ai, "an action")
             if name is not None:
                 if ":" in name:
@@ -674,7 +684,7 @@ cdef class _Compiler:
                                      f"Parameters are {len(ptext)} characters as JSON, the "
                                      f"limit is {MAX_PARAMS_CHARS}")
                             ptext = None
-            self._v110(a, ai, qc, ic, timeout)
+            self._v110(a, ai, qc, ic, timeout, n_v110)
             if qc >= 0 and qc != Q_R and name is not None:
                 if name in stored:
                     self.err("SFC002", _at("$.Actions", ai, ".Name"),
@@ -984,12 +994,13 @@ cdef class _Compiler:
             return -1
         return TK_EXIT
 
-    cdef void _v110(self, dict a, Py_ssize_t ai, int qual, int inter, int64_t timeout):
+    cdef void _v110(self, dict a, Py_ssize_t ai, int qual, int inter, int64_t timeout,
+                    int n_v110):
         self.v_hold = self.v_restart = self.v_subject = self.v_corr = None
         self.v_hold_timeout = 0
         self.v_retries = 0
         self.v_duration = 0
-        present = [k for k in V110_FIELDS if k in a]
+        present = [k for k in V110_FIELDS if k in a] if n_v110 else None
         if not present:
             if qual == Q_D or qual == Q_L:
                 q = QUALIFIER_NAMES[qual]
