@@ -264,14 +264,18 @@ class Engine:
                 raise self._fault_now(f"start failed: {_one_line(e)}") from e
 
     def quiescent(self) -> bool:
-        """Stopping may end: every Task at rest and no Mission Running."""
+        """Stopping may end: every Task at rest and no Mission Running.
+
+        A cancelled Mission is waited for until it is Canceled (the seed: "wait for
+        Canceled"), so no instance may be in progress: each is Idle or has ended.
+        """
         return (all(t.at_rest for t in self.tasks.values())
-                and not any(m.state == "Running" for m in self.instances.values()))
+                and not any(m.active for m in self.instances.values()))
 
     def _blockers(self) -> list[str]:
         return ([f"task {t.name} is {t.state}" for t in self.tasks.values() if not t.at_rest]
                 + [f"mission {m.id} is {m.state}" for m in self.instances.values()
-                   if m.state == "Running"])
+                   if m.active])
 
     async def stop(self) -> None:
         """Running -> Stopping -> Ready (when every Task is Stopped and no Mission runs)."""
