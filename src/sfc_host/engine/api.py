@@ -10,8 +10,10 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
+import os
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,6 +24,19 @@ if TYPE_CHECKING:
     from sfc_host.engine.tasks import TaskRunner
 
 log = logging.getLogger("sfc_host.engine")
+
+
+def describe(e: BaseException, script_file: str | None = None) -> str:
+    """``Type: message (file line N)``, the line being the innermost one of the script."""
+    text = f"{type(e).__name__}: {e}".replace("\n", " ")
+    if script_file:
+        line = 0
+        for frame, lineno in traceback.walk_tb(e.__traceback__):
+            if frame.f_code.co_filename == script_file:
+                line = lineno
+        if line:
+            text += f" ({os.path.basename(script_file)} line {line})"
+    return text
 
 
 class ScriptAPIError(RuntimeError):

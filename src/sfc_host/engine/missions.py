@@ -23,13 +23,12 @@ import contextlib
 import json
 import logging
 import time
-import traceback
 import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sfc_fast.machines import MISSION
-from sfc_host.engine.api import ScriptAPI
+from sfc_host.engine.api import ScriptAPI, describe
 from sfc_host.engine.script import MissionDef
 
 if TYPE_CHECKING:
@@ -253,7 +252,7 @@ class MissionInstance:
 
     def _fail(self, e: BaseException) -> None:
         self.error = e
-        self.error_text = "".join(traceback.format_exception_only(type(e), e)).strip()
+        self.error_text = describe(e, self.defn.file)
         self.api.log.error(f"mission raised {self.error_text}")
         log.error("mission %s raised %s", self.id, self.error_text,
                   exc_info=(type(e), e, e.__traceback__))

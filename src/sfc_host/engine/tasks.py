@@ -26,11 +26,10 @@ import asyncio
 import contextlib
 import logging
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 
 from sfc_fast.machines import TASK
-from sfc_host.engine.api import ScriptAPI
+from sfc_host.engine.api import ScriptAPI, describe
 from sfc_host.engine.script import TaskDef
 
 if TYPE_CHECKING:
@@ -252,7 +251,7 @@ class TaskRunner:
     def _on_error(self, e: BaseException) -> None:
         self.errors += 1
         self.error = e
-        self.error_text = "".join(traceback.format_exception_only(type(e), e)).strip()
+        self.error_text = describe(e, self.defn.file)
         log.error("task %s: execution raised %s", self.name, self.error_text,
                   exc_info=(type(e), e, e.__traceback__))
         self.api.log.error(f"execution raised {self.error_text}")
