@@ -267,15 +267,17 @@ class Engine:
         """Stopping may end: every Task at rest and no Mission Running.
 
         A cancelled Mission is waited for until it is Canceled (the seed: "wait for
-        Canceled"), so no instance may be in progress: each is Idle or has ended.
+        Canceled") and its record is saved (an ended instance leaves ``instances``
+        only then), so every instance left is Idle.
         """
         return (all(t.at_rest for t in self.tasks.values())
-                and not any(m.active for m in self.instances.values()))
+                and all(m.state == "Idle" for m in self.instances.values()))
 
     def _blockers(self) -> list[str]:
         return ([f"task {t.name} is {t.state}" for t in self.tasks.values() if not t.at_rest]
-                + [f"mission {m.id} is {m.state}" for m in self.instances.values()
-                   if m.active])
+                + [f"mission {m.id} is {m.state}" + (" (saving its record)" if m.terminal
+                                                     else "")
+                   for m in self.instances.values() if m.state != "Idle"])
 
     async def stop(self) -> None:
         """Running -> Stopping -> Ready (when every Task is Stopped and no Mission runs)."""
