@@ -167,6 +167,24 @@ def test_pause_takes_effect_at_the_next_yield(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_the_engine_stop_cancels_a_mission_caught_in_pausing(tmp_path: Path) -> None:
+    states: list[str] = []
+
+    async def main() -> None:
+        e = await running_engine(tmp_path)
+        g = e.missions["gated"].fn.__globals__
+        m = await e.start_mission("gated")
+        e.on_change(lambda _: states.append(m.state) if states[-1:] != [m.state] else None)
+        await until(lambda: "waiting at the gate" in g["TRACE"])
+        m.pause()
+        await e.stop()                       # the gate never opens
+        assert m.state == "Canceled" and e.state == "Ready"
+        assert "through the gate" not in g["TRACE"]
+
+    asyncio.run(main())
+    assert states == ["Pausing", "Paused", "Canceling", "Canceled"]
+
+
 def test_cancel_from_running_interrupts_the_step_and_runs_cleanup(tmp_path: Path) -> None:
     async def main() -> None:
         e = await running_engine(tmp_path)
