@@ -827,8 +827,7 @@ class _Run:
         if x is None or x["phase"] != OPEN or x["cmd_n"] != n:
             return                          # late or duplicate: absorbed
         self.settle(a["name"], "completed")
-        if ev.result is not None:
-            x["result"] = ev.result
+        x["result"] = ev.result             # the latest answer replaces the result
         self.advance()
 
     def on_failed(self, ev: Failed) -> None:
@@ -912,8 +911,7 @@ class _Run:
         if best is None:
             return
         self.settle(best["name"], "completed")
-        if ev.data is not None:
-            self.acts[best["name"]]["result"] = ev.data
+        self.acts[best["name"]]["result"] = ev.data
         self.advance()
 
     def matches(self, a: dict[str, Any], tpl: str | None, value: str | None) -> bool:
@@ -965,7 +963,7 @@ class _Run:
             if x["deadline"] is None or x["deadline"] > now:
                 continue
             if not a["push"]:
-                x["outcome"] = "timeout"
+                self.settle(name, "timeout")
                 self.abort(f"action {name!r} timed out waiting for {a['type']} after "
                            f"{a['timeout_ms'] / 1000:g} s")
                 break

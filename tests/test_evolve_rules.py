@@ -453,6 +453,23 @@ def test_pull_wait_times_out():
     j = Job(seq(("A", [pull("ev", "A", timeout=3)])), V100)
     d = j.apply(Tick(), at=4_000)
     assert d.status == "aborted" and "com.example.ev.v1" in d.reason
+    assert j.view()["actions"]["ev"]["outcome"] == "timeout"
+
+
+def test_the_latest_answer_replaces_an_earlier_rounds_result():
+    """action.field is the action's latest answer: an answer without fields clears the
+    result of an earlier round."""
+    r = seq(("A", [push("m", "A")]), ("B", [push("n", "B")]), ("C", []),
+            transitions=[{"Source": "A", "Target": "C",
+                          "Condition": "m.torque == null or m.torque >= 80"},
+                         {"Source": "A", "Target": "B", "Condition": "always", "Priority": 1},
+                         {"Source": "B", "Target": "A", "Condition": "always"}])
+    j = Job(r, V100)
+    j.apply(Completed("J:m#1", {"torque": 70}))
+    j.apply(Completed("J:n#2"))
+    assert j.view()["actions"]["m"]["result"] == {"torque": 70}     # kept while open
+    d = j.apply(Completed("J:m#3"))
+    assert d.status == "completed"
 
 
 def test_match_placeholders_select_the_event():

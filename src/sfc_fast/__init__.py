@@ -9,6 +9,7 @@ integer milliseconds.
 from sfc_fast import events
 from sfc_fast.deadlines import DeadlineIndex
 from sfc_fast.evolve import Command, Decision, evolve, evolve_many, job_index, open_command
+from sfc_fast.machines import ENGINE, JOB_ORDER, MISSION, TASK, InvalidTransition, Machine
 from sfc_fast.recipe import (
     SCHEMA_V100,
     SCHEMA_V110,
@@ -22,13 +23,19 @@ from sfc_fast.runner import Runner, job_of_command
 from sfc_fast.state import StateFormatError, state_to_json
 
 __all__ = [
+    "ENGINE",
+    "JOB_ORDER",
+    "MISSION",
     "SCHEMA_V100",
     "SCHEMA_V110",
+    "TASK",
     "Command",
     "DeadlineIndex",
     "Decision",
     "Graph",
     "GraphFormatError",
+    "InvalidTransition",
+    "Machine",
     "Problem",
     "RecipeError",
     "Runner",

@@ -579,8 +579,11 @@ cdef class _Run:
         if x.phase != PH_OPEN or x.cmd_n != n:
             return 0     # late or duplicate answer: absorbed
         self.settle(a, OC_COMPLETED)
+        # the latest answer replaces the result of an earlier round, also when it has none
         if ev.result is not None:
             self.keep_result(a, ev.result)
+        else:
+            self.s.set_result(a, None)
         self.advance()
         return 0
 
@@ -674,6 +677,8 @@ cdef class _Run:
         self.settle(best, OC_COMPLETED)
         if ev.data is not None:
             self.keep_result(best, ev.data)
+        else:
+            self.s.set_result(best, None)
         self.advance()
         return 0
 
@@ -729,7 +734,7 @@ cdef class _Run:
                 continue
             name = g.s(g.act_name[a])
             if g.act_inter[a] == I_PULL:
-                x.outcome = OC_TIMEOUT
+                self.settle(a, OC_TIMEOUT)
                 self.abort(f"action {name!r} timed out waiting for "
                            f"{g.s(g.act_type[a])} after {g.act_timeout_ms[a] / 1000:g} s")
                 break
