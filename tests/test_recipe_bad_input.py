@@ -119,3 +119,18 @@ def test_a_10mb_recipe_of_many_steps_is_refused_as_too_large() -> None:
 def test_large_recipes_within_limits_compile() -> None:
     g = compile_recipe(generated(10_000), V110)
     assert g.n_steps == 10_000
+
+
+def test_lone_surrogate_in_recipe_text_is_a_recipe_error() -> None:
+    """json.loads accepts a lone surrogate; the compiler refuses it instead of raising."""
+    import pytest as _pytest
+
+    from sfc_fast import RecipeError, compile_recipe
+
+    r = {"Steps": [{"Name": "A", "Initial": True}], "Transitions": [],
+         "Actions": [{"Name": "a", "Step": "A", "Qualifier": "N",
+                      "Interaction": "push_command", "TypeId": "x\ud800",
+                      "TimeoutSeconds": 5}]}
+    with _pytest.raises(RecipeError) as e:
+        compile_recipe(r, "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.0.0/")
+    assert "SFC014" in e.value.codes
