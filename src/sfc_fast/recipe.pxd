@@ -130,4 +130,5 @@ cdef class Graph:
     cdef list consts(self)
     cdef list refs(self)
     cdef object params(self, int a)
+    cdef dict action_names(self)
     cdef object eval_cond(self, int cond, CondContext ctx)

@@ -192,7 +192,6 @@ def _load(data):
     return data
 
 
-_BAD_NAME = re.compile(r"[\s\x00-\x1f\x7f]")
 #: Longest text field (names, type ids, conditions, Match templates).
 MAX_FIELD_CHARS = 65536
 #: Longest Parameters object of one action, as JSON.
@@ -214,16 +213,23 @@ cdef enum:
 _MAGIC = b"SFCG"
 
 
-def _i32_lengths(c):
-    S, B, P, PS, T, A, C, K, R, RS, CN, NS = c[:12]
-    return (S, S, S, S + 1, A,
-            S + B + 1, T,
-            T, T, T, T, T, T,
-            A, A, A, A, A, A, A, A, A, A, A, A,
-            B, B, B + 1,
-            P, P + 1, PS,
-            C + 1, K, R, R, R + 1, RS, CN,
-            NS + 1)
+cdef Py_ssize_t _table_lengths(const int32_t* c, Py_ssize_t* out) noexcept:
+    """Lengths of the int32 tables, in blob order, from the header counts; returns
+    their sum. The one place the layout is written down (pack, attach, arrays)."""
+    cdef int32_t S = c[0], B = c[1], P = c[2], PS = c[3], T = c[4], A = c[5], C = c[6]
+    cdef int32_t K = c[7], R = c[8], RS = c[9], CN = c[10], NS = c[11]
+    cdef Py_ssize_t k, total = 0
+    out[:N_I32] = [S, S, S, S + 1, A,
+                   S + B + 1, T,
+                   T, T, T, T, T, T,
+                   A, A, A, A, A, A, A, A, A, A, A, A,
+                   B, B, B + 1,
+                   P, P + 1, PS,
+                   C + 1, K, R, R, R + 1, RS, CN,
+                   NS + 1]
+    for k in range(N_I32):
+        total += out[k]
+    return total
 
 
 # ---------------------------------------------------------------- compiler
@@ -901,16 +907,8 @@ cdef class _Compiler:
     cdef bytes _pack(self, int32_t* c):
         cdef Py_ssize_t lengths[N_I32]
         cdef Py_ssize_t k, n32 = 0, off, n
-        cdef int32_t S = c[0], B = c[1], P = c[2], PS = c[3], T = c[4], A = c[5], C = c[6]
-        cdef int32_t K = c[7], R = c[8], RS = c[9], CN = c[10], NS = c[11], SB = c[12]
-        lengths[:] = [S, S, S, S + 1, A,
-                      S + B + 1, T,
-                      T, T, T, T, T, T,
-                      A, A, A, A, A, A, A, A, A, A, A, A,
-                      B, B, B + 1,
-                      P, P + 1, PS,
-                      C + 1, K, R, R, R + 1, RS, CN,
-                      NS + 1]
+        cdef int32_t A = c[5], SB = c[12]
+        _table_lengths(c, lengths)
         for k in range(N_I32):
             if self.t[k].size != lengths[k]:
                 raise AssertionError(f"graph table {k} of length {self.t[k].size}, "
@@ -1310,15 +1308,19 @@ cdef class Graph:
             self._step_index = {self.s(self.step_name[i]): i for i in range(self.n_steps)}
         return self._step_index[name]
 
-    def action_index(self, str name) -> int:
-        """Index of the stored (non-reset) association of an action name."""
+    cdef dict action_names(self):
+        """Action name -> its stored (non-reset) association; built once."""
         if self._action_index is None:
             d = {}
             for i in range(self.n_actions):
                 if self.act_qual[i] != Q_R:
                     d[self.s(self.act_name[i])] = i
             self._action_index = d
-        return self._action_index[name]
+        return self._action_index
+
+    def action_index(self, str name) -> int:
+        """Index of the stored (non-reset) association of an action name."""
+        return self.action_names()[name]
 
     def branch_index(self, str name) -> int:
         if self._branch_index is None:
@@ -1427,9 +1429,12 @@ cdef class Graph:
     def arrays(self) -> dict:
         """Read-only numpy views of the int32/int64 tables (for inspection)."""
         import numpy as np
-        counts = (self.n_steps, self.n_branches, self.n_paths, self.n_path_steps,
-                  self.n_transitions, self.n_actions, self.n_conds, self.n_code, self.n_refs,
-                  self.n_ref_segs, self.n_consts, self.n_strings)
+        cdef int32_t counts[12]
+        cdef Py_ssize_t lengths[N_I32]
+        counts[:] = [self.n_steps, self.n_branches, self.n_paths, self.n_path_steps,
+                     self.n_transitions, self.n_actions, self.n_conds, self.n_code,
+                     self.n_refs, self.n_ref_segs, self.n_consts, self.n_strings]
+        _table_lengths(counts, lengths)
         names = ("step_name", "step_flags", "step_path", "step_act_off", "step_acts",
                  "node_out_off", "node_out", "tr_source", "tr_target", "tr_priority", "tr_cond",
                  "tr_kind", "tr_text", "act_name", "act_step", "act_qual", "act_inter",
@@ -1439,7 +1444,8 @@ cdef class Graph:
                  "ref_kind", "ref_action", "ref_seg_off", "ref_segs", "const_text", "str_off")
         out = {}
         off = HEADER_SIZE
-        for name, n in zip(names, _i32_lengths(counts)):
+        for k, name in enumerate(names):
+            n = lengths[k]
             out[name] = np.frombuffer(self._blob, dtype="<i4", count=n, offset=off)
             off += 4 * n
         off += (8 - off % 8) % 8
@@ -1476,8 +1482,8 @@ cdef int _attach(Graph g, bytes blob) except -1:
     cdef int32_t N = S + B
     if S < 1 or not (0 <= c[13] < S):
         raise GraphFormatError("graph has no initial step")
-    n32 = (4 * S + 1 + A + N + 1 + T + 6 * T + 12 * A + 3 * B + 1 + P + P + 1 + PS
-           + C + 1 + K + 3 * R + 1 + RS + CN + NS + 1)
+    cdef Py_ssize_t lengths[N_I32]
+    n32 = _table_lengths(c, lengths)
     off = HEADER_SIZE + 4 * n32
     off += (8 - off % 8) % 8
     if size != off + 3 * 8 * A + SB:
