@@ -24,7 +24,7 @@ from sfc_fast.events import (
     Start,
     Tick,
 )
-from sfc_fast.evolve import evolve
+from sfc_fast.evolve import evolve, job_index
 from sfc_fast.state import StateFormatError, state_to_json
 
 QUALS = ["N", "N", "N", "P", "P1", "P0", "S", "L", "D"]
@@ -151,6 +151,9 @@ def test_invariants_over_random_runs(data) -> None:
         opened = [v["command_id"] for v in after["actions"].values()
                   if v["phase"] == "open" and v["command_id"]]
         assert len(opened) == len(set(opened))
+        # the waits index changes are exactly the difference of the waited-for types
+        w0, w1 = set(job_index(g, state)[2]), set(job_index(g, dec.state)[2])
+        assert set(dec.waits_added) == w1 - w0 and set(dec.waits_removed) == w0 - w1
         # the codec round-trips: decoding what we wrote gives the same view
         assert state_to_json(g, dec.state) == after
         state = dec.state

@@ -159,17 +159,6 @@ cdef class _Ctx(CondContext):
 
 # ---------------------------------------------------------------- one call
 
-cdef dict _name_index(Graph g):
-    # name -> stored (non-R) association; cached on the graph like Graph.action_index
-    if g._action_index is None:
-        d = {}
-        for i in range(g.n_actions):
-            if g.act_qual[i] != Q_R:
-                d[g.s(g.act_name[i])] = i
-        g._action_index = d
-    return g._action_index
-
-
 cdef class _Run:
     cdef Graph g
     cdef State s
@@ -179,6 +168,7 @@ cdef class _Run:
     cdef list job_tr
     cdef bint changed
     cdef bint waits_dirty         # a pull wait opened or closed, or the status changed
+    cdef dict was_open            # pull action -> open before this call (first touch)
     cdef int entries
     cdef _Ctx ctx                 # made on the first condition that needs one
     cdef dict fresh               # action -> result object set by this call (no re-parse)
@@ -191,6 +181,31 @@ cdef class _Run:
         ctx.parsed = self.fresh if self.fresh is not None else {}
         ctx.src_step = -1
         self.ctx = ctx
+
+    cdef void touch(self, int a):
+        """Note a pull action's phase before this call changes it (for the waits diff)."""
+        if self.g.act_inter[a] != I_PULL:
+            return
+        if self.was_open is None:
+            self.was_open = {}
+        if a not in self.was_open:
+            self.was_open[a] = self.s.acts[a].phase == PH_OPEN
+        self.waits_dirty = True
+
+    cdef set waits_before(self):
+        """The waited-for types before this call: now, with touched actions as they were."""
+        cdef Graph g = self.g
+        cdef int a
+        cdef set out = set()
+        for a in range(g.n_actions):
+            if g.act_inter[a] != I_PULL:
+                continue
+            if self.was_open is not None and a in self.was_open:
+                if self.was_open[a]:
+                    out.add(g.s(g.act_type[a]))
+            elif self.s.acts[a].phase == PH_OPEN:
+                out.add(g.s(g.act_type[a]))
+        return out
 
     cdef void keep_result(self, int a, dict result):
         self.s.set_result(a, canonical_dumps(result).encode("utf-8"))
@@ -240,6 +255,7 @@ cdef class _Run:
         """Start an attempt of action a now (qualifier rules decided that it starts)."""
         cdef Graph g = self.g
         cdef ActSt* x = &self.s.acts[a]
+        self.touch(a)
         x.round = self.s.step_round[g.act_step[a]]
         x.attempt = 1
         x.outcome = OC_NONE
@@ -259,7 +275,6 @@ cdef class _Run:
             self.emit(a, x.cmd_n, False, False, x.deadline)
         else:
             x.cmd_n = 0
-            self.waits_dirty = True
         self.changed = True
         return 0
 
@@ -303,6 +318,7 @@ cdef class _Run:
 
     cdef void settle(self, int a, int outcome):
         cdef ActSt* x = &self.s.acts[a]
+        self.touch(a)
         x.phase = PH_DONE
         x.outcome = outcome
         x.deadline = NO_TIME
@@ -312,8 +328,6 @@ cdef class _Run:
         x.flags &= ~AF_RESTART
         x.done_at = self.now
         self.changed = True
-        if self.g.act_inter[a] == I_PULL:
-            self.waits_dirty = True
 
     cdef void withdraw_all(self, bint only_non_holding):
         """Settle open work as cancelled (later answers are absorbed by id)."""
@@ -360,9 +374,11 @@ cdef class _Run:
                 if self.s.acts[r].phase == PH_OPEN or self.s.acts[r].phase == PH_DELAYED:
                     self.settle(r, OC_CANCELLED)
             elif q == Q_P0:
+                self.touch(a)       # a wait of an earlier round may still be open
                 x.phase = PH_WAIT_EXIT
                 x.round = self.s.step_round[st]
             elif q == Q_D:
+                self.touch(a)
                 x.phase = PH_DELAYED
                 x.outcome = OC_NONE
                 x.round = self.s.step_round[st]
@@ -538,7 +554,7 @@ cdef class _Run:
     # ---- answers
 
     cdef int parse(self, str cid, int64_t* n, bint* is_hold) except -2:
-        """Action index of a command id of this job, or -1 (not ours, malformed)."""
+        """Push action a command id of this job names, or -1 (not ours, malformed)."""
         cdef str job = self.s.job
         cdef Py_ssize_t lj = len(job), ln = len(cid), end = ln, i, digits = 0
         cdef int64_t v = 0, mul = 1
@@ -562,8 +578,8 @@ cdef class _Run:
         if digits == 0 or i <= lj + 1 or cid[i] != u"#":
             return -1
         n[0] = v
-        a = _name_index(self.g).get(cid[lj + 1:i])
-        if a is None:
+        a = self.g.action_names().get(cid[lj + 1:i])
+        if a is None or self.g.act_inter[<int>a] != I_PUSH:
             return -1
         return a
 
@@ -571,7 +587,7 @@ cdef class _Run:
         cdef int64_t n = 0
         cdef bint is_hold = False
         cdef int a = self.parse(ev.command_id, &n, &is_hold)
-        if a < 0 or self.g.act_inter[a] != I_PUSH:
+        if a < 0:
             return 0
         if is_hold:
             # a hold command answered "completed": the equipment holds the work
@@ -592,7 +608,7 @@ cdef class _Run:
         cdef int64_t n = 0
         cdef bint is_hold = False
         cdef int a = self.parse(ev.command_id, &n, &is_hold)
-        if a < 0 or self.g.act_inter[a] != I_PUSH:
+        if a < 0:
             return 0
         if is_hold:
             return self.on_not_held_n(a, n)
@@ -645,7 +661,7 @@ cdef class _Run:
         cdef int64_t n = 0
         cdef bint is_hold = False
         cdef int a = self.parse(cid, &n, &is_hold)
-        if a < 0 or self.g.act_inter[a] != I_PUSH:
+        if a < 0:
             return 0
         if held:
             return self.on_held_n(a, n, is_hold)
@@ -1014,8 +1030,7 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
     d.waits_added = d.waits_removed = _EMPTY
     if r.waits_dirty:
         if old_waits is None:
-            # the wait set before this call, from the bytes we started with
-            old_waits = _waits(g, decode_state(g, before))
+            old_waits = r.waits_before()     # the call began on a running job
         new_waits = _waits(g, s)
         if new_waits != old_waits:
             d.waits_added = tuple(sorted(new_waits - old_waits))
@@ -1077,7 +1092,7 @@ def open_command(Graph graph, state, str action):
     While held, the open hold command of the action is returned instead (if any).
     """
     cdef State s = decode_state(graph, state)
-    a = _name_index(graph).get(action)
+    a = graph.action_names().get(action)
     if a is None or s.status != ST_RUNNING:
         return None
     cdef int ai = a
