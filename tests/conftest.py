@@ -34,15 +34,20 @@ def _missing(e: ServerMissing) -> None:
     pytest.skip(msg)
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def _serve(cls: type, workdir: Path) -> Iterator:
+    """Start a server for the session (skip or fail when its binary is missing)."""
     try:
-        server = RedisServer(tmp_path_factory.mktemp("redis"))
+        server = cls(workdir)
     except ServerMissing as e:
         _missing(e)
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    yield from _serve(RedisServer, tmp_path_factory.mktemp("redis"))
 
 
 @pytest.fixture(scope="session")
@@ -52,13 +57,7 @@ def redis_url(redis_server: RedisServer) -> str:
 
 @pytest.fixture(scope="session")
 def mosquitto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoServer]:
-    try:
-        server = MosquittoServer(tmp_path_factory.mktemp("mosquitto"))
-    except ServerMissing as e:
-        _missing(e)
-    server.start()
-    yield server
-    server.stop()
+    yield from _serve(MosquittoServer, tmp_path_factory.mktemp("mosquitto"))
 
 
 @pytest.fixture(scope="session")
