@@ -1,4 +1,5 @@
-"""Shared fixtures: real redis-server and mosquitto, started once per test session.
+"""Shared fixtures: real redis-server, a Redis Cluster and mosquitto, started once per test
+session.
 
 Outside CI a missing binary skips the tests that need it, with the reason; under
 ``CI=true`` it fails them, so a CI machine without the servers cannot pass quietly.
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servers import MosquittoServer, RedisServer, ServerMissing, in_ci
+from servers import MosquittoServer, RedisClusterServer, RedisServer, ServerMissing, in_ci
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_RECIPES = REPO.parent / "shared" / "reference" / "recipes"
@@ -53,6 +54,12 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 @pytest.fixture(scope="session")
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServer]:
+    """Three redis-server masters in one cluster (slots spread evenly, no replicas)."""
+    yield from _serve(RedisClusterServer, tmp_path_factory.mktemp("redis-cluster"))
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
-"""Real servers for the tests: redis-server and mosquitto on free loopback ports.
+"""Real servers for the tests: redis-server (single and cluster) and mosquitto on free
+loopback ports.
 
 Each server gets its own data folder under a temp dir, is waited for until it answers
-its protocol (PING / CONNACK), and is stopped at the end. Fault tests use
-``restart()``/``stop()``/``start()``.
+its protocol (PING / CONNACK; a cluster: ``cluster_state:ok`` on every node), and is
+stopped at the end. Fault tests use ``restart()``/``stop()``/``start()``.
 """
 
 from __future__ import annotations
@@ -119,6 +120,149 @@ class RedisServer(_Server):
         with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
             s.sendall(b"*1\r\n$4\r\nPING\r\n")
             return s.recv(64).startswith(b"+PONG")
+
+
+def _command(port: int, *args: str | int, timeout: float = 2.0) -> bytes | int:
+    """Send one command to a Redis on loopback; the reply of a simple, integer or bulk string.
+
+    An error reply raises RuntimeError with its text.
+    """
+    parts = [str(a).encode() for a in args]
+    out = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+    with (socket.create_connection(("127.0.0.1", port), timeout=timeout) as s,
+          s.makefile("rb") as f):
+        s.sendall(out)
+        line = f.readline().rstrip(b"\r\n")
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return b"" if n < 0 else f.read(n + 2)[:n]
+        if kind == b"-":
+            raise RuntimeError(f"redis on port {port}: {rest.decode(errors='replace')}")
+        raise RuntimeError(f"redis on port {port}: unexpected reply {line[:80]!r}")
+
+
+class RedisClusterServer:
+    """A Redis Cluster of ``n_masters`` master nodes (no replicas), each a ``RedisServer``.
+
+    Every node has its own folder ``node{i}`` (with its ``nodes.conf``) under ``workdir``,
+    a free client port and a free cluster-bus port (``--cluster-port``, so the bus does not
+    depend on ``port + 10000`` being free). ``start()`` starts the nodes, spreads the 16384
+    slots evenly, joins them with CLUSTER MEET and waits until every node reports
+    ``cluster_state:ok``; if anything fails it stops what it started before raising.
+    """
+
+    name = "redis-cluster"
+
+    def __init__(self, workdir: Path, n_masters: int = 3, *,
+                 node_timeout_ms: int = 2000) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        taken: set[int] = set()
+        self.nodes: list[RedisServer] = []
+        self.bus_ports: list[int] = []
+        for i in range(n_masters):
+            port, bus = self._fresh_port(taken), self._fresh_port(taken)
+            extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-node-timeout", str(node_timeout_ms), "--cluster-port", str(bus)]
+            self.nodes.append(RedisServer(workdir / f"node{i}", port, extra=extra))
+            self.bus_ports.append(bus)
+
+    @staticmethod
+    def _fresh_port(taken: set[int]) -> int:
+        while True:
+            p = free_port()
+            if p not in taken:
+                taken.add(p)
+                return p
+
+    @property
+    def ports(self) -> list[int]:
+        return [n.port for n in self.nodes]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.nodes[0].port}"
+
+    @property
+    def startup_nodes(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", n.port) for n in self.nodes]
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        for node in self.nodes:  # a fresh cluster each start, not the last one's config
+            (node.workdir / "nodes.conf").unlink(missing_ok=True)
+            node.start()
+        n = len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            first, last = i * 16384 // n, (i + 1) * 16384 // n - 1
+            _command(node.port, "CLUSTER", "ADDSLOTSRANGE", first, last)
+            _command(node.port, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+        # every pair meets directly: no waiting for gossip to introduce them (~1 s a hop)
+        for i, node in enumerate(self.nodes):
+            for other, bus in zip(self.nodes[i + 1:], self.bus_ports[i + 1:], strict=True):
+                _command(node.port, "CLUSTER", "MEET", "127.0.0.1", other.port, bus)
+        self._wait_ok()
+
+    def _states(self) -> list[str]:
+        states = []
+        for node in self.nodes:
+            try:
+                info = _command(node.port, "CLUSTER", "INFO")
+            except (OSError, RuntimeError) as e:
+                states.append(f"port {node.port}: {e}")
+                continue
+            fields = dict(line.split(":", 1) for line in bytes(info).decode().split()
+                          if ":" in line)
+            states.append(f"port {node.port}: cluster_state:{fields.get('cluster_state')} "
+                          f"known_nodes:{fields.get('cluster_known_nodes')} "
+                          f"slots_ok:{fields.get('cluster_slots_ok')}")
+        return states
+
+    def _wait_ok(self) -> None:
+        want = [f"port {p}: cluster_state:ok known_nodes:{len(self.nodes)} slots_ok:16384"
+                for p in self.ports]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        states: list[str] = []
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if node.proc is not None and node.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} node on port {node.port} exited with "
+                                       f"{node.proc.returncode}:\n{self._tails()}")
+            states = self._states()
+            if states == want:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ok within {START_TIMEOUT_S} s:\n"
+                           + "\n".join(states) + "\n" + self._tails())
+
+    def _tails(self) -> str:
+        out = []
+        for node in self.nodes:
+            tail = node.log.read_text(errors="replace")[-1000:] if node.log.exists() else ""
+            out.append(f"--- {node.log}\n{tail}")
+        return "\n".join(out)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop every node (also those of a start that failed midway)."""
+        errors: list[BaseException] = []
+        for node in self.nodes:
+            try:
+                node.stop(sig)
+            except BaseException as e:  # stop the others before raising
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
 
 class MosquittoServer(_Server):

@@ -7,7 +7,9 @@ import asyncio
 import aiomqtt
 import pytest
 import redis.asyncio as aioredis
-from servers import RedisServer, ServerMissing
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ClusterCrossSlotError, RedisClusterException
+from servers import RedisClusterServer, RedisServer, ServerMissing
 
 
 def test_redis_fixture_is_a_real_redis_server(redis_url: str) -> None:
@@ -19,6 +21,44 @@ def test_redis_fixture_is_a_real_redis_server(redis_url: str) -> None:
             info = await r.info("server")
             assert int(str(info["redis_version"]).split(".")[0]) >= 6
             await r.delete("harness:probe")
+
+    asyncio.run(main())
+
+
+def test_redis_cluster_fixture_spreads_keys_and_refuses_cross_slot_scripts(
+        redis_cluster: RedisClusterServer) -> None:
+    assert len(redis_cluster.ports) == 3
+    assert redis_cluster.startup_nodes == [("127.0.0.1", p) for p in redis_cluster.ports]
+    script = "redis.call('SET', KEYS[1], ARGV[1]); return redis.call('INCR', KEYS[2])"
+
+    async def main() -> None:
+        rc = RedisCluster.from_url(redis_cluster.url)
+        try:
+            await rc.initialize()
+            keys = [f"harness:cluster:{i}" for i in range(30)]
+            for k in keys:
+                await rc.set(k, k)
+            owners = {rc.get_node_from_key(k).port for k in keys}
+            assert owners == set(redis_cluster.ports)  # every master holds some of them
+            assert [await rc.get(k) for k in keys] == [k.encode() for k in keys]
+
+            same = ["{scope1}:state", "{scope1}:count"]
+            assert await rc.eval(script, 2, *same, "on") == 1
+            assert await rc.eval(script, 2, *same, "on") == 2
+            assert await rc.get("{scope1}:state") == b"on"
+
+            other = ["{scope1}:state", "{scope2}:count"]
+            with pytest.raises(RedisClusterException, match="same key slot"):
+                await rc.eval(script, 2, *other, "off")  # the client refuses it already
+            # sent anyway, the server refuses it: the CROSSSLOT reply
+            with pytest.raises(ClusterCrossSlotError):
+                await rc.execute_command("EVAL", script, 2, *other, "off",
+                                         target_nodes=rc.get_node_from_key(other[0]))
+            assert await rc.get("{scope1}:state") == b"on"
+            assert await rc.exists("{scope2}:count") == 0
+            await rc.delete(*keys, *same)
+        finally:
+            await rc.aclose()
 
     asyncio.run(main())
 
