@@ -8,7 +8,15 @@ integer milliseconds.
 
 from sfc_fast import events
 from sfc_fast.deadlines import DeadlineIndex
-from sfc_fast.evolve import Command, Decision, evolve, evolve_many, job_index, open_command
+from sfc_fast.evolve import (
+    Command,
+    Decision,
+    evolve,
+    evolve_many,
+    job_index,
+    open_command,
+    sent_markers,
+)
 from sfc_fast.machines import ENGINE, JOB_ORDER, MISSION, TASK, InvalidTransition, Machine
 from sfc_fast.recipe import (
     SCHEMA_V100,
@@ -47,6 +55,7 @@ __all__ = [
     "job_index",
     "job_of_command",
     "open_command",
+    "sent_markers",
     "state_to_json",
 ]
 

@@ -1114,3 +1114,31 @@ def open_command(Graph graph, state, str action):
             return None
         r.emit(ai, x.cmd_n, False, (x.flags & AF_RESTART) != 0, x.deadline)
     return r.commands[0]
+
+
+def sent_markers(Graph graph, state) -> tuple:
+    """``(started_at, ((field, command_id), ...))`` for every open push attempt.
+
+    ``field`` is the job hash's marker field the host writes once that command went
+    out (``sent:{action}``, ``sent:{action}:hold`` for a hold command), with the value
+    ``{started_at}:{command_id}``. A command whose marker does not match never went
+    out: it belongs in ``Tick.unsent``. Open attempts of an ended job are none.
+    """
+    cdef State s = decode_state(graph, state)
+    cdef list out = []
+    cdef int ai
+    cdef ActSt* x
+    cdef str name, cid
+    if s.status == ST_RUNNING:
+        for ai in range(graph.n_actions):
+            x = &s.acts[ai]
+            if graph.act_inter[ai] != I_PUSH or x.phase != PH_OPEN:
+                continue
+            name = graph.s(graph.act_name[ai])
+            if x.cmd_n > 0 and x.hold != HP_HELD:
+                cid = f"{s.job}:{name}#{x.cmd_n}"
+                out.append(("sent:" + name, cid))
+            if x.hold == HP_OPEN and x.hold_n > 0:
+                cid = f"{s.job}:{name}#{x.hold_n}:hold"
+                out.append(("sent:" + name + ":hold", cid))
+    return s.started_at, tuple(out)

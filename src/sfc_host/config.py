@@ -1,0 +1,136 @@
+"""Every setting of a host instance, in one dataclass.
+
+Sources, later ones winning: the defaults below, a TOML file (top-level keys or a
+``[host]`` table), environment variables ``SFC_<NAME>`` (``SFC_READ_COUNT=200``), and
+explicit overrides (the CLI's flags). Unknown keys and wrong types are refused with
+one clear line naming the setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used (unknown name, wrong type, out of range)."""
+
+
+@dataclass
+class HostConfig:
+    # Redis
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_cluster: bool = False          # talk to a Redis Cluster (scopes spread by hash tag)
+    redis_pool_size: int = 16            # connections in the shared pool
+    # Work streams (one consumer group per host deployment)
+    group: str = "sfc-host"
+    consumer: str = ""                   # default: hostname-pid
+    scopes: list[str] = field(default_factory=list)  # served from the start (more are discovered)
+    read_count: int = 128                # entries per stream per XREADGROUP
+    read_block_ms: int = 100             # longest wait for new entries when idle
+    discover_interval_ms: int = 1000     # how often the scope registry is read
+    claim_min_idle_ms: int = 30_000      # an entry pending this long is taken over
+    claim_interval_ms: int = 5_000       # XAUTOCLAIM at most this often per scope
+    max_deliveries: int = 5              # then the entry goes to the dead stream
+    cas_rounds: int = 4                  # reads again after a lost race, then leaves it
+    trim_acked: bool = True              # delete acked entries (one group per stream)
+    # Time
+    sweep_interval_ms: int = 200         # how often each scope's due jobs are popped
+    sweep_limit: int = 1000              # jobs popped per scope and sweep
+    outage_threshold_ms: int = 10_000    # a heartbeat older than this is an outage
+    # Answers from equipment
+    answer_batch: int = 512              # answers settled together
+    # Caches
+    graph_cache_size: int = 512          # compiled recipes kept in memory
+    # Logging
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def consumer_name(self) -> str:
+        return self.consumer or f"{socket.gethostname()}-{os.getpid()}"
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.type == "int" and (not isinstance(v, int) or isinstance(v, bool)):
+                raise ConfigError(f"setting {f.name}: expected an integer, got {v!r}")
+            if f.type == "bool" and not isinstance(v, bool):
+                raise ConfigError(f"setting {f.name}: expected true or false, got {v!r}")
+            if f.type == "str" and not isinstance(v, str):
+                raise ConfigError(f"setting {f.name}: expected a string, got {v!r}")
+            if f.type == "int" and v < 0:
+                raise ConfigError(f"setting {f.name}: must not be negative, got {v}")
+        if not isinstance(self.scopes, list) or not all(isinstance(s, str) for s in self.scopes):
+            raise ConfigError(f"setting scopes: expected a list of strings, got {self.scopes!r}")
+        for name in ("read_count", "sweep_interval_ms", "sweep_limit", "answer_batch",
+                     "cas_rounds", "max_deliveries", "graph_cache_size", "redis_pool_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"setting {name}: must be at least 1")
+        if self.outage_threshold_ms <= self.sweep_interval_ms:
+            raise ConfigError("setting outage_threshold_ms: must be longer than "
+                              "sweep_interval_ms")
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, *, env: Mapping[str, str] | None = None,
+             **overrides: Any) -> HostConfig:
+        values: dict[str, Any] = {}
+        if path is not None:
+            values.update(_from_toml(Path(path)))
+        values.update(_from_env(os.environ if env is None else env))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"unknown setting {unknown[0]!r}")
+        return cls(**values)
+
+
+def _from_toml(path: Path) -> dict[str, Any]:
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
+    host = doc.pop("host", {})
+    if not isinstance(host, dict):
+        raise ConfigError(f"{path}: [host] must be a table")
+    other = {k: v for k, v in doc.items() if not isinstance(v, dict)}
+    return {**other, **host}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(HostConfig):
+        raw = env.get("SFC_" + f.name.upper())
+        if raw is None:
+            continue
+        out[f.name] = _parse(f.name, f.type, raw)
+    return out
+
+
+def _parse(name: str, typ: Any, raw: str) -> Any:
+    if typ == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"SFC_{name.upper()}: expected an integer, got {raw!r}") from None
+    if typ == "bool":
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"SFC_{name.upper()}: expected true or false, got {raw!r}")
+    if typ == "list[str]":
+        return [s.strip() for s in raw.split(",") if s.strip()]
+    return raw

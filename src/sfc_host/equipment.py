@@ -1,0 +1,131 @@
+"""Sending commands to equipment: the command sink interface, an in-process sink, and
+the dispatcher that turns ``dispatch:{action}`` entries into sent commands.
+
+A command goes out only if its id is the action's open one now (``open_command``),
+and not if the sent marker ``sent:{action} = {startedAt}:{commandId}`` already says
+so. The marker is written after the sink has queued the command: a crash in between
+sends that id twice (receivers deduplicate by id), and no command is ever lost. A
+hold command for work that never went out is answered "not held" by the host itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from sfc_fast import Command, open_command, sent_markers
+from sfc_fast.events import NotHeld
+from sfc_host.jobs import Item, Settler
+from sfc_host.metrics import Metrics
+from sfc_host.store import Store
+
+log = logging.getLogger("sfc_host.equipment")
+
+
+class CommandSink(Protocol):
+    """Where commands go (the MQTT link implements it).
+
+    ``send`` queues the commands and returns, per command, whether it was queued
+    (False: the queue was full; the action's deadline dispatches it again).
+    """
+
+    async def send(self, commands: Sequence[Command]) -> Sequence[bool]: ...
+
+
+class InProcessSink:
+    """Commands to an in-process callback or queue (tests, benchmarks, the demo)."""
+
+    def __init__(self, on_command: Callable[[Command], Any] | None = None,
+                 maxsize: int = 0) -> None:
+        self.on_command = on_command
+        self.queue: asyncio.Queue[Command] = asyncio.Queue(maxsize)
+        self.sent = 0
+        self.full = 0
+
+    async def send(self, commands: Sequence[Command]) -> list[bool]:
+        out = []
+        for c in commands:
+            if self.on_command is not None:
+                self.on_command(c)
+                ok = True
+            else:
+                try:
+                    self.queue.put_nowait(c)
+                    ok = True
+                except asyncio.QueueFull:
+                    ok = False
+            if ok:
+                self.sent += 1
+            else:
+                self.full += 1
+            out.append(ok)
+        return out
+
+
+class Dispatcher:
+    def __init__(self, store: Store, settler: Settler, sink: CommandSink,
+                 metrics: Metrics) -> None:
+        self.store = store
+        self.settler = settler
+        self.sink = sink
+        self.metrics = metrics
+
+    async def dispatch(self, entries: Sequence[tuple[str, str, str, str]]) -> None:
+        """Send the commands of ``(scope, job, action, command_id)`` entries."""
+        if not entries:
+            return
+        wanted: dict[str, list[str]] = {}
+        for scope, job, _, _ in entries:
+            jobs = wanted.setdefault(scope, [])
+            if job not in jobs:
+                jobs.append(job)
+        rows = await self.store.load(wanted)
+        to_send: list[Command] = []
+        marks: list[tuple[str, str, str, str]] = []   # scope, job, field, value
+        not_held: list[Item] = []
+        seen: set[str] = set()
+        for scope, job, action, cid in entries:
+            row = rows[scope][1][job]
+            if row.state is None or row.fingerprint is None or cid in seen:
+                self.metrics.inc("dispatch_skipped")
+                continue
+            graph = await self.store.graph(scope, row.fingerprint)
+            if graph is None:
+                self.metrics.inc("dispatch_skipped")
+                log.error("job %s/%s: recipe %s is not stored; %s not sent", scope, job,
+                          row.fingerprint, cid)
+                continue
+            cmd = open_command(graph, row.state, action)
+            if cmd is None or cmd.command_id != cid:
+                self.metrics.inc("dispatch_skipped")   # settled, superseded or ended
+                continue
+            started = sent_markers(graph, row.state)[0]
+            field = f"sent:{action}:hold" if cmd.hold else f"sent:{action}"
+            value = f"{started}:{cid}"
+            if row.markers.get(field.encode()) == value.encode():
+                self.metrics.inc("dispatch_already_sent")
+                continue
+            seen.add(cid)
+            if cmd.hold:
+                work = cid[:-5]
+                if row.markers.get(f"sent:{action}".encode()) != f"{started}:{work}".encode():
+                    not_held.append(Item(scope, job, [NotHeld(cid)]))
+                    self.metrics.inc("hold_answered_not_held")
+                    continue
+            to_send.append(cmd)
+            marks.append((scope, job, field, value))
+        if to_send:
+            queued = await self.sink.send(to_send)
+            by_scope: dict[str, list[tuple[str, str, str]]] = {}
+            for (scope, job, field, value), ok in zip(marks, queued, strict=True):
+                if ok:
+                    by_scope.setdefault(scope, []).append((job, field, value))
+                else:
+                    self.metrics.inc("queue_full")
+            n = sum(len(v) for v in by_scope.values())
+            self.metrics.inc("commands_sent", n)
+            await self.store.write_markers(by_scope)
+        if not_held:
+            await self.settler.settle(not_held)

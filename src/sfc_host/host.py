@@ -1,0 +1,260 @@
+"""One host instance: the driver around the core, on Redis.
+
+Tasks: the consumer (work entries of every known scope), the answer applier (equipment
+answers, settled in batches), the sweeper (due jobs and heartbeats), and discovery
+(new scopes from the registry). Recovery runs once at start. Any number of instances
+may share the same Redis: consumer groups split the entries, the compare-and-set
+scripts settle every race.
+
+    async with Host(HostConfig(redis_url=...), sink) as host:
+        await host.orders.store_order("line1", order, start=True)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from sfc_fast import state_to_json
+from sfc_fast.events import BaseEvent
+from sfc_fast.runner import job_of_command
+from sfc_host.config import HostConfig
+from sfc_host.equipment import CommandSink, Dispatcher, InProcessSink
+from sfc_host.jobs import APPLIED, CONFLICT, ERROR, MISSING, Item, Settler
+from sfc_host.keys import SCOPES, check_scope
+from sfc_host.metrics import Metrics
+from sfc_host.orders import Orders
+from sfc_host.recovery import recover_scope
+from sfc_host.scripts import Scripts
+from sfc_host.store import GraphCache, Store
+from sfc_host.stream import Streams
+from sfc_host.sweep import Sweeper
+from sfc_host.work import WorkHandler
+
+log = logging.getLogger("sfc_host")
+
+ERROR_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+def connect(config: HostConfig) -> Any:
+    """The shared client (a pool of connections) for a config."""
+    if config.redis_cluster:
+        from redis.asyncio.cluster import RedisCluster
+        return RedisCluster.from_url(config.redis_url)
+    return aioredis.Redis.from_url(config.redis_url, max_connections=config.redis_pool_size)
+
+
+class Host:
+    def __init__(self, config: HostConfig | None = None, sink: CommandSink | None = None,
+                 *, on_end: Callable[[str, str, Any], None] | None = None,
+                 client: Any = None, loops: bool = True) -> None:
+        self.config = config or HostConfig()
+        self.sink = sink if sink is not None else InProcessSink()
+        self.metrics = Metrics()
+        self.client = client if client is not None else connect(self.config)
+        self._own_client = client is None
+        self.scripts = Scripts(self.client)
+        self.store = Store(self.client, self.scripts, GraphCache(self.config.graph_cache_size))
+        self.settler = Settler(self.store, self.config, self.metrics, on_end)
+        self.dispatcher = Dispatcher(self.store, self.settler, self.sink, self.metrics)
+        self.orders = Orders(self.store, self.scripts, self.metrics)
+        self.streams = Streams(self.client, self.scripts, self.config, self.metrics,
+                               cluster=self.config.redis_cluster)
+        self.work = WorkHandler(self.store, self.settler, self.dispatcher, self.orders,
+                                self.config, self.metrics)
+        self.sweeper = Sweeper(self.scripts, self.config, self.metrics)
+        self._loops = loops
+        self._tasks: list[asyncio.Task[None]] = []
+        self._answers: list[tuple[str, BaseEvent]] = []
+        self._answers_ready = asyncio.Event()
+        self._closing = False
+
+    # ---- lifecycle
+
+    async def start(self) -> Host:
+        await self.scripts.load()
+        for s in self.config.scopes:
+            await self.orders.register_scope(s)
+        await self.discover()
+        for scope in list(self.streams.scopes):
+            n = await recover_scope(self.store, self.settler, self.metrics, scope)
+            if n:
+                log.info("recovery: scope %s: %d running jobs", scope, n)
+        if self._loops:
+            self._tasks = [asyncio.create_task(self._run(name, fn), name=f"sfc-{name}")
+                           for name, fn in (("consume", self.consume_once),
+                                            ("answers", self._answer_pass),
+                                            ("sweep", self._sweep_pass),
+                                            ("discover", self._discover_pass))]
+        return self
+
+    async def __aenter__(self) -> Host:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closing = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        if self._own_client:
+            await self.client.aclose()
+
+    async def _run(self, name: str, step: Callable[[], Any]) -> None:
+        fails = 0
+        while not self._closing:
+            try:
+                await step()
+                fails = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.metrics.inc(f"loop_errors_{name}")
+                delay = ERROR_BACKOFF_S[min(fails, len(ERROR_BACKOFF_S) - 1)]
+                fails += 1
+                log.exception("%s pass failed; again in %.2f s", name, delay)
+                await asyncio.sleep(delay)
+
+    # ---- scopes
+
+    async def add_scope(self, scope: str) -> None:
+        check_scope(scope)
+        await self.orders.register_scope(scope)
+        await self.streams.add_scope(scope)
+
+    async def discover(self) -> None:
+        for m in await self.client.smembers(SCOPES):
+            scope = m.decode()
+            try:
+                check_scope(scope)
+            except ValueError:
+                self.metrics.inc("invalid_scopes")
+                continue
+            if await self.streams.add_scope(scope):
+                log.info("serving scope %s", scope)
+
+    async def _discover_pass(self) -> None:
+        await asyncio.sleep(self.config.discover_interval_ms / 1000)
+        await self.discover()
+
+    # ---- work entries
+
+    async def consume_once(self, block_ms: int | None = None) -> int:
+        """Read and handle one batch of entries (and orphans taken over); how many."""
+        if not self.streams.scopes:
+            await asyncio.sleep(self.config.read_block_ms / 1000)
+            return 0
+        raws = await self.streams.read(self.config.read_block_ms if block_ms is None
+                                       else block_ms)
+        now = time.monotonic()
+        for scope in list(self.streams.scopes):
+            more, dead = await self.streams.claim(scope, now)
+            raws.extend(more)
+            if dead:
+                await self.streams.dead_letter(dead)
+        if self.config.redis_cluster and not raws:
+            await asyncio.sleep(min(self.config.read_block_ms, 10) / 1000)
+        if not raws:
+            return 0
+        done, failed = await self.work.handle(raws)
+        await self.streams.ack(done, failed)
+        return len(raws)
+
+    # ---- answers from equipment (the MQTT path calls these)
+
+    def answer(self, scope: str, event: BaseEvent) -> None:
+        """Queue an answer (Completed, Failed, Held, NotHeld) for the applier."""
+        self._answers.append((scope, event))
+        self._answers_ready.set()
+
+    async def settle_answers(self, answers: Sequence[tuple[str, BaseEvent]]) -> list[Item]:
+        """Apply answers now; faults are counted and logged, never raised: an answer
+        that cannot be applied is left to the action's deadline."""
+        items = []
+        for scope, ev in answers:
+            job = job_of_command(getattr(ev, "command_id", ""))
+            if not job:
+                self.metrics.inc("answers_unknown_id")
+                continue
+            items.append(Item(scope, job, [ev]))
+        try:
+            await self.settler.settle(items)
+        except Exception:
+            self.metrics.inc("answer_errors", len(items))
+            log.exception("%d answers could not be applied", len(items))
+            return items
+        for it in items:
+            if it.outcome == APPLIED:
+                self.metrics.inc("answers_applied")
+            elif it.outcome in (CONFLICT, ERROR):
+                self.metrics.inc("answer_errors")
+            elif it.outcome == MISSING:
+                self.metrics.inc("answers_unknown_job")
+            else:
+                self.metrics.inc("answers_absorbed")
+        return items
+
+    async def _answer_pass(self) -> None:
+        await self._answers_ready.wait()
+        self._answers_ready.clear()
+        while self._answers:
+            n = self.config.answer_batch
+            batch, self._answers = self._answers[:n], self._answers[n:]
+            await self.settle_answers(batch)
+
+    async def queue_event(self, scope: str, type_id: str, subject: str | None = None,
+                          correlation_id: str | None = None,
+                          data: dict[str, Any] | None = None) -> bool:
+        """Queue a pull event as an ``event`` entry, only when some job of the scope
+        waits for its type; False (counted) when none does."""
+        k = self.store.keys(check_scope(scope))
+        if not await self.client.exists(k.waits(type_id)):
+            self.metrics.inc("events_unmatched")
+            return False
+        fields: dict[str, Any] = {"k": "event", "t": type_id}
+        if subject is not None:
+            fields["s"] = subject
+        if correlation_id is not None:
+            fields["r"] = correlation_id
+        if data is not None:
+            fields["d"] = json.dumps(data)
+        await self.client.xadd(k.work, fields)
+        return True
+
+    # ---- time
+
+    async def sweep_once(self) -> int:
+        return await self.sweeper.sweep(list(self.streams.scopes.values()))
+
+    async def _sweep_pass(self) -> None:
+        await asyncio.sleep(self.config.sweep_interval_ms / 1000)
+        if self.streams.scopes:
+            await self.sweep_once()
+
+    # ---- reading
+
+    async def inspect(self, scope: str, job: str) -> dict[str, Any] | None:
+        """The readable state of a job, or None."""
+        _, rows = (await self.store.load({scope: [job]}))[scope]
+        row = rows[job]
+        if row.state is None or row.fingerprint is None:
+            return None
+        graph = await self.store.graph(scope, row.fingerprint)
+        if graph is None:
+            return None
+        view = state_to_json(graph, row.state)
+        view["version"] = int(row.version)
+        view["markers"] = {k.decode(): v.decode() for k, v in row.markers.items()}
+        return view

@@ -1,0 +1,271 @@
+"""Applying events to jobs: read, ``evolve``, compare-and-set; batched per scope.
+
+This is the driver around the pure core: it never decides a rule itself. A batch of
+items (one event or a few for a job) costs one read call and one write call per scope,
+pipelined across scopes. A lost race reads the job again and evolves anew, up to
+``cas_rounds`` times; what still loses is reported as ``conflict`` (a work entry then
+stays pending for redelivery; an answer is left to the action's deadline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sfc_fast import Graph, evolve, job_index, sent_markers, state_to_json
+from sfc_fast.events import BaseEvent, Event, Start, Tick
+from sfc_host.config import HostConfig
+from sfc_host.metrics import Metrics
+from sfc_host.store import JobRow, Record, Store
+
+log = logging.getLogger("sfc_host.jobs")
+
+TERMINAL = frozenset(("completed", "aborted", "stopped"))
+LIVE = frozenset(("running", "held"))
+
+# Item outcomes
+APPLIED = "applied"
+ABSORBED = "absorbed"
+MISSING = "missing"      # no such job (or its recipe is gone)
+CONFLICT = "conflict"    # lost the race cas_rounds times
+ERROR = "error"          # the job cannot be evaluated (unreadable state); see .error
+
+EventsFn = Callable[[JobRow, Graph, bytes | None], Sequence[BaseEvent]]
+
+
+class Item:
+    """Events for one job, settled in order; the outcome is set by ``Settler.settle``."""
+
+    __slots__ = ("decision", "error", "events", "graph", "job", "outcome", "putback", "scope")
+
+    def __init__(self, scope: str, job: str, events: Sequence[BaseEvent] | EventsFn,
+                 *, graph: Graph | None = None, putback: bool = False) -> None:
+        self.scope = scope
+        self.job = job
+        self.events = events
+        self.graph = graph          # a Start brings the recipe it pins
+        self.putback = putback      # a tick that writes nothing puts the job back
+        self.outcome: str | None = None
+        self.error: str | None = None
+        self.decision: Any = None   # the last Decision of this item
+
+    def __repr__(self) -> str:
+        return f"Item({self.scope}/{self.job}, {self.outcome})"
+
+
+def tick_events(gap_ms: int) -> EventsFn:
+    """A sweep's tick: an outage shift first (when the sweep saw one), then the tick,
+    naming the commands that never went out (no matching sent marker)."""
+    from sfc_fast.events import Shift
+
+    def make(row: JobRow, graph: Graph, state: bytes | None) -> list[BaseEvent]:
+        if state is None:
+            return []
+        started, open_ = sent_markers(graph, state)
+        unsent = [cid for f, cid in open_
+                  if row.markers.get(f.encode()) != f"{started}:{cid}".encode()]
+        evs: list[BaseEvent] = [Shift(gap_ms)] if gap_ms > 0 else []
+        evs.append(Tick(unsent))
+        return evs
+    return make
+
+
+def _iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+def job_response(graph: Graph, state: bytes, now_ms: int) -> str:
+    """The job response written when a job completes (start and end times, results)."""
+    view = state_to_json(graph, state)
+    data = []
+    for name, a in view["actions"].items():
+        for field, value in (a.get("result") or {}).items():
+            data.append({"ID": f"{name}.{field}", "Value": value})
+    return json.dumps({
+        "ID": f"{view['job']}-response",
+        "JobOrderID": view["job"],
+        "JobState": "Ended_Completed",
+        "StartTime": _iso(view["started_ms"]),
+        "EndTime": _iso(now_ms),
+        "JobResponseData": data,
+    }, separators=(",", ":"))
+
+
+class Settler:
+    """Evolves and stores jobs in batches."""
+
+    def __init__(self, store: Store, config: HostConfig, metrics: Metrics,
+                 on_end: Callable[[str, str, Any], None] | None = None) -> None:
+        self.store = store
+        self.config = config
+        self.metrics = metrics
+        self.on_end = on_end
+
+    async def settle(self, items: Sequence[Item]) -> None:
+        pending = list(items)
+        for _ in range(self.config.cas_rounds):
+            if not pending:
+                return
+            pending = await self._round(pending)
+            if pending:
+                self.metrics.inc("cas_retries", len(pending))
+        for it in pending:
+            it.outcome = CONFLICT
+            self.metrics.inc("cas_conflicts")
+            log.warning("job %s/%s: lost the race %d times; left for later", it.scope, it.job,
+                        self.config.cas_rounds)
+
+    async def _round(self, items: list[Item]) -> list[Item]:
+        wanted: dict[str, dict[str, list[Item]]] = {}
+        for it in items:
+            it.outcome = None
+            wanted.setdefault(it.scope, {}).setdefault(it.job, []).append(it)
+        rows = await self.store.load({s: list(jobs) for s, jobs in wanted.items()})
+        batches: dict[str, list[Record]] = {}
+        plans: dict[str, list[tuple[list[Item], Record, Graph]]] = {}
+        for s, jobs in wanted.items():
+            now, byjob = rows[s]
+            for job, its in jobs.items():
+                planned = await self._plan(s, now, byjob[job], its)
+                if planned is not None:
+                    rec, graph = planned
+                    batches.setdefault(s, []).append(rec)
+                    plans.setdefault(s, []).append((its, rec, graph))
+        if not batches:
+            return []
+        versions = await self.store.commit(batches)
+        retry: list[Item] = []
+        for s, lst in plans.items():
+            for (its, rec, _graph), v in zip(lst, versions[s], strict=True):
+                if v == 0:
+                    retry.extend(its)
+                    continue
+                if rec.graph is not None:
+                    self.store.graphs.stored.add((s, rec.fingerprint))
+                for it in its:
+                    d = it.decision
+                    if it.outcome == APPLIED and d.status in TERMINAL and self.on_end:
+                        self.on_end(s, it.job, d)
+        return retry
+
+    async def _plan(self, scope: str, now: int, row: JobRow,
+                    its: list[Item]) -> tuple[Record, Graph] | None:
+        start_graph = next((it.graph for it in its if it.graph is not None), None)
+        state = row.state
+        reset = False
+        graph: Graph | None = None
+        if start_graph is not None:
+            graph = start_graph
+            if state is not None and row.fingerprint != graph.fingerprint:
+                state, absorbed = await self._replaced(scope, row, its)
+                if absorbed:
+                    return None
+        elif row.fingerprint is not None:
+            graph = await self.store.graph(scope, row.fingerprint)
+        if graph is None:
+            for it in its:
+                if state is None:
+                    it.outcome = MISSING
+                else:
+                    it.outcome, it.error = ERROR, f"recipe {row.fingerprint} is not stored"
+            return None
+        decisions = []
+        try:
+            for it in its:
+                it.outcome = ABSORBED
+                evs = it.events if isinstance(it.events, (list, tuple)) else it.events(
+                    row, graph, state)
+                for ev in evs:
+                    if state is None and not isinstance(ev, Start):
+                        it.outcome = MISSING
+                        continue
+                    d = evolve(graph, state, ev, now)
+                    it.decision = d
+                    if d.applied:
+                        if isinstance(ev, Start) and state is not None:
+                            reset = True
+                        state = d.state
+                        decisions.append(d)
+                        it.outcome = APPLIED
+        except ValueError as e:  # StateFormatError and a state of another recipe
+            for it in its:
+                it.outcome, it.error = ERROR, f"{type(e).__name__}: {e}"
+            self.metrics.inc("state_errors")
+            log.error("job %s/%s cannot be evaluated: %s", scope, row.job, e)
+            return None
+        if not decisions:
+            if any(it.putback for it in its):
+                return self._putback(row, its), graph
+            return None
+        return self._record(scope, now, row, graph, decisions, reset, start_graph), graph
+
+    async def _replaced(self, scope: str, row: JobRow,
+                        its: list[Item]) -> tuple[bytes | None, bool]:
+        """A Start on a job stored with another recipe: absorbed while it runs or for a
+        repeat of the same order; else the ended job is replaced (a re-stored id)."""
+        old = await self.store.graph(scope, row.fingerprint) if row.fingerprint else None
+        if old is not None and row.state is not None:
+            try:
+                view = state_to_json(old, row.state)
+            except ValueError:
+                view = None
+            if view is not None:
+                start = next(ev for it in its if isinstance(it.events, (list, tuple))
+                             for ev in it.events if isinstance(ev, Start))
+                if view["status"] in LIVE or (view["order"] and view["order"] == start.order):
+                    for it in its:
+                        it.outcome = ABSORBED
+                    return row.state, True
+        return None, False
+
+    def _putback(self, row: JobRow, its: list[Item]) -> Record:
+        nd = next((it.decision.next_deadline for it in its
+                   if it.putback and it.decision is not None), None)
+        return Record(row.job, row.version, None, nd, None)
+
+    def _record(self, scope: str, now: int, row: JobRow, graph: Graph, decisions: list,
+                reset: bool, start_graph: Graph | None) -> Record:
+        last = decisions[-1]
+        rec = Record(row.job, row.version, last.state, last.next_deadline,
+                     last.status in LIVE, reset=reset)
+        waits = rec.waits
+        for d in decisions:
+            for t in d.waits_removed:
+                waits.append(("-", t, 0))
+            for t in d.waits_added:
+                waits.append(("+", t, now))
+            for kind, action, cid in d.work:
+                if kind == "job" and action == "Abort" and d.reason:
+                    cid = d.reason  # the order keeps the recipe's reason
+                rec.entries.append((kind, action, cid))
+        if last.status in TERMINAL:
+            gone: set[str] = set()
+            if row.state is not None and not reset:
+                with contextlib.suppress(ValueError):
+                    gone.update(job_index(graph, row.state)[2])
+            for d in decisions:
+                gone.update(d.waits_added)
+            waits.extend(("-", t, 0) for t in sorted(gone))
+            if last.status == "completed":
+                rec.response = job_response(graph, last.state, now)
+        if start_graph is not None:
+            rec.fingerprint = start_graph.fingerprint
+            if (scope, rec.fingerprint) not in self.store.graphs.stored:
+                rec.graph = start_graph.to_bytes()
+        return rec
+
+    # ---- pull events: the oldest matching wait takes it
+
+    async def match_event(self, scope: str, ev: Event, candidates: Sequence[str]) -> str | None:
+        """Give ``ev`` to the first candidate (oldest wait first) that takes it; the job
+        id, or None. A candidate that lost a race is read again; then the next one."""
+        for job in candidates:
+            it = Item(scope, job, [ev])
+            await self.settle([it])
+            if it.outcome == APPLIED:
+                return job
+        return None

@@ -1,0 +1,73 @@
+"""The Redis key layout. Every key of a scope carries the hash tag ``{scope}``.
+
+One script only touches keys of one scope, so every script runs on one slot and the
+same code works on Redis Cluster. Only the scope registry is global.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "sfc"
+SCOPES = f"{PREFIX}:scopes"   # set of known scopes (global, never used inside a script)
+
+# A scope names a hash tag: braces would end the tag early, so they are refused.
+_SCOPE_RE = re.compile(r"^[A-Za-z0-9_.\-/@]{1,128}$")
+MAX_JOB_ID = 256
+
+
+class InvalidName(ValueError):
+    """A scope or job id that cannot name a key."""
+
+
+def check_scope(scope: str) -> str:
+    if not isinstance(scope, str) or not _SCOPE_RE.match(scope):
+        raise InvalidName(f"invalid scope {scope!r}: 1-128 characters of letters, digits and "
+                        "'_.-/@'")
+    return scope
+
+
+def check_job(job: str) -> str:
+    if (not isinstance(job, str) or not job or len(job) > MAX_JOB_ID
+            or any(ord(ch) < 32 or ch in "{}#" for ch in job)):
+        raise InvalidName(f"invalid job id {job!r}: 1-{MAX_JOB_ID} characters, no control "
+                        "characters, braces or '#'")
+    return job
+
+
+class ScopeKeys:
+    """The keys of one scope."""
+
+    __slots__ = ("active", "base", "dead", "due", "errors", "heartbeat", "scope", "work")
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+        self.base = f"{PREFIX}:{{{scope}}}:"
+        b = self.base
+        self.due = b + "due"            # zset job -> next deadline (ms)
+        self.active = b + "active"      # set of running (and held) jobs
+        self.work = b + "work"          # work stream
+        self.dead = b + "dead"          # dead stream
+        self.heartbeat = b + "hb"       # last sweep (server ms)
+        self.errors = b + "errors"      # hash entry id -> last handler error
+
+    def job(self, job: str) -> str:
+        """Job hash: ``s`` state, ``v`` version, ``g`` graph fingerprint, ``sent:*``."""
+        return self.base + "job:" + job
+
+    def order(self, job: str) -> str:
+        """Job order hash: ``order`` JSON, ``state``, ``v``, ``token``, ``reason``."""
+        return self.base + "order:" + job
+
+    def response(self, job: str) -> str:
+        return self.base + "response:" + job
+
+    def waits(self, type_id: str) -> str:
+        """zset job -> since (ms) of jobs waiting for a pull event of that type."""
+        return self.base + "waits:" + type_id
+
+    def graph(self, fingerprint: str) -> str:
+        return self.base + "graph:" + fingerprint
+
+    def work_master(self, wm_id: str) -> str:
+        return self.base + "wm:" + wm_id

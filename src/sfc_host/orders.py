@@ -1,0 +1,164 @@
+"""Job orders in Redis under the ISA-95 job order machine (``sfc_fast.JOB_ORDER``).
+
+Every change goes through the order script: a compare-and-set on the order's version
+that writes the new state and, in the same step, the work entry the change implies
+(``start`` when the order becomes AllowedToStart, ``hold`` on Pause, ``release`` on
+Resume, ``cancel`` on Abort and Stop). The MES side (MQTT) and the recipe's own
+transitions (``job`` entries: Run, Complete, Abort) both come through here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+from sfc_fast import JOB_ORDER, InvalidTransition
+from sfc_host.keys import SCOPES, check_job, check_scope
+from sfc_host.metrics import Metrics
+from sfc_host.scripts import Scripts
+from sfc_host.store import Store
+
+log = logging.getLogger("sfc_host.orders")
+
+# OPC UA method return status bits (ISA-95 job control)
+NO_ERROR = 1
+UNKNOWN_JOB_ORDER_ID = 2
+INVALID_JOB_ORDER_STATUS = 8
+UNABLE_TO_ACCEPT_JOB_ORDER = 16
+INVALID_REQUEST = 2 ** 32
+
+ROUNDS = 8
+
+
+class OrderError(Exception):
+    """A job control request that cannot be done; ``status`` is the return status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _top(state: str) -> str:
+    return state.split("_", 1)[0]
+
+
+def implied_entries(trigger: str, old: str, new: str) -> list[str]:
+    """The work entries a change of the order implies."""
+    out = []
+    if _top(new) == "AllowedToStart" and _top(old) != "AllowedToStart":
+        out.append("start")
+    if trigger == "Pause":
+        out.append("hold")
+    elif trigger == "Resume":
+        out.append("release")
+    elif trigger in ("Abort", "Stop"):
+        out.append("cancel")
+    return out
+
+
+class Orders:
+    def __init__(self, store: Store, scripts: Scripts, metrics: Metrics) -> None:
+        self.store = store
+        self.scripts = scripts
+        self.metrics = metrics
+
+    async def register_scope(self, scope: str) -> None:
+        await self.store.client.sadd(SCOPES, check_scope(scope))
+
+    async def get(self, scope: str, job: str) -> dict[str, str] | None:
+        return await self.store.order(scope, job)
+
+    async def _write(self, scope: str, job: str, expected: str, state: str,
+                     entries: list[str], *, order: str = "", reason: str = "",
+                     extra: dict[str, str] | None = None) -> int:
+        k = self.store.keys(scope)
+        args: list[Any] = [expected, state, order, reason, job, len(entries), *entries]
+        for f, v in (extra or {}).items():
+            args += (f, v)
+        return int(await self.scripts.call(self.scripts["order"], [k.order(job), k.work], args))
+
+    async def store_order(self, scope: str, order: dict[str, Any], *, start: bool) -> str:
+        """Store (or StoreAndStart) a job order; its new state. An id whose order is
+        still there (not cleared) is refused."""
+        check_scope(scope)
+        job = order.get("ID")
+        try:
+            check_job(job)  # type: ignore[arg-type]
+        except ValueError as e:
+            raise OrderError(INVALID_REQUEST, str(e)) from None
+        assert isinstance(job, str)
+        wm_id = order.get("WorkMasterID")
+        if not isinstance(wm_id, str) or not wm_id:
+            raise OrderError(INVALID_REQUEST, "the job order names no WorkMasterID")
+        if await self.store.work_master(scope, wm_id) is None:
+            raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER,
+                             f"Work Master {wm_id!r} is not known in scope {scope!r}")
+        await self.register_scope(scope)
+        trigger = "StoreAndStart" if start else "Store"
+        for _ in range(ROUNDS):
+            cur = await self.store.order(scope, job)
+            if cur is not None and cur.get("state") != "EndState":
+                raise OrderError(INVALID_JOB_ORDER_STATUS,
+                                 f"job order {job!r} exists ({cur.get('state')})")
+            new = JOB_ORDER.fire(JOB_ORDER.initial_name, trigger)
+            entries = implied_entries(trigger, "InitialState", new)
+            v = await self._write(scope, job, cur["v"] if cur else "0", new, entries,
+                                  order=json.dumps(order), reason="",
+                                  extra={"token": uuid.uuid4().hex[:16], "reason": ""})
+            if v:
+                return new
+        raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER, f"job order {job!r} is contended")
+
+    async def trigger(self, scope: str, job: str, trigger: str, *, reason: str = "",
+                      order: dict[str, Any] | None = None) -> str:
+        """Fire an MES trigger (Start, RevokeStart, Update, Pause, Resume, Stop, Abort,
+        Cancel, Clear) on a stored order; its new state."""
+        check_scope(scope)
+        for _ in range(ROUNDS):
+            cur = await self.store.order(scope, job)
+            if cur is None or cur.get("state") == "EndState":
+                raise OrderError(UNKNOWN_JOB_ORDER_ID, f"no job order {job!r} in {scope!r}")
+            old = cur["state"]
+            try:
+                new = JOB_ORDER.fire(old, trigger)
+            except InvalidTransition as e:
+                raise OrderError(INVALID_JOB_ORDER_STATUS,
+                                 f"{trigger} is not allowed in {old} (allowed: "
+                                 f"{', '.join(e.permitted) or 'none'})") from None
+            if trigger == "Update" and order is not None and order.get("ID") not in (None, job):
+                raise OrderError(INVALID_REQUEST, "Update cannot change the job order ID")
+            v = await self._write(scope, job, cur["v"], new,
+                                  implied_entries(trigger, old, new),
+                                  order=json.dumps(order) if order is not None else "",
+                                  reason=reason or (f"{trigger} by the MES"
+                                                    if trigger in ("Abort", "Stop") else ""))
+            if v:
+                return new
+            self.metrics.inc("order_retries")
+        raise OrderError(INVALID_JOB_ORDER_STATUS, f"job order {job!r} is contended")
+
+    async def recipe_transition(self, scope: str, job: str, transition: str,
+                                reason: str = "") -> str | None:
+        """Apply the recipe's own transition (``Run``, ``Complete``, ``Abort``) to the
+        order. None when there is no order or the order has moved on (an MES Abort
+        won the race): the caller then ends the job."""
+        for _ in range(ROUNDS):
+            cur = await self.store.order(scope, job)
+            if cur is None:
+                return None
+            old = cur["state"]
+            if transition == "Complete":
+                if _top(old) not in ("Running", "Interrupted"):
+                    return None
+                new = "Ended_Completed"
+            else:
+                try:
+                    new = JOB_ORDER.fire(old, transition)
+                except InvalidTransition:
+                    return None
+            v = await self._write(scope, job, cur["v"], new, [], reason=reason)
+            if v:
+                return new
+        raise RuntimeError(f"job order {job!r} is contended")

@@ -1,0 +1,94 @@
+"""The Lua scripts: loaded once, called by SHA, loaded again after ``NOSCRIPT``.
+
+Names and values always travel as KEYS and ARGV, never inside the code. A batch of
+calls goes out as one pipeline; calls refused with ``NOSCRIPT`` (a ``SCRIPT FLUSH``,
+a restarted or failed-over Redis) are loaded again and retried once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+log = logging.getLogger("sfc_host.scripts")
+
+LUA_DIR = Path(__file__).parent / "lua"
+
+
+class Script:
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str, source: str) -> None:
+        self.name = name
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"Script({self.name!r}, {self.sha[:8]})"
+
+
+Call = tuple[Script, Sequence[Any], Sequence[Any]]
+
+
+class Scripts:
+    """All scripts of the host, bound to one client (standalone or cluster)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.reloads = 0
+        self.by_name: dict[str, Script] = {}
+        for path in sorted(LUA_DIR.glob("*.lua")):
+            s = Script(path.stem, path.read_text())
+            self.by_name[s.name] = s
+
+    def __getitem__(self, name: str) -> Script:
+        return self.by_name[name]
+
+    async def load(self) -> None:
+        """Load every script (on every primary of a cluster)."""
+        for s in self.by_name.values():
+            sha = await self.client.script_load(s.source)
+            if sha != s.sha:  # pragma: no cover - would mean a different SHA-1
+                raise RuntimeError(f"script {s.name}: server SHA {sha} != {s.sha}")
+
+    async def call(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        try:
+            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.reloads += 1
+            log.info("script %s missing on the server: loading it again", script.name)
+            await self.load()
+            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def run(self, calls: Sequence[Call]) -> list[Any]:
+        """Run many calls in one pipeline; results in order (an exception in place of
+        a failed call's result)."""
+        if not calls:
+            return []
+        if len(calls) == 1:
+            s, k, a = calls[0]
+            try:
+                return [await self.call(s, k, a)]
+            except Exception as e:
+                return [e]
+        results = await self._pipe(calls)
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing:
+            self.reloads += 1
+            log.info("%d script calls found no script: loading the scripts again", len(missing))
+            await self.load()
+            again = await self._pipe([calls[i] for i in missing])
+            for i, r in zip(missing, again, strict=True):
+                results[i] = r
+        return results
+
+    async def _pipe(self, calls: Sequence[Call]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for s, k, a in calls:
+            pipe.evalsha(s.sha, len(k), *k, *a)
+        return list(await pipe.execute(raise_on_error=False))

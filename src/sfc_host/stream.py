@@ -1,0 +1,243 @@
+"""The work streams: reading entries with a consumer group, taking over orphaned ones,
+acking in bulk, and moving entries that keep failing to the dead stream.
+
+Entry fields: ``k`` kind, ``j`` job, then per kind ``a`` (action or job transition),
+``c`` (command id, or the recipe's reason on a ``job`` Abort), ``g`` (a tick's outage
+gap, ms), ``t``/``s``/``r``/``d`` (an event's type, subject, correlation id, data).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from sfc_host.config import HostConfig
+from sfc_host.keys import ScopeKeys, check_job
+from sfc_host.metrics import Metrics
+from sfc_host.scripts import Scripts
+
+log = logging.getLogger("sfc_host.stream")
+
+KINDS = frozenset(("start", "cancel", "hold", "release", "tick", "resume", "event", "job"))
+JOB_TRANSITIONS = frozenset(("Run", "Complete", "Abort"))
+MAX_FIELD = 1 << 20
+
+
+class InvalidEntry(ValueError):
+    """An entry no handler can use: logged, counted, acked."""
+
+
+@dataclass(slots=True)
+class Entry:
+    scope: str
+    id: bytes
+    kind: str
+    job: str = ""
+    action: str = ""
+    cid: str = ""
+    gap: int = 0
+    type_id: str = ""
+    subject: str | None = None
+    correlation: str | None = None
+    data: Any = None
+
+
+def _s(fields: dict[bytes, bytes], name: bytes) -> str | None:
+    v = fields.get(name)
+    if v is None:
+        return None
+    if len(v) > MAX_FIELD:
+        raise InvalidEntry(f"field {name.decode()} is {len(v)} bytes")
+    try:
+        return v.decode()
+    except UnicodeDecodeError:
+        raise InvalidEntry(f"field {name.decode()} is not UTF-8") from None
+
+
+def parse_entry(scope: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
+    """Check one entry; ``InvalidEntry`` says why it cannot be used."""
+    kind = _s(fields, b"k")
+    if kind is None:
+        raise InvalidEntry("no kind (field k)")
+    if kind.startswith("dispatch:"):
+        action = kind[9:]
+        cid = _s(fields, b"c") or ""
+        job = _s(fields, b"j") or ""
+        if not action or not cid or not job:
+            raise InvalidEntry("dispatch entry without job, action or command id")
+        check_job(job)
+        return Entry(scope, entry_id, "dispatch", job, action, cid)
+    if kind not in KINDS:
+        raise InvalidEntry(f"unknown kind {kind!r}")
+    if kind == "event":
+        t = _s(fields, b"t")
+        if not t:
+            raise InvalidEntry("event entry without a type (field t)")
+        raw = _s(fields, b"d")
+        try:
+            data = json.loads(raw) if raw else None
+        except (json.JSONDecodeError, RecursionError):
+            raise InvalidEntry("event data is not JSON") from None
+        if data is not None and not isinstance(data, dict):
+            raise InvalidEntry("event data is not an object")
+        return Entry(scope, entry_id, "event", type_id=t, subject=_s(fields, b"s"),
+                     correlation=_s(fields, b"r"), data=data)
+    job = _s(fields, b"j")
+    if not job:
+        raise InvalidEntry(f"{kind} entry without a job (field j)")
+    try:
+        check_job(job)
+    except ValueError as e:
+        raise InvalidEntry(str(e)) from None
+    e = Entry(scope, entry_id, kind, job)
+    if kind == "job":
+        e.action = _s(fields, b"a") or ""
+        if e.action not in JOB_TRANSITIONS:
+            raise InvalidEntry(f"unknown job transition {e.action!r}")
+        e.cid = _s(fields, b"c") or ""
+    elif kind == "tick":
+        g = _s(fields, b"g")
+        if g:
+            try:
+                e.gap = int(g)
+            except ValueError:
+                raise InvalidEntry(f"tick gap {g!r} is not an integer") from None
+            if e.gap < 0:
+                raise InvalidEntry("negative tick gap")
+    return e
+
+
+Raw = tuple[str, bytes, dict[bytes, bytes]]
+
+
+class Streams:
+    """Reads, acks, claims and dead-letters work entries of many scopes."""
+
+    def __init__(self, client: Any, scripts: Scripts, config: HostConfig,
+                 metrics: Metrics, cluster: bool = False) -> None:
+        self.client = client
+        self.scripts = scripts
+        self.config = config
+        self.metrics = metrics
+        self.cluster = cluster
+        self.group = config.group
+        self.consumer = config.consumer_name
+        self.scopes: dict[str, ScopeKeys] = {}
+        self._by_stream: dict[bytes, str] = {}
+        self._claimed_at: dict[str, float] = {}
+        self._redelivered: set[bytes] = set()   # may have a failure reason stored
+
+    async def add_scope(self, scope: str) -> bool:
+        """Serve a scope: create its group (reading from the start of the stream, so
+        entries written before any host knew the scope are read). True if new."""
+        if scope in self.scopes:
+            return False
+        k = ScopeKeys(scope)
+        try:
+            await self.client.xgroup_create(k.work, self.group, id="0", mkstream=True)
+        except ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+        self.scopes[scope] = k
+        self._by_stream[k.work.encode()] = scope
+        return True
+
+    async def read(self, block_ms: int | None = None) -> list[Raw]:
+        """New entries of all scopes (blocking up to ``block_ms`` when none)."""
+        if not self.scopes:
+            return []
+        count = self.config.read_count
+        if self.cluster:
+            pipe = self.client.pipeline(transaction=False)
+            for k in self.scopes.values():
+                pipe.xreadgroup(self.group, self.consumer, {k.work: ">"}, count=count)
+            replies = await pipe.execute(raise_on_error=False)
+            res: list[Any] = []
+            for r in replies:
+                if isinstance(r, Exception):
+                    raise r
+                if r:
+                    res.extend(r)
+        else:
+            res = await self.client.xreadgroup(
+                self.group, self.consumer, {k.work: ">" for k in self.scopes.values()},
+                count=count, block=block_ms)
+        out: list[Raw] = []
+        for stream, items in res or ():
+            scope = self._by_stream[stream if isinstance(stream, bytes) else stream.encode()]
+            for entry_id, fields in items:
+                out.append((scope, entry_id, fields))
+        return out
+
+    async def claim(self, scope: str, now: float) -> tuple[list[Raw], list[Raw]]:
+        """Take over entries idle longer than the claim threshold (at most every claim
+        interval per scope): ``(to handle, to dead-letter)``."""
+        last = self._claimed_at.get(scope, 0.0)
+        if now - last < self.config.claim_interval_ms / 1000:
+            return [], []
+        self._claimed_at[scope] = now
+        k = self.scopes[scope]
+        res = await self.client.xautoclaim(k.work, self.group, self.consumer,
+                                           self.config.claim_min_idle_ms, "0-0",
+                                           count=self.config.read_count)
+        claimed = [(eid, f) for eid, f in res[1] if f is not None]
+        if not claimed:
+            return [], []
+        self.metrics.inc("entries_claimed", len(claimed))
+        pend = await self.client.xpending_range(k.work, self.group, claimed[0][0],
+                                                claimed[-1][0], len(claimed) * 4,
+                                                consumername=self.consumer)
+        counts = {p["message_id"]: p["times_delivered"] for p in pend}
+        handle: list[Raw] = []
+        dead: list[Raw] = []
+        for eid, f in claimed:
+            if counts.get(eid, 1) > self.config.max_deliveries:
+                dead.append((scope, eid, f))
+            else:
+                handle.append((scope, eid, f))
+                self._redelivered.add(eid)
+        return handle, dead
+
+    async def dead_letter(self, items: list[Raw]) -> None:
+        for scope, eid, fields in items:
+            k = self.scopes[scope]
+            reason = await self.client.hget(k.errors, eid)
+            args: list[Any] = [self.group, eid, reason or b"unknown", self.config.max_deliveries]
+            for f, v in fields.items():
+                args += (f, v)
+            await self.scripts.call(self.scripts["dead"], [k.work, k.dead, k.errors], args)
+            self.metrics.inc("dead_entries")
+            log.error("entry %s of scope %s moved to the dead stream after %d deliveries: %s",
+                      eid.decode(), scope, self.config.max_deliveries,
+                      (reason or b"unknown").decode(errors="replace"))
+
+    async def ack(self, done: dict[str, list[bytes]],
+                  failed: dict[str, list[tuple[bytes, str]]]) -> None:
+        """Ack (and delete) the handled entries, and note why the others failed; one
+        pipeline for the whole batch."""
+        if not done and not failed:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for scope, ids in done.items():
+            if not ids:
+                continue
+            k = self.scopes[scope]
+            pipe.xack(k.work, self.group, *ids)
+            if self.config.trim_acked:
+                pipe.xdel(k.work, *ids)
+            again = [i for i in ids if i in self._redelivered]
+            if again:
+                pipe.hdel(k.errors, *again)
+                self._redelivered.difference_update(again)
+        for scope, errs in failed.items():
+            k = self.scopes[scope]
+            mapping = {eid: reason[:2000] for eid, reason in errs}
+            if mapping:
+                pipe.hset(k.errors, mapping=mapping)
+        for r in await pipe.execute(raise_on_error=False):
+            if isinstance(r, Exception):
+                raise r

@@ -1,0 +1,278 @@
+"""What each kind of work entry does. Entries that change job states are settled
+together (one read and one write call per scope); dispatch entries go out after them,
+against the states just written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from sfc_fast import Graph, RecipeError, compile_recipe
+from sfc_fast.events import Cancel, Event, Hold, Release, Resume, Start
+from sfc_host.config import HostConfig
+from sfc_host.equipment import Dispatcher
+from sfc_host.jobs import APPLIED, CONFLICT, ERROR, Item, Settler, tick_events
+from sfc_host.metrics import Metrics
+from sfc_host.orders import Orders
+from sfc_host.store import Store
+from sfc_host.stream import Entry, InvalidEntry, Raw, parse_entry
+from sfc_host.workmaster import resolve_schema
+
+log = logging.getLogger("sfc_host.work")
+
+ALIGN_ROUNDS = 4
+MAX_EVENT_CANDIDATES = 64
+
+
+class Unusable(Exception):
+    """The job's recipe cannot be used: the job is aborted with this reason."""
+
+
+def _top(state: str) -> str:
+    return state.split("_", 1)[0]
+
+
+def order_params(order: dict[str, Any]) -> dict[str, Any] | None:
+    """Job parameters of a job order: ``Parameters`` as an object, or ISA-95 style
+    ``JobOrderParameters`` / ``Parameters`` as a list of ``{ID, Value}``."""
+    for key in ("Parameters", "JobOrderParameters"):
+        p = order.get(key)
+        if isinstance(p, dict):
+            return p
+        if isinstance(p, list):
+            out = {}
+            for x in p:
+                if isinstance(x, dict) and isinstance(x.get("ID"), str):
+                    out[x["ID"]] = x.get("Value")
+            return out
+    return None
+
+
+class Recipes:
+    """Compiled Work Masters, keyed by the hash of their stored bytes: a start never
+    compiles a recipe it compiled before."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._cache: OrderedDict[bytes, Graph | Unusable] = OrderedDict()
+
+    def compile(self, raw: bytes) -> Graph:
+        key = hashlib.blake2b(raw, digest_size=16).digest()
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._compile(raw)
+            self._cache[key] = hit
+            while len(self._cache) > self.size:
+                self._cache.popitem(last=False)
+        if isinstance(hit, Unusable):
+            raise hit
+        return hit
+
+    @staticmethod
+    def _compile(raw: bytes) -> Graph | Unusable:
+        try:
+            wm = json.loads(raw)
+        except (ValueError, RecursionError):
+            return Unusable("the Work Master is not JSON")
+        if not isinstance(wm, dict) or wm.get("data") in (None, "", {}):
+            return Unusable("the Work Master has no recipe data")
+        schema = wm.get("dataschema")
+        if not isinstance(schema, str) or not schema:
+            return Unusable("the Work Master has no dataschema")
+        try:
+            return compile_recipe(wm["data"], resolve_schema(schema))
+        except RecipeError as e:
+            first = "; ".join(f"{p.code} {p.path}: {p.message}" for p in e.problems[:3])
+            more = f" (and {len(e.problems) - 3} more)" if len(e.problems) > 3 else ""
+            return Unusable(f"the recipe does not compile: {first}{more}")
+
+
+class WorkHandler:
+    def __init__(self, store: Store, settler: Settler, dispatcher: Dispatcher,
+                 orders: Orders, config: HostConfig, metrics: Metrics) -> None:
+        self.store = store
+        self.settler = settler
+        self.dispatcher = dispatcher
+        self.orders = orders
+        self.config = config
+        self.metrics = metrics
+        self.recipes = Recipes(config.graph_cache_size)
+
+    async def handle(self, raws: Sequence[Raw]
+                     ) -> tuple[dict[str, list[bytes]], dict[str, list[tuple[bytes, str]]]]:
+        """Handle a batch; ``(done ids, failed ids with reasons)`` per scope. Failed
+        entries stay pending (redelivered after the claim idle time)."""
+        done: dict[str, list[bytes]] = {}
+        failed: dict[str, list[tuple[bytes, str]]] = {}
+
+        def ok(e: Entry) -> None:
+            done.setdefault(e.scope, []).append(e.id)
+
+        def fail(e: Entry, reason: str) -> None:
+            failed.setdefault(e.scope, []).append((e.id, reason))
+            self.metrics.inc("entry_failures")
+
+        entries: list[Entry] = []
+        for scope, eid, fields in raws:
+            try:
+                entries.append(parse_entry(scope, eid, fields))
+            except (InvalidEntry, ValueError) as ex:
+                self.metrics.inc("invalid_entries")
+                log.warning("invalid entry %s in scope %s acked: %s", eid.decode(), scope, ex)
+                done.setdefault(scope, []).append(eid)
+        self.metrics.inc("entries", len(entries))
+
+        batch: list[tuple[Entry, Item]] = []
+        dispatch: list[Entry] = []
+        for e in entries:
+            try:
+                if e.kind == "tick":
+                    batch.append((e, Item(e.scope, e.job, tick_events(e.gap), putback=True)))
+                elif e.kind == "resume":
+                    batch.append((e, Item(e.scope, e.job, [Resume()])))
+                elif e.kind == "dispatch":
+                    dispatch.append(e)
+                elif e.kind == "start":
+                    it = await self._start_item(e)
+                    if it is None:
+                        ok(e)
+                    else:
+                        batch.append((e, it))
+                elif e.kind == "cancel":
+                    it = await self._cancel_item(e)
+                    if it is None:
+                        ok(e)
+                    else:
+                        batch.append((e, it))
+                elif e.kind in ("hold", "release"):
+                    await self._align(e)
+                    ok(e)
+                elif e.kind == "event":
+                    await self._event(e)
+                    ok(e)
+                elif e.kind == "job":
+                    await self._job(e)
+                    ok(e)
+            except Exception as ex:
+                log.exception("entry %s (%s) of job %s/%s failed", e.id.decode(), e.kind,
+                              e.scope, e.job)
+                fail(e, f"{type(ex).__name__}: {ex}")
+
+        if batch:
+            try:
+                await self.settler.settle([it for _, it in batch])
+            except Exception as ex:
+                log.exception("settling %d entries failed", len(batch))
+                for e, _ in batch:
+                    fail(e, f"{type(ex).__name__}: {ex}")
+                batch = []
+            for e, it in batch:
+                if it.outcome == CONFLICT:
+                    fail(e, "lost the compare-and-set race repeatedly")
+                elif it.outcome == ERROR:
+                    fail(e, it.error or "the job cannot be evaluated")
+                else:
+                    ok(e)
+        if dispatch:
+            try:
+                await self.dispatcher.dispatch([(e.scope, e.job, e.action, e.cid)
+                                                for e in dispatch])
+                for e in dispatch:
+                    ok(e)
+            except Exception as ex:
+                log.exception("dispatching %d entries failed", len(dispatch))
+                for e in dispatch:
+                    fail(e, f"{type(ex).__name__}: {ex}")
+        return done, failed
+
+    # ---- start and cancel
+
+    async def _start_item(self, e: Entry) -> Item | None:
+        order = await self.store.order(e.scope, e.job)
+        if order is None or _top(order.get("state", "")) != "AllowedToStart":
+            log.info("start of %s/%s skipped: the job order is %s", e.scope, e.job,
+                     order.get("state") if order else "missing")
+            return None
+        try:
+            body = json.loads(order.get("order") or "{}")
+        except ValueError:
+            body = {}
+        wm_id = body.get("WorkMasterID") if isinstance(body, dict) else None
+        try:
+            if not isinstance(wm_id, str) or not wm_id:
+                raise Unusable("the job order names no WorkMasterID")
+            raw = await self.store.work_master(e.scope, wm_id)
+            if raw is None:
+                raise Unusable(f"Work Master {wm_id!r} is not known in scope {e.scope!r}")
+            graph = self.recipes.compile(raw)
+        except Unusable as u:
+            self.metrics.inc("unusable_recipes")
+            log.error("job %s/%s aborted: %s", e.scope, e.job, u)
+            await self.orders.recipe_transition(e.scope, e.job, "Abort", str(u))
+            return None
+        params = order_params(body)
+        return Item(e.scope, e.job, [Start(e.job, e.scope, params, order.get("token") or None)],
+                    graph=graph)
+
+    async def _cancel_item(self, e: Entry) -> Item | None:
+        order = await self.store.order(e.scope, e.job)
+        state = order.get("state", "") if order else "EndState"
+        top = _top(state)
+        if top not in ("Aborted", "Ended", "EndState"):
+            log.info("cancel of %s/%s skipped: the job order is %s", e.scope, e.job, state)
+            return None
+        reason = (order or {}).get("reason") or "cancelled by the MES"
+        return Item(e.scope, e.job, [Cancel(reason, top == "Ended")])
+
+    # ---- hold and release: align the recipe with the order
+
+    async def _align(self, e: Entry) -> None:
+        for _ in range(ALIGN_ROUNDS):
+            order = await self.store.order(e.scope, e.job)
+            if order is None:
+                return
+            version = order.get("v")
+            held = _top(order.get("state", "")) == "Interrupted"
+            it = Item(e.scope, e.job, [Hold() if held else Release()])
+            await self.settler.settle([it])
+            if it.outcome == CONFLICT:
+                raise RuntimeError("lost the compare-and-set race repeatedly")
+            if it.outcome == ERROR:
+                raise RuntimeError(it.error or "the job cannot be evaluated")
+            again = await self.store.order(e.scope, e.job)
+            if again is None or again.get("v") == version:
+                return
+        raise RuntimeError(f"the job order kept changing over {ALIGN_ROUNDS} rounds")
+
+    # ---- pull events
+
+    async def _event(self, e: Entry) -> None:
+        k = self.store.keys(e.scope)
+        jobs = await self.store.client.zrange(k.waits(e.type_id), 0, MAX_EVENT_CANDIDATES - 1)
+        ev = Event(e.type_id, e.subject, e.correlation, e.data)
+        taker = await self.settler.match_event(e.scope, ev, [j.decode() for j in jobs])
+        if taker is None:
+            self.metrics.inc("events_unmatched")
+        else:
+            self.metrics.inc("events_matched")
+
+    # ---- the recipe's job order transitions
+
+    async def _job(self, e: Entry) -> None:
+        new = await self.orders.recipe_transition(e.scope, e.job, e.action, e.cid)
+        if new is not None or e.action != "Run":
+            return
+        # The order moved on before the recipe ran (an MES Abort or Stop won the race):
+        # the job must not keep running.
+        order = await self.store.order(e.scope, e.job)
+        state = order.get("state", "EndState") if order else "EndState"
+        if _top(state) in ("Aborted", "Ended", "EndState"):
+            reason = (order or {}).get("reason") or f"the job order is {state}"
+            it = Item(e.scope, e.job, [Cancel(reason, _top(state) == "Ended")])
+            await self.settler.settle([it])
+            if it.outcome == APPLIED:
+                log.info("job %s/%s ended: its order is %s", e.scope, e.job, state)
