@@ -139,6 +139,43 @@ class Orders:
             self.metrics.inc("order_retries")
         raise OrderError(INVALID_JOB_ORDER_STATUS, f"job order {job!r} is contended")
 
+    def next_for_recipe(self, cur: dict[str, str] | None, transition: str) -> str | None:
+        """The order state a recipe transition leads to, or None when it does not
+        apply (no order, or the order has moved on)."""
+        if cur is None:
+            return None
+        old = cur.get("state", "")
+        if transition == "Complete":
+            return "Ended_Completed" if _top(old) in ("Running", "Interrupted") else None
+        try:
+            return str(JOB_ORDER.fire(old, transition))
+        except InvalidTransition:
+            return None
+
+    async def recipe_transitions(self, items: list[tuple[str, str, str, str, dict[str, str]]]
+                                 ) -> list[str | bool | None]:
+        """Apply recipe transitions ``(scope, job, transition, reason, current order)``
+        in one pipeline: per item the new state, None (not applicable) or False (lost
+        a race: call ``recipe_transition`` for it)."""
+        calls = []
+        out: list[str | bool | None] = []
+        for scope, job, transition, reason, cur in items:
+            new = self.next_for_recipe(cur, transition)
+            out.append(new)
+            if new is not None:
+                k = self.store.keys(scope)
+                calls.append((self.scripts["order"], [k.order(job), k.work],
+                              [cur["v"], new, "", reason, job, 0]))
+        results = iter(await self.scripts.run(calls))
+        for i, new in enumerate(out):
+            if new is not None:
+                r = next(results)
+                if isinstance(r, Exception):
+                    raise r
+                if not int(r):
+                    out[i] = False
+        return out
+
     async def recipe_transition(self, scope: str, job: str, transition: str,
                                 reason: str = "") -> str | None:
         """Apply the recipe's own transition (``Run``, ``Complete``, ``Abort``) to the
@@ -146,18 +183,9 @@ class Orders:
         won the race): the caller then ends the job."""
         for _ in range(ROUNDS):
             cur = await self.store.order(scope, job)
-            if cur is None:
+            new = self.next_for_recipe(cur, transition)
+            if cur is None or new is None:
                 return None
-            old = cur["state"]
-            if transition == "Complete":
-                if _top(old) not in ("Running", "Interrupted"):
-                    return None
-                new = "Ended_Completed"
-            else:
-                try:
-                    new = JOB_ORDER.fire(old, transition)
-                except InvalidTransition:
-                    return None
             v = await self._write(scope, job, cur["v"], new, [], reason=reason)
             if v:
                 return new

@@ -224,6 +224,26 @@ class Store:
         raw: bytes | None = await self.client.get(self.keys(scope).work_master(wm_id))
         return raw
 
+    async def orders_many(self, pairs: Sequence[tuple[str, str]]) -> list[dict[str, str] | None]:
+        """Several job orders in one pipeline (None for a missing one)."""
+        if not pairs:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for scope, job in pairs:
+            pipe.hgetall(self.keys(scope).order(job))
+        out: list[dict[str, str] | None] = []
+        for raw in await pipe.execute():
+            out.append({k.decode(): v.decode() for k, v in raw.items()} if raw else None)
+        return out
+
+    async def work_masters_many(self, pairs: Sequence[tuple[str, str]]) -> list[bytes | None]:
+        if not pairs:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for scope, wm_id in pairs:
+            pipe.get(self.keys(scope).work_master(wm_id))
+        return list(await pipe.execute())
+
     async def order(self, scope: str, job: str) -> dict[str, str] | None:
         raw = await self.client.hgetall(self.keys(scope).order(job))
         if not raw:

@@ -36,6 +36,17 @@ def _top(state: str) -> str:
     return state.split("_", 1)[0]
 
 
+def _wm_id(order: dict[str, str] | None) -> str | None:
+    if order is None:
+        return None
+    try:
+        body = json.loads(order.get("order") or "{}")
+    except ValueError:
+        return None
+    w = body.get("WorkMasterID") if isinstance(body, dict) else None
+    return w if isinstance(w, str) and w else None
+
+
 def order_params(order: dict[str, Any]) -> dict[str, Any] | None:
     """Job parameters of a job order: ``Parameters`` as an object, or ISA-95 style
     ``JobOrderParameters`` / ``Parameters`` as a list of ``{ID, Value}``."""
@@ -126,6 +137,28 @@ class WorkHandler:
                 done.setdefault(scope, []).append(eid)
         self.metrics.inc("entries", len(entries))
 
+        # One pipeline reads the orders of every start, cancel and job entry, one more
+        # the Work Masters of the starts: a batch costs the same round trips at any size.
+        need = [e for e in entries if e.kind in ("start", "cancel", "job")]
+        orders: dict[int, dict[str, str] | None] = {}
+        wms: dict[int, bytes | None] = {}
+        try:
+            got = await self.store.orders_many([(e.scope, e.job) for e in need])
+            orders = {id(e): o for e, o in zip(need, got, strict=True)}
+            starts = [(e, _wm_id(orders[id(e)])) for e in need if e.kind == "start"]
+            starts = [(e, w) for e, w in starts if w]
+            raw = await self.store.work_masters_many([(e.scope, w) for e, w in starts])
+            wms = {id(e): r for (e, _), r in zip(starts, raw, strict=True)}
+        except Exception as ex:
+            log.exception("reading %d job orders failed", len(need))
+            for e in need:
+                fail(e, f"{type(ex).__name__}: {ex}")
+            entries = [e for e in entries if e not in need]
+            need = []
+        jobs_done = await self._jobs([e for e in need if e.kind == "job"], orders, fail)
+        for e in jobs_done:
+            ok(e)
+
         batch: list[tuple[Entry, Item]] = []
         dispatch: list[Entry] = []
         for e in entries:
@@ -137,13 +170,13 @@ class WorkHandler:
                 elif e.kind == "dispatch":
                     dispatch.append(e)
                 elif e.kind == "start":
-                    it = await self._start_item(e)
+                    it = await self._start_item(e, orders[id(e)], wms.get(id(e)))
                     if it is None:
                         ok(e)
                     else:
                         batch.append((e, it))
                 elif e.kind == "cancel":
-                    it = await self._cancel_item(e)
+                    it = self._cancel_item(e, orders[id(e)])
                     if it is None:
                         ok(e)
                     else:
@@ -153,9 +186,6 @@ class WorkHandler:
                     ok(e)
                 elif e.kind == "event":
                     await self._event(e)
-                    ok(e)
-                elif e.kind == "job":
-                    await self._job(e)
                     ok(e)
             except Exception as ex:
                 log.exception("entry %s (%s) of job %s/%s failed", e.id.decode(), e.kind,
@@ -191,8 +221,8 @@ class WorkHandler:
 
     # ---- start and cancel
 
-    async def _start_item(self, e: Entry) -> Item | None:
-        order = await self.store.order(e.scope, e.job)
+    async def _start_item(self, e: Entry, order: dict[str, str] | None,
+                          raw: bytes | None) -> Item | None:
         if order is None or _top(order.get("state", "")) != "AllowedToStart":
             log.info("start of %s/%s skipped: the job order is %s", e.scope, e.job,
                      order.get("state") if order else "missing")
@@ -205,7 +235,6 @@ class WorkHandler:
         try:
             if not isinstance(wm_id, str) or not wm_id:
                 raise Unusable("the job order names no WorkMasterID")
-            raw = await self.store.work_master(e.scope, wm_id)
             if raw is None:
                 raise Unusable(f"Work Master {wm_id!r} is not known in scope {e.scope!r}")
             graph = self.recipes.compile(raw)
@@ -218,8 +247,7 @@ class WorkHandler:
         return Item(e.scope, e.job, [Start(e.job, e.scope, params, order.get("token") or None)],
                     graph=graph)
 
-    async def _cancel_item(self, e: Entry) -> Item | None:
-        order = await self.store.order(e.scope, e.job)
+    def _cancel_item(self, e: Entry, order: dict[str, str] | None) -> Item | None:
         state = order.get("state", "") if order else "EndState"
         top = _top(state)
         if top not in ("Aborted", "Ended", "EndState"):
@@ -262,10 +290,38 @@ class WorkHandler:
 
     # ---- the recipe's job order transitions
 
+    async def _jobs(self, entries: list[Entry], orders: dict[int, dict[str, str] | None],
+                    fail: Any) -> list[Entry]:
+        """Job entries in one pipeline; the ones that lost a race go one by one."""
+        if not entries:
+            return []
+        done: list[Entry] = []
+        try:
+            res = await self.orders.recipe_transitions(
+                [(e.scope, e.job, e.action, e.cid, orders[id(e)] or {}) for e in entries])
+        except Exception as ex:
+            log.exception("%d job entries failed", len(entries))
+            for e in entries:
+                fail(e, f"{type(ex).__name__}: {ex}")
+            return []
+        for e, new in zip(entries, res, strict=True):
+            try:
+                if new is False:
+                    await self._job(e)
+                elif new is None and e.action == "Run":
+                    await self._orphan_run(e)
+                done.append(e)
+            except Exception as ex:
+                log.exception("job entry %s of %s/%s failed", e.id.decode(), e.scope, e.job)
+                fail(e, f"{type(ex).__name__}: {ex}")
+        return done
+
     async def _job(self, e: Entry) -> None:
         new = await self.orders.recipe_transition(e.scope, e.job, e.action, e.cid)
-        if new is not None or e.action != "Run":
-            return
+        if new is None and e.action == "Run":
+            await self._orphan_run(e)
+
+    async def _orphan_run(self, e: Entry) -> None:
         # The order moved on before the recipe ran (an MES Abort or Stop won the race):
         # the job must not keep running.
         order = await self.store.order(e.scope, e.job)
