@@ -1,0 +1,99 @@
+"""Helpers for host tests: quick configs, a clean database, a simulated station that
+answers commands through the host's answer path, and polling with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+from sfc_fast import Command
+from sfc_fast.events import Completed, Failed
+
+from sfc_host.config import HostConfig
+from sfc_host.equipment import InProcessSink
+from sfc_host.host import Host
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "sfc_host" / "examples"
+
+
+def quick_config(redis_url: str, **kw: Any) -> HostConfig:
+    """Short timings so that sweeps, claims and outages happen within a test."""
+    base: dict[str, Any] = dict(
+        redis_url=redis_url, sweep_interval_ms=30, read_block_ms=20,
+        discover_interval_ms=100, claim_min_idle_ms=300, claim_interval_ms=100,
+        max_deliveries=3, outage_threshold_ms=1500)
+    base.update(kw)
+    return HostConfig(**base)
+
+
+async def flush(redis_url: str) -> None:
+    c = aioredis.Redis.from_url(redis_url)
+    try:
+        await c.flushall()
+    finally:
+        await c.aclose()
+
+
+def work_master(name: str, wm_id: str | None = None) -> dict[str, Any]:
+    """An example Work Master shipped with the package (``tighten_rework`` …)."""
+    wm = json.loads((EXAMPLES / f"{name}.json").read_text())
+    wm["ID"] = wm_id or name
+    return wm
+
+
+async def wait_until(pred: Callable[[], Any], timeout: float = 10.0,
+                     what: str = "condition") -> Any:
+    """Poll ``pred`` (sync or async) until it is truthy; its value."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        v = pred()
+        if isinstance(v, Awaitable):
+            v = await v
+        if v:
+            return v
+        if loop.time() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+Answer = Callable[[Command], "dict[str, Any] | str | None | bool"]
+
+
+class Station:
+    """Answers every command at once through ``host.answer``: ``answer(cmd)`` returns
+    the result fields (completed), a string (failed with that reason), or False (no
+    answer: the command is only recorded)."""
+
+    def __init__(self, answer: Answer | None = None) -> None:
+        self.commands: list[Command] = []
+        self.answer_fn = answer or (lambda c: None)
+        self.hosts: list[Host] = []
+        self.sink = InProcessSink(on_command=self._on_command)
+
+    def attach(self, host: Host) -> Host:
+        self.hosts.append(host)
+        return host
+
+    def _on_command(self, cmd: Command) -> None:
+        self.commands.append(cmd)
+        res = self.answer_fn(cmd)
+        if res is False or not self.hosts:
+            return
+        host = self.hosts[len(self.commands) % len(self.hosts)]
+        if isinstance(res, str):
+            host.answer(cmd.scope, Failed(cmd.command_id, res))
+        else:
+            host.answer(cmd.scope, Completed(cmd.command_id, res))
+
+    def ids(self) -> list[str]:
+        return [c.command_id for c in self.commands]
+
+
+def torque_ok(cmd: Command) -> dict[str, Any] | None:
+    """Answers for ``tighten_rework``: tightening in tolerance at once."""
+    return {"torque": 85} if cmd.action == "tighten" else None

@@ -1,0 +1,268 @@
+"""The host's Redis-side rules, one test each, against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from hosts import Station, flush, quick_config, torque_ok, wait_until, work_master
+
+from sfc_host.host import Host
+from sfc_host.keys import ScopeKeys
+
+S = "line1"
+K = ScopeKeys(S)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+async def _host(redis_url: str, station: Station | None = None, ended: list | None = None,
+                **kw: Any) -> Host:
+    await flush(redis_url)
+    st = station or Station(torque_ok)
+    host = Host(quick_config(redis_url, **kw), st.sink,
+                on_end=(lambda s, j, d: ended.append((j, d.status, d.reason)))
+                if ended is not None else None)
+    st.attach(host)
+    await host.store.put_work_master(S, work_master("tighten_rework", "wm1"))
+    await host.add_scope(S)
+    await host.start()
+    return host
+
+
+async def _order_state(host: Host, job: str) -> str | None:
+    o = await host.orders.get(S, job)
+    return o["state"] if o else None
+
+
+def test_job_runs_to_completion_with_response_and_clean_indexes(redis_url: str) -> None:
+    async def main() -> None:
+        ended: list = []
+        st = Station(torque_ok)
+        host = await _host(redis_url, st, ended)
+        try:
+            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await wait_until(lambda: ended, what="job end")
+            assert ended == [("J1", "completed", None)]
+            assert st.ids() == ["J1:load_part#1", "J1:tighten#2", "J1:unload_part#3"]
+            await wait_until(lambda: _order_state(host, "J1"), what="order")
+            assert await wait_until(
+                lambda: _is(host, "J1", "Ended_Completed"), what="Ended_Completed")
+            resp = json.loads(await host.client.get(K.response("J1")))
+            assert resp["JobOrderID"] == "J1" and resp["StartTime"] <= resp["EndTime"]
+            assert {"ID": "tighten.torque", "Value": 85} in resp["JobResponseData"]
+            c = host.client
+            assert await c.zcard(K.due) == 0 and await c.scard(K.active) == 0
+            view = await host.inspect(S, "J1")
+            assert view["status"] == "completed"
+            assert view["markers"]["sent:tighten"].endswith(":J1:tighten#2")
+        finally:
+            await host.aclose()
+    run(main())
+
+
+async def _is(host: Host, job: str, state: str) -> bool:
+    return await _order_state(host, job) == state
+
+
+def test_start_twice_is_absorbed(redis_url: str) -> None:
+    async def main() -> None:
+        st = Station(lambda c: False)   # no answers: the job stays running
+        host = await _host(redis_url, st)
+        try:
+            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await wait_until(lambda: st.commands, what="first command")
+            v1 = (await host.inspect(S, "J1"))["version"]
+            await host.client.xadd(K.work, {"k": "start", "j": "J1"})
+            await host.client.xadd(K.work, {"k": "start", "j": "J1"})
+            await wait_until(lambda: _no_pending(host), what="entries handled")
+            await asyncio.sleep(0.1)
+            view = await host.inspect(S, "J1")
+            assert view["version"] == v1 and view["status"] == "running"
+            assert st.ids() == ["J1:load_part#1"]
+        finally:
+            await host.aclose()
+    run(main())
+
+
+async def _no_pending(host: Host) -> bool:
+    for k in host.streams.scopes.values():
+        if (await host.client.xpending(k.work, host.config.group))["pending"]:
+            return False
+        if await host.client.xlen(k.work):
+            return False
+    return True
+
+
+def test_restored_job_id_replaces_the_ended_job(redis_url: str) -> None:
+    async def main() -> None:
+        ended: list = []
+        st = Station(torque_ok)
+        host = await _host(redis_url, st, ended)
+        try:
+            order = {"ID": "J1", "WorkMasterID": "wm1"}
+            await host.orders.store_order(S, order, start=True)
+            await wait_until(lambda: ended, what="first run")
+            await wait_until(lambda: _is(host, "J1", "Ended_Completed"), what="completed")
+            # A live order is refused; once cleared the id can be stored again.
+            from sfc_host.orders import INVALID_JOB_ORDER_STATUS, OrderError
+            with pytest.raises(OrderError) as e:
+                await host.orders.store_order(S, order, start=True)
+            assert e.value.status == INVALID_JOB_ORDER_STATUS
+            await host.orders.trigger(S, "J1", "Clear")
+            first = (await host.inspect(S, "J1"))["started_ms"]
+            await host.orders.store_order(S, order, start=True)
+            await wait_until(lambda: len(ended) == 2, what="second run")
+            view = await host.inspect(S, "J1")
+            assert view["status"] == "completed" and view["started_ms"] >= first
+            # The second run's commands are numbered afresh and all went out.
+            assert st.ids()[3:] == ["J1:load_part#1", "J1:tighten#2", "J1:unload_part#3"]
+        finally:
+            await host.aclose()
+    run(main())
+
+
+@pytest.mark.parametrize("case", ["missing", "no_data", "bad_schema", "compile_error"])
+def test_unusable_recipe_aborts_the_job_with_its_reason(redis_url: str, case: str) -> None:
+    async def main() -> None:
+        st = Station(torque_ok)
+        host = await _host(redis_url, st)
+        try:
+            wm = work_master("tighten_rework", "wm2")
+            if case == "no_data":
+                wm["data"] = None
+            elif case == "bad_schema":
+                wm["dataschema"] = "https://example.com/other/v9/"
+            elif case == "compile_error":
+                wm["data"]["Steps"][0]["Initial"] = False
+            await host.store.put_work_master(S, wm)
+            await host.orders.store_order(S, {"ID": "J2", "WorkMasterID": "wm2"}, start=True)
+            if case == "missing":
+                await host.store.delete_work_master(S, "wm2")
+            await wait_until(lambda: _is(host, "J2", "Aborted"), what="order aborted")
+            reason = (await host.orders.get(S, "J2"))["reason"]
+            expect = {"missing": "not known", "no_data": "no recipe data",
+                      "bad_schema": "does not compile", "compile_error": "SFC"}[case]
+            assert expect in reason
+            assert await host.inspect(S, "J2") is None
+            assert st.commands == []
+            assert host.metrics["unusable_recipes"] == 1
+        finally:
+            await host.aclose()
+    run(main())
+
+
+def test_garbled_entries_are_acked_and_counted(redis_url: str) -> None:
+    async def main() -> None:
+        host = await _host(redis_url)
+        try:
+            bad = [{"x": "1"}, {"k": "nonsense", "j": "J"}, {"k": "start"},
+                   {"k": "tick", "j": "J", "g": "soon"}, {"k": "event", "t": "T", "d": "[1"},
+                   {"k": "job", "j": "J", "a": "Explode"}, {"k": "dispatch:a", "j": "J"},
+                   {"k": b"\xff\xfe", "j": "J"}, {"k": "start", "j": "a{b}"}]
+            for f in bad:
+                await host.client.xadd(K.work, f)
+            await wait_until(lambda: host.metrics["invalid_entries"] == len(bad),
+                             what="all counted")
+            await wait_until(lambda: _no_pending(host), what="all acked")
+            # The host keeps serving.
+            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await wait_until(lambda: _is(host, "J1", "Ended_Completed"), what="job done")
+        finally:
+            await host.aclose()
+    run(main())
+
+
+def test_entry_that_raises_stays_pending_then_goes_to_the_dead_stream(redis_url: str) -> None:
+    async def main() -> None:
+        host = await _host(redis_url, Station(lambda c: False))
+        try:
+            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await wait_until(lambda: _is(host, "J1", "Running"), what="running")
+            await wait_until(lambda: _no_pending(host), what="quiet")
+            # A state that cannot be decoded: every handler of the job raises.
+            await host.client.hset(K.job("J1"), "s", b"garbage")
+            eid = await host.client.xadd(K.work, {"k": "tick", "j": "J1"})
+            await wait_until(lambda: host.metrics["entry_failures"] >= 1, what="failure")
+            p = await host.client.xpending(K.work, host.config.group)
+            assert p["pending"] == 1        # not acked after the handler failed
+            await wait_until(lambda: host.metrics["dead_entries"] == 1, timeout=15,
+                             what="dead letter")
+            dead = await host.client.xrange(K.dead)
+            assert len(dead) == 1
+            fields = dead[0][1]
+            assert fields[b"id"] == eid and fields[b"k"] == b"tick"
+            assert b"StateFormatError" in fields[b"reason"]
+            assert host.metrics["entry_failures"] == host.config.max_deliveries
+            assert (await host.client.xpending(K.work, host.config.group))["pending"] == 0
+            assert not await host.client.hlen(K.errors)
+        finally:
+            await host.aclose()
+    run(main())
+
+
+def test_scripts_are_loaded_again_after_script_flush(redis_url: str) -> None:
+    async def main() -> None:
+        ended: list = []
+        host = await _host(redis_url, Station(torque_ok), ended)
+        try:
+            await host.client.script_flush()
+            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await wait_until(lambda: ended, what="job end")
+            assert ended[0][1] == "completed"
+            assert host.scripts.reloads >= 1
+        finally:
+            await host.aclose()
+    run(main())
+
+
+def test_tick_that_writes_nothing_puts_the_job_back(redis_url: str) -> None:
+    async def main() -> None:
+        st = Station(lambda c: False)
+        host = await _host(redis_url, st)
+        try:
+            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await wait_until(lambda: st.commands, what="command")
+            await wait_until(lambda: _no_pending(host), what="quiet")
+            deadline = await host.client.zscore(K.due, "J1")
+            assert deadline is not None
+            version = (await host.inspect(S, "J1"))["version"]
+            # A sweep popped it early (as after a clock step): the tick finds nothing due.
+            await host.client.zrem(K.due, "J1")
+            await host.client.xadd(K.work, {"k": "tick", "j": "J1"})
+            await wait_until(lambda: host.client.zscore(K.due, "J1"), what="put back")
+            assert await host.client.zscore(K.due, "J1") == deadline
+            assert (await host.inspect(S, "J1"))["version"] == version   # nothing written
+        finally:
+            await host.aclose()
+    run(main())
+
+
+def test_outage_moves_deadlines_instead_of_timing_out(redis_url: str) -> None:
+    async def main() -> None:
+        st = Station(lambda c: False)
+        host = await _host(redis_url, st, outage_threshold_ms=1000)
+        try:
+            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await wait_until(lambda: st.commands, what="command")
+            before = (await host.inspect(S, "J1"))["actions"]["load_part"]["deadline_ms"]
+            # The scope was not swept for 25 s, longer than the action's 20 s timeout.
+            now = await host.store.now_ms()
+            gap = 25_000
+            await host.client.set(K.heartbeat, now - gap)
+            await wait_until(lambda: host.metrics["outages"] >= 1, what="outage seen")
+            await wait_until(lambda: _no_pending(host), what="quiet")
+            view = await host.inspect(S, "J1")
+            assert view["status"] == "running"          # no timeout
+            a = view["actions"]["load_part"]
+            assert a["attempt"] == 1 and a["command_id"] == "J1:load_part#1"
+            assert gap <= a["deadline_ms"] - before <= gap + 2000
+            assert await host.client.zscore(K.due, "J1") == a["deadline_ms"]
+            assert st.ids() == ["J1:load_part#1"]
+        finally:
+            await host.aclose()
+    run(main())
