@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+
 from sfc_fast import Command
 from sfc_fast.events import Completed, Failed
-
 from sfc_host.config import HostConfig
 from sfc_host.equipment import InProcessSink
 from sfc_host.host import Host
@@ -61,7 +61,7 @@ async def wait_until(pred: Callable[[], Any], timeout: float = 10.0,
         await asyncio.sleep(0.01)
 
 
-Answer = Callable[[Command], "dict[str, Any] | str | None | bool"]
+Answer = Callable[[Command], "dict[str, Any] | str | bool | None"]
 
 
 class Station:

@@ -165,7 +165,7 @@ class Streams:
         else:
             res = await self.client.xreadgroup(
                 self.group, self.consumer, {k.work: ">" for k in self.scopes.values()},
-                count=count, block=block_ms)
+                count=count, block=block_ms or None)   # BLOCK 0 would wait forever
         out: list[Raw] = []
         for stream, items in res or ():
             scope = self._by_stream[stream if isinstance(stream, bytes) else stream.encode()]
