@@ -142,17 +142,18 @@ class Orders:
     def next_for_recipe(self, cur: dict[str, str] | None, transition: str) -> str | None:
         """The order state a recipe transition leads to, or None when it does not
         apply (no order, or the order has moved on)."""
-        if cur is None:
+        old = cur.get("state") if cur is not None else None
+        if not old or not cur or "v" not in cur:
             return None
-        old = cur.get("state", "")
         if transition == "Complete":
             return "Ended_Completed" if _top(old) in ("Running", "Interrupted") else None
         try:
             return str(JOB_ORDER.fire(old, transition))
-        except InvalidTransition:
+        except (InvalidTransition, ValueError):   # ValueError: an unknown stored state
             return None
 
-    async def recipe_transitions(self, items: list[tuple[str, str, str, str, dict[str, str]]]
+    async def recipe_transitions(self,
+                                 items: list[tuple[str, str, str, str, dict[str, str] | None]]
                                  ) -> list[str | bool | None]:
         """Apply recipe transitions ``(scope, job, transition, reason, current order)``
         in one pipeline: per item the new state, None (not applicable) or False (lost
@@ -164,6 +165,7 @@ class Orders:
             out.append(new)
             if new is not None:
                 k = self.store.keys(scope)
+                assert cur is not None
                 calls.append((self.scripts["order"], [k.order(job), k.work],
                               [cur["v"], new, "", reason, job, 0]))
         results = iter(await self.scripts.run(calls))

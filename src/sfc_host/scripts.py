@@ -3,6 +3,15 @@
 Names and values always travel as KEYS and ARGV, never inside the code. A batch of
 calls goes out as one pipeline; calls refused with ``NOSCRIPT`` (a ``SCRIPT FLUSH``,
 a restarted or failed-over Redis) are loaded again and retried once.
+
+On Redis Cluster the same code runs: ``SCRIPT LOAD`` goes to every primary (redis-py
+routes it so), a pipeline groups its calls by the node owning each call's slot (all
+keys of a call share the scope's hash tag) and sends the groups concurrently, and a
+``NOSCRIPT`` from any node loads the scripts again on every primary before the refused
+calls are retried. redis-py refuses ``pipe.evalsha`` on a cluster pipeline (it cannot
+know the keys share a slot), so calls are queued as the plain ``EVALSHA`` command,
+which the cluster pipeline routes by its keys; on one Redis this is exactly what
+``pipe.evalsha`` sends.
 """
 
 from __future__ import annotations
@@ -90,5 +99,5 @@ class Scripts:
     async def _pipe(self, calls: Sequence[Call]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for s, k, a in calls:
-            pipe.evalsha(s.sha, len(k), *k, *a)
+            pipe.execute_command("EVALSHA", s.sha, len(k), *k, *a)
         return list(await pipe.execute(raise_on_error=False))

@@ -298,7 +298,7 @@ class WorkHandler:
         done: list[Entry] = []
         try:
             res = await self.orders.recipe_transitions(
-                [(e.scope, e.job, e.action, e.cid, orders[id(e)] or {}) for e in entries])
+                [(e.scope, e.job, e.action, e.cid, orders.get(id(e))) for e in entries])
         except Exception as ex:
             log.exception("%d job entries failed", len(entries))
             for e in entries:
@@ -323,11 +323,14 @@ class WorkHandler:
 
     async def _orphan_run(self, e: Entry) -> None:
         # The order moved on before the recipe ran (an MES Abort or Stop won the race):
-        # the job must not keep running.
+        # the job must not keep running. A job with no order at all was started by an
+        # embedding program, not the MES: it is left alone.
         order = await self.store.order(e.scope, e.job)
-        state = order.get("state", "EndState") if order else "EndState"
+        if order is None:
+            return
+        state = order.get("state", "EndState")
         if _top(state) in ("Aborted", "Ended", "EndState"):
-            reason = (order or {}).get("reason") or f"the job order is {state}"
+            reason = order.get("reason") or f"the job order is {state}"
             it = Item(e.scope, e.job, [Cancel(reason, _top(state) == "Ended")])
             await self.settler.settle([it])
             if it.outcome == APPLIED:
