@@ -137,14 +137,17 @@ class Streams:
         if scope in self.scopes:
             return False
         k = ScopeKeys(scope)
+        await self._create_group(k)
+        self.scopes[scope] = k
+        self._by_stream[k.work.encode()] = scope
+        return True
+
+    async def _create_group(self, k: ScopeKeys) -> None:
         try:
             await self.client.xgroup_create(k.work, self.group, id="0", mkstream=True)
         except ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
-        self.scopes[scope] = k
-        self._by_stream[k.work.encode()] = scope
-        return True
 
     async def read(self, block_ms: int | None = None) -> list[Raw]:
         """New entries of all scopes (blocking up to ``block_ms`` when none)."""
@@ -152,16 +155,7 @@ class Streams:
             return []
         count = self.config.read_count
         if self.cluster:
-            pipe = self.client.pipeline(transaction=False)
-            for k in self.scopes.values():
-                pipe.xreadgroup(self.group, self.consumer, {k.work: ">"}, count=count)
-            replies = await pipe.execute(raise_on_error=False)
-            res: list[Any] = []
-            for r in replies:
-                if isinstance(r, Exception):
-                    raise r
-                if r:
-                    res.extend(r)
+            res = await self._read_cluster(count)
         else:
             res = await self.client.xreadgroup(
                 self.group, self.consumer, {k.work: ">" for k in self.scopes.values()},
@@ -172,6 +166,36 @@ class Streams:
             for entry_id, fields in items:
                 out.append((scope, entry_id, fields))
         return out
+
+    async def _read_cluster(self, count: int) -> list[Any]:
+        """One non-blocking XREADGROUP per scope (streams of two scopes may live on
+        two nodes, and one XREADGROUP cannot span slots), all in one pipeline that
+        redis-py splits by node and sends concurrently. A scope whose read fails does
+        not cost the entries the others delivered: its error is logged and counted, a
+        lost group (the stream was deleted) is created again; only when every read
+        fails does the pass fail."""
+        keys = list(self.scopes.values())
+        pipe = self.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.xreadgroup(self.group, self.consumer, {k.work: ">"}, count=count)
+        replies = await pipe.execute(raise_on_error=False)
+        res: list[Any] = []
+        failed: list[Exception] = []
+        for k, r in zip(keys, replies, strict=True):
+            if not isinstance(r, Exception):
+                if r:
+                    res.extend(r)
+                continue
+            self.metrics.inc("read_errors")
+            if isinstance(r, ResponseError) and "NOGROUP" in str(r):
+                log.warning("scope %s: work stream or group gone; creating it again", k.scope)
+                await self._create_group(k)
+            else:
+                log.error("scope %s: reading the work stream failed: %s", k.scope, r)
+                failed.append(r)
+        if failed and len(failed) == len(keys):
+            raise failed[0]
+        return res
 
     async def claim(self, scope: str, now: float) -> tuple[list[Raw], list[Raw]]:
         """Take over entries idle longer than the claim threshold (at most every claim
