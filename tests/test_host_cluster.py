@@ -411,11 +411,6 @@ def test_deleted_work_stream_is_recreated_and_other_scopes_go_on(
 # ---- the same job id in several scopes
 
 
-@pytest.mark.xfail(reason="bug: Dispatcher.dispatch (src/sfc_host/equipment.py:88-110) "
-                   "skips a command whose id was seen in the same batch, keyed by command "
-                   "id only; ids are {job}:{action}#{n}, unique per scope, so equal job ids "
-                   "in two scopes lose all but one command until the action's timeout",
-                   strict=True)
 def test_same_job_id_in_every_scope(redis_cluster: RedisClusterServer) -> None:
     async def body(rc: RedisCluster) -> None:
         station = Station(torque_ok)

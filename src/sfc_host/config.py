@@ -39,7 +39,7 @@ class HostConfig:
     claim_interval_ms: int = 5_000       # XAUTOCLAIM at most this often per scope
     max_deliveries: int = 5              # then the entry goes to the dead stream
     cas_rounds: int = 4                  # reads again after a lost race, then leaves it
-    trim_acked: bool = True              # delete acked entries (one group per stream)
+    trim_acked: bool = True              # the sweep trims entries every group has acked
     # Time
     sweep_interval_ms: int = 200         # how often each scope's due jobs are popped
     sweep_limit: int = 1000              # jobs popped per scope and sweep
@@ -48,6 +48,7 @@ class HostConfig:
     answer_batch: int = 512              # answers settled together
     # Caches
     graph_cache_size: int = 512          # compiled recipes kept in memory
+    state_cache_size: int = 100_000      # job states kept to evolve answers without a read
     # Logging
     log_level: str = "INFO"
 

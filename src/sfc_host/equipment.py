@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from sfc_fast import Command, open_command, sent_markers
 from sfc_fast.events import NotHeld
-from sfc_host.jobs import Item, Settler
+from sfc_host.jobs import Fresh, Item, Settler
 from sfc_host.metrics import Metrics
 from sfc_host.store import Store
 
@@ -72,6 +72,45 @@ class Dispatcher:
         self.sink = sink
         self.metrics = metrics
 
+    async def send_fresh(self, fresh: Sequence[Fresh]) -> None:
+        """Send commands this host just made (their entries are pending on it), then
+        write their markers and ack their entries in one pipeline."""
+        to_send: list[Command] = []
+        sent: list[Fresh] = []
+        acks: dict[str, list[bytes]] = {}
+        not_held: list[Item] = []
+        for f in fresh:
+            cmd = f.command
+            cid = cmd.command_id
+            acks.setdefault(f.scope, []).append(f.entry_id)
+            value = f"{f.started}:{cid}".encode()
+            if (f.hold_marker if cmd.hold else f.sent_marker) == value:
+                self.metrics.inc("dispatch_already_sent")
+                continue
+            if cmd.hold and f.sent_marker != f"{f.started}:{cid[:-5]}".encode():
+                not_held.append(Item(f.scope, f.job, [NotHeld(cid)]))
+                self.metrics.inc("hold_answered_not_held")
+                continue
+            to_send.append(cmd)
+            sent.append(f)
+        marks: dict[str, list[tuple[str, str, str]]] = {}
+        if to_send:
+            queued = await self.sink.send(to_send)
+            n = 0
+            for f, ok in zip(sent, queued, strict=True):
+                if ok:
+                    cmd = f.command
+                    field = f"sent:{cmd.action}:hold" if cmd.hold else f"sent:{cmd.action}"
+                    marks.setdefault(f.scope, []).append(
+                        (f.job, field, f"{f.started}:{cmd.command_id}"))
+                    n += 1
+                else:
+                    self.metrics.inc("queue_full")
+            self.metrics.inc("commands_sent", n)
+        await self.store.write_markers(marks, acks)
+        if not_held:
+            await self.settler.settle(not_held)
+
     async def dispatch(self, entries: Sequence[tuple[str, str, str, str]]) -> None:
         """Send the commands of ``(scope, job, action, command_id)`` entries."""
         if not entries:
@@ -85,10 +124,10 @@ class Dispatcher:
         to_send: list[Command] = []
         marks: list[tuple[str, str, str, str]] = []   # scope, job, field, value
         not_held: list[Item] = []
-        seen: set[str] = set()
+        seen: set[tuple[str, str]] = set()
         for scope, job, action, cid in entries:
             row = rows[scope][1][job]
-            if row.state is None or row.fingerprint is None or cid in seen:
+            if row.state is None or row.fingerprint is None or (scope, cid) in seen:
                 self.metrics.inc("dispatch_skipped")
                 continue
             graph = await self.store.graph(scope, row.fingerprint)
@@ -107,7 +146,7 @@ class Dispatcher:
             if row.markers.get(field.encode()) == value.encode():
                 self.metrics.inc("dispatch_already_sent")
                 continue
-            seen.add(cid)
+            seen.add((scope, cid))
             if cmd.hold:
                 work = cid[:-5]
                 if row.markers.get(f"sent:{action}".encode()) != f"{started}:{work}".encode():

@@ -20,11 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from sfc_fast import state_to_json
 from sfc_fast.events import BaseEvent
 from sfc_fast.runner import job_of_command
+from sfc_host.client import redis_from_url
 from sfc_host.config import HostConfig
 from sfc_host.equipment import CommandSink, Dispatcher, InProcessSink
 from sfc_host.jobs import APPLIED, CONFLICT, ERROR, MISSING, Item, Settler
@@ -48,7 +47,7 @@ def connect(config: HostConfig) -> Any:
     if config.redis_cluster:
         from redis.asyncio.cluster import RedisCluster
         return RedisCluster.from_url(config.redis_url)
-    return aioredis.Redis.from_url(config.redis_url, max_connections=config.redis_pool_size)
+    return redis_from_url(config.redis_url, max_connections=config.redis_pool_size)
 
 
 class Host:
@@ -61,7 +60,8 @@ class Host:
         self.client = client if client is not None else connect(self.config)
         self._own_client = client is None
         self.scripts = Scripts(self.client)
-        self.store = Store(self.client, self.scripts, GraphCache(self.config.graph_cache_size))
+        self.store = Store(self.client, self.scripts, GraphCache(self.config.graph_cache_size),
+                           self.config.state_cache_size, self.config.group)
         self.settler = Settler(self.store, self.config, self.metrics, on_end)
         self.dispatcher = Dispatcher(self.store, self.settler, self.sink, self.metrics)
         self.orders = Orders(self.store, self.scripts, self.metrics)
@@ -70,6 +70,12 @@ class Host:
         self.work = WorkHandler(self.store, self.settler, self.dispatcher, self.orders,
                                 self.config, self.metrics)
         self.sweeper = Sweeper(self.scripts, self.config, self.metrics)
+        self.settler.dispatcher = self.dispatcher
+        self.settler.serves = self.streams.scopes.__contains__
+        self.settler.on_delivered = self._delivered
+        self._local: list[tuple[str, bytes, dict[bytes, bytes]]] = []
+        self._local_ready = asyncio.Event()
+        self._stopping = asyncio.Event()
         self._loops = loops
         self._tasks: list[asyncio.Task[None]] = []
         self._answers: list[tuple[str, BaseEvent]] = []
@@ -91,6 +97,7 @@ class Host:
             self._tasks = [asyncio.create_task(self._run(name, fn), name=f"sfc-{name}")
                            for name, fn in (("consume", self.consume_once),
                                             ("answers", self._answer_pass),
+                                            ("local", self._local_pass),
                                             ("sweep", self._sweep_pass),
                                             ("discover", self._discover_pass))]
         return self
@@ -102,9 +109,17 @@ class Host:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Stop: each loop finishes the pass it is in (a batch half sent would wait
+        for the claim idle time on another host), then the client is closed."""
         self._closing = True
-        for t in self._tasks:
-            t.cancel()
+        self._stopping.set()
+        self._answers_ready.set()
+        self._local_ready.set()
+        if self._tasks:
+            _, late = await asyncio.wait(self._tasks, timeout=max(
+                2.0, 2 * self.config.read_block_ms / 1000))
+            for t in late:
+                t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
@@ -145,14 +160,44 @@ class Host:
             if await self.streams.add_scope(scope):
                 log.info("serving scope %s", scope)
 
+    async def _sleep(self, ms: int) -> bool:
+        """Sleep, cut short by ``aclose``; False when closing."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), ms / 1000)
+        return not self._closing
+
     async def _discover_pass(self) -> None:
-        await asyncio.sleep(self.config.discover_interval_ms / 1000)
-        await self.discover()
+        if await self._sleep(self.config.discover_interval_ms):
+            await self.discover()
 
     # ---- work entries
 
+    def _delivered(self, scope: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        """Entries a compare-and-set delivered to this host: handled by the local task."""
+        self._local.extend((scope, eid, f) for eid, f in entries)
+        self._local_ready.set()
+
+    async def _handle_local(self) -> int:
+        n = 0
+        while self._local:
+            raws, self._local = self._local[:self.config.read_count * 4], \
+                self._local[self.config.read_count * 4:]
+            done, failed = await self.work.handle(raws)
+            await self.streams.ack(done, failed)
+            n += len(raws)
+        return n
+
+    async def _local_pass(self) -> None:
+        await self._local_ready.wait()
+        self._local_ready.clear()
+        if self._closing:
+            return
+        await self._handle_local()
+
     async def consume_once(self, block_ms: int | None = None) -> int:
         """Read and handle one batch of entries (and orphans taken over); how many."""
+        if self._local:
+            return await self._handle_local()
         if not self.streams.scopes:
             await asyncio.sleep(self.config.read_block_ms / 1000)
             return 0
@@ -239,8 +284,7 @@ class Host:
         return await self.sweeper.sweep(list(self.streams.scopes.values()))
 
     async def _sweep_pass(self) -> None:
-        await asyncio.sleep(self.config.sweep_interval_ms / 1000)
-        if self.streams.scopes:
+        if await self._sleep(self.config.sweep_interval_ms) and self.streams.scopes:
             await self.sweep_once()
 
     # ---- reading

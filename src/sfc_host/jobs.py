@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sfc_fast import Graph, evolve, job_index, sent_markers, state_to_json
+from sfc_fast import Graph, evolve, job_index, open_command, sent_markers, state_to_json
 from sfc_fast.events import BaseEvent, Event, Start, Tick
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
-from sfc_host.store import JobRow, Record, Store
+from sfc_host.store import JobRow, Record, Store, started_at
 
 log = logging.getLogger("sfc_host.jobs")
 
@@ -34,27 +34,48 @@ MISSING = "missing"      # no such job (or its recipe is gone)
 CONFLICT = "conflict"    # lost the race cas_rounds times
 ERROR = "error"          # the job cannot be evaluated (unreadable state); see .error
 
+Delivered = tuple[bytes, dict[bytes, bytes]]
 EventsFn = Callable[[JobRow, Graph, bytes | None], Sequence[BaseEvent]]
 
 
 class Item:
     """Events for one job, settled in order; the outcome is set by ``Settler.settle``."""
 
-    __slots__ = ("decision", "error", "events", "graph", "job", "outcome", "putback", "scope")
+    __slots__ = ("decision", "error", "events", "fresh", "graph", "job", "outcome", "putback",
+                 "scope")
 
     def __init__(self, scope: str, job: str, events: Sequence[BaseEvent] | EventsFn,
-                 *, graph: Graph | None = None, putback: bool = False) -> None:
+                 *, graph: Graph | None = None, putback: bool = False,
+                 fresh: bool = False) -> None:
         self.scope = scope
         self.job = job
         self.events = events
         self.graph = graph          # a Start brings the recipe it pins
         self.putback = putback      # a tick that writes nothing puts the job back
+        self.fresh = fresh          # read the job from Redis (markers needed), not the cache
         self.outcome: str | None = None
         self.error: str | None = None
         self.decision: Any = None   # the last Decision of this item
 
     def __repr__(self) -> str:
         return f"Item({self.scope}/{self.job}, {self.outcome})"
+
+
+class Fresh:
+    """A command this host just made, with what its compare-and-set reported."""
+
+    __slots__ = ("command", "entry_id", "hold_marker", "job", "scope", "sent_marker",
+                 "started")
+
+    def __init__(self, scope: str, job: str, command: Any, entry_id: bytes,
+                 sent_marker: bytes | None, hold_marker: bytes | None, started: int) -> None:
+        self.scope = scope
+        self.job = job
+        self.command = command
+        self.entry_id = entry_id
+        self.sent_marker = sent_marker
+        self.hold_marker = hold_marker
+        self.started = started
 
 
 def tick_events(gap_ms: int) -> EventsFn:
@@ -96,7 +117,12 @@ def job_response(graph: Graph, state: bytes, now_ms: int) -> str:
 
 
 class Settler:
-    """Evolves and stores jobs in batches."""
+    """Evolves and stores jobs in batches.
+
+    After a successful write, the commands the new states issue go straight to the
+    dispatcher (the compare-and-set delivered their entries to this host); other entries
+    it delivered go to ``on_delivered`` (the host's local queue).
+    """
 
     def __init__(self, store: Store, config: HostConfig, metrics: Metrics,
                  on_end: Callable[[str, str, Any], None] | None = None) -> None:
@@ -104,13 +130,16 @@ class Settler:
         self.config = config
         self.metrics = metrics
         self.on_end = on_end
+        self.dispatcher: Any = None
+        self.on_delivered: Callable[[str, list[Delivered]], None] | None = None
+        self.serves: Callable[[str], bool] = lambda scope: False
 
     async def settle(self, items: Sequence[Item]) -> None:
         pending = list(items)
-        for _ in range(self.config.cas_rounds):
+        for rnd in range(self.config.cas_rounds):
             if not pending:
                 return
-            pending = await self._round(pending)
+            pending = await self._round(pending, rnd == 0)
             if pending:
                 self.metrics.inc("cas_retries", len(pending))
         for it in pending:
@@ -119,41 +148,116 @@ class Settler:
             log.warning("job %s/%s: lost the race %d times; left for later", it.scope, it.job,
                         self.config.cas_rounds)
 
-    async def _round(self, items: list[Item]) -> list[Item]:
+    async def _round(self, items: list[Item], first: bool) -> list[Item]:
         wanted: dict[str, dict[str, list[Item]]] = {}
         for it in items:
             it.outcome = None
             wanted.setdefault(it.scope, {}).setdefault(it.job, []).append(it)
-        rows = await self.store.load({s: list(jobs) for s, jobs in wanted.items()})
+        # Jobs this host wrote last are evolved from the cache on the first round; a
+        # stale one loses the compare-and-set and is read on the next.
+        cache = self.store.cache
+        rows: dict[str, tuple[int, dict[str, JobRow]]] = {}
+        to_load: dict[str, list[str]] = {}
+        for s, jobs in wanted.items():
+            got: dict[str, JobRow] = {}
+            for job, its in jobs.items():
+                r = cache.get(s, job) if first else None
+                if r is None or any(it.fresh for it in its):
+                    to_load.setdefault(s, []).append(job)
+                else:
+                    got[job] = r
+            rows[s] = (0, got)
+        if to_load:
+            loaded = await self.store.load(to_load)
+            for s, (now, got) in loaded.items():
+                rows[s][1].update(got)
+                rows[s] = (now, rows[s][1])
         batches: dict[str, list[Record]] = {}
-        plans: dict[str, list[tuple[list[Item], Record, Graph]]] = {}
+        plans: dict[str, list[tuple[list[Item], Record, Graph, list]]] = {}
+        stale: list[Item] = []
         for s, jobs in wanted.items():
             now, byjob = rows[s]
+            if not now:
+                now = self.store.clock.now_ms() if self.store.clock.synced else \
+                    await self.store.now_ms()
+            cached = to_load.get(s, ())
             for job, its in jobs.items():
                 planned = await self._plan(s, now, byjob[job], its)
+                # Nothing applied: only a state just read proves that; one from the
+                # cache may be behind, so the job is read and evolved again.
+                if ((planned is None or planned[0].state is None) and first
+                        and job not in cached and all(it.outcome != ERROR for it in its)):
+                    stale.extend(its)
+                    continue
                 if planned is not None:
-                    rec, graph = planned
+                    rec, graph, decisions = planned
                     batches.setdefault(s, []).append(rec)
-                    plans.setdefault(s, []).append((its, rec, graph))
+                    plans.setdefault(s, []).append((its, rec, graph, decisions))
+        if stale:
+            self.metrics.inc("cache_rereads", len(stale))
+            for it in stale:
+                it.fresh = True
         if not batches:
-            return []
-        versions = await self.store.commit(batches)
-        retry: list[Item] = []
+            return stale
+        c = self.config
+        deliver = (c.group, c.consumer_name, c.read_count)
+        results = await self.store.commit(batches, deliver, self.serves)
+        retry: list[Item] = stale
+        fresh: list[Fresh] = []
         for s, lst in plans.items():
-            for (its, rec, _graph), v in zip(lst, versions[s], strict=True):
+            res = results[s]
+            marks = iter(res.marks)
+            made: list[Fresh] = []
+            for (its, rec, graph, decisions), v in zip(lst, res.versions, strict=True):
                 if v == 0:
                     retry.extend(its)
                     continue
                 if rec.graph is not None:
                     self.store.graphs.stored.add((s, rec.fingerprint))
+                if rec.state is not None:
+                    cache.put(s, JobRow(rec.job, str(v).encode(), rec.state, graph.fingerprint))
+                self._fresh(s, rec, graph, decisions, marks, made)
                 for it in its:
                     d = it.decision
                     if it.outcome == APPLIED and d.status in TERMINAL and self.on_end:
                         self.on_end(s, it.job, d)
+            # Commands whose entries this call delivered to us go out now; any other
+            # entry it delivered is handled like one read from the stream.
+            got = {eid for eid, _ in res.delivered}
+            made = [f for f in made if f.entry_id in got]
+            fresh.extend(made)
+            ours = {f.entry_id for f in made}
+            rest = [e for e in res.delivered if e[0] not in ours]
+            if rest and self.on_delivered is not None:
+                self.on_delivered(s, rest)
+        if fresh and self.dispatcher is not None:
+            await self.dispatcher.send_fresh(fresh)
         return retry
 
+    @staticmethod
+    def _fresh(scope: str, rec: Record, graph: Graph, decisions: list, marks: Any,
+               out: list[Fresh]) -> None:
+        cmds = None
+        started = 0
+        for kind, _, cid in rec.entries:
+            if not kind.startswith("dispatch:"):
+                continue
+            eid, m1, m2 = next(marks), next(marks), next(marks)
+            if cmds is None:
+                cmds = {c.command_id: c for d in decisions for c in d.commands}
+                started = started_at(rec.state) if rec.state is not None else 0
+            cmd = cmds.get(cid)
+            if cmd is None or rec.state is None:
+                continue
+            if len(decisions) > 1:
+                # a later event of the same batch may have settled it
+                cur = open_command(graph, rec.state, cmd.action)
+                if cur is None or cur.command_id != cid:
+                    continue
+            out.append(Fresh(scope, rec.job, cmd, eid, m1 or None, m2 or None, started))
+
     async def _plan(self, scope: str, now: int, row: JobRow,
-                    its: list[Item]) -> tuple[Record, Graph] | None:
+                    its: list[Item]) -> tuple[Record, Graph, list] | None:
         start_graph = next((it.graph for it in its if it.graph is not None), None)
         state = row.state
         reset = False
@@ -199,9 +303,10 @@ class Settler:
             return None
         if not decisions:
             if any(it.putback for it in its):
-                return self._putback(row, its), graph
+                return self._putback(row, its), graph, []
             return None
-        return self._record(scope, now, row, graph, decisions, reset, start_graph), graph
+        return self._record(scope, now, row, graph, decisions, reset, start_graph), graph, \
+            decisions
 
     async def _replaced(self, scope: str, row: JobRow,
                         its: list[Item]) -> tuple[bytes | None, bool]:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from redis.exceptions import NoScriptError
 
 from sfc_fast import Graph, StateFormatError
 from sfc_host.keys import ScopeKeys
@@ -69,6 +72,80 @@ class Record:
     response: str | None = None
 
 
+def started_at(state: bytes) -> int:
+    """The start time in a state document (the varint after the 16-byte header): the
+    run a sent marker belongs to (``{startedAt}:{commandId}``)."""
+    v = shift = 0
+    i = 16
+    while True:
+        b = state[i]
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v
+        shift += 7
+        i += 1
+
+
+class ServerClock:
+    """The server's clock, read with every load and sweep and carried forward on the
+    monotonic clock in between: the host's own wall clock never decides a time."""
+
+    def __init__(self) -> None:
+        self._server_ms = 0
+        self._mono = 0.0
+
+    def sync(self, server_ms: int) -> None:
+        self._server_ms = server_ms
+        self._mono = time.monotonic()
+
+    @property
+    def synced(self) -> bool:
+        return self._server_ms > 0
+
+    def now_ms(self) -> int:
+        return self._server_ms + int((time.monotonic() - self._mono) * 1000)
+
+
+class StateCache:
+    """The states this host wrote or read last, so that an answer can be evolved without
+    reading its job first. A stale entry is harmless: the compare-and-set refuses it
+    and the job is read again."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._rows: OrderedDict[tuple[str, str], JobRow] = OrderedDict()
+        self.hits = 0
+
+    def get(self, scope: str, job: str) -> JobRow | None:
+        r = self._rows.get((scope, job))
+        if r is not None:
+            self.hits += 1
+        return r
+
+    def put(self, scope: str, row: JobRow) -> None:
+        if self.size <= 0:
+            return
+        key = (scope, row.job)
+        rows = self._rows
+        if key in rows:
+            rows.move_to_end(key)
+        rows[key] = row
+        if len(rows) > self.size:
+            rows.popitem(last=False)
+
+    def drop(self, scope: str, job: str) -> None:
+        self._rows.pop((scope, job), None)
+
+
+@dataclass(slots=True)
+class Committed:
+    """What one scope's compare-and-set call reports."""
+
+    versions: list[int]
+    marks: list[Any]          # per dispatch entry written: id, sent marker, hold marker
+    delivered: list[tuple[bytes, dict[bytes, bytes]]]
+
+
 class GraphCache:
     """Compiled recipes by fingerprint (LRU), read from the scope when missing.
 
@@ -98,10 +175,14 @@ class GraphCache:
 
 
 class Store:
-    def __init__(self, client: Any, scripts: Scripts, graphs: GraphCache) -> None:
+    def __init__(self, client: Any, scripts: Scripts, graphs: GraphCache,
+                 cache_size: int = 0, group: str = "sfc-host") -> None:
+        self.group = group
         self.client = client
         self.scripts = scripts
         self.graphs = graphs
+        self.cache = StateCache(cache_size)
+        self.clock = ServerClock()
         self._keys: dict[str, ScopeKeys] = {}
 
     def keys(self, scope: str) -> ScopeKeys:
@@ -122,11 +203,18 @@ class Store:
             calls.append((self.scripts["load"], [k.job(j) for j in wanted[s]], ()))
         results = await self.scripts.run(calls)
         out: dict[str, tuple[int, dict[str, JobRow]]] = {}
+        cache = self.cache
         for s, res in zip(scopes, results, strict=True):
             if isinstance(res, Exception):
                 raise res
             jobs = wanted[s]
-            out[s] = (int(res[0]), {j: _row(j, res[i + 1]) for i, j in enumerate(jobs)})
+            rows = {}
+            for i, j in enumerate(jobs):
+                r = rows[j] = _row(j, res[i + 1])
+                if r.state is not None:
+                    cache.put(s, r)
+            out[s] = (int(res[0]), rows)
+            self.clock.sync(int(res[0]))
         return out
 
     async def graph(self, scope: str, fp: str) -> Graph | None:
@@ -147,7 +235,8 @@ class Store:
 
     # ---- writing
 
-    def cas_call(self, scope: str, records: Sequence[Record]) -> Call:
+    def cas_call(self, scope: str, records: Sequence[Record],
+                 deliver: tuple[str, str, int] | None = None) -> Call:
         k = self.keys(scope)
         keys: list[Any] = [k.due, k.active, k.work]
         index: dict[str, int] = {}
@@ -180,21 +269,70 @@ class Store:
                 args += (ki(k.response(r.job)), r.response)
             else:
                 args += (0, b"")
+        if deliver is not None:
+            args += deliver
         return (self.scripts["cas"], keys, args)
 
-    async def commit(self, batches: dict[str, Sequence[Record]]) -> dict[str, list[int]]:
-        """Write records of several scopes; per scope the new versions (0 = lost race)."""
+    async def commit(self, batches: dict[str, Sequence[Record]],
+                     deliver: tuple[str, str, int] | None = None,
+                     serves: Any = None) -> dict[str, Committed]:
+        """Write records of several scopes; per scope the new versions (0 = lost race),
+        the markers of the dispatch entries written, and (with ``deliver`` = group,
+        consumer, count) the scope's new entries, now pending on that consumer."""
         scopes = [s for s, recs in batches.items() if recs]
-        results = await self.scripts.run([self.cas_call(s, batches[s]) for s in scopes])
-        out: dict[str, list[int]] = {}
+        results = await self.scripts.run([
+            self.cas_call(s, batches[s],
+                          deliver if deliver and (serves is None or serves(s)) else None)
+            for s in scopes])
+        out: dict[str, Committed] = {}
+        cache = self.cache
         for s, res in zip(scopes, results, strict=True):
             if isinstance(res, Exception):
                 raise res
-            out[s] = [int(v) for v in res]
+            versions, marks, delivered = res
+            vs = [int(v) for v in versions]
+            for r, v in zip(batches[s], vs, strict=True):
+                if v == 0:
+                    cache.drop(s, r.job)
+            entries = []
+            if delivered:
+                for eid, flat in delivered[0][1]:
+                    entries.append((eid, dict(zip(flat[::2], flat[1::2], strict=True))))
+            out[s] = Committed(vs, marks, entries)
         return out
 
-    async def write_markers(self, marks: dict[str, list[tuple[str, str, str]]]) -> None:
-        """Write sent markers ``(job, field, value)`` per scope (only while a state exists)."""
+    async def write_markers(self, marks: dict[str, list[tuple[str, str, str]]],
+                            acks: dict[str, list[bytes]] | None = None,
+                            group: str = "", _again: bool = False) -> None:
+        """Write sent markers ``(job, field, value)`` per scope (only while a state
+        exists), then ack ``acks`` entries of the scopes' streams; one pipeline, in that
+        order (a marker is never behind its entry's ack)."""
+        if acks:
+            pipe = self.client.pipeline(transaction=False)
+            for s, items in marks.items():
+                if not items:
+                    continue
+                k = self.keys(s)
+                args: list[str] = []
+                for _, f, v in items:
+                    args += (f, v)
+                m = self.scripts["marker"]
+                # execute_command: a cluster pipeline refuses pipe.evalsha
+                pipe.execute_command("EVALSHA", m.sha, len(items),
+                                     *[k.job(j) for j, _, _ in items], *args)
+            for s, ids in acks.items():
+                if ids:
+                    pipe.xack(self.keys(s).work, group or self.group, *ids)
+            res = await pipe.execute(raise_on_error=False)
+            if any(isinstance(r, NoScriptError) for r in res) and not _again:
+                self.scripts.reloads += 1
+                await self.scripts.load()
+                await self.write_markers(marks, acks, group, True)
+                return
+            for r in res:
+                if isinstance(r, Exception):
+                    raise r
+            return
         calls: list[Call] = []
         for s, items in marks.items():
             if not items:

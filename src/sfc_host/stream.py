@@ -157,9 +157,20 @@ class Streams:
         if self.cluster:
             res = await self._read_cluster(count)
         else:
-            res = await self.client.xreadgroup(
-                self.group, self.consumer, {k.work: ">" for k in self.scopes.values()},
-                count=count, block=block_ms or None)   # BLOCK 0 would wait forever
+            try:
+                res = await self.client.xreadgroup(
+                    self.group, self.consumer, {k.work: ">" for k in self.scopes.values()},
+                    count=count, block=block_ms or None)   # BLOCK 0 would wait forever
+            except ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+                # A stream or group was deleted: one read spans every scope, so the
+                # groups are made again (those that exist stay as they are).
+                self.metrics.inc("read_errors")
+                log.warning("a work stream or group is gone; creating the groups again")
+                for k in self.scopes.values():
+                    await self._create_group(k)
+                return []
         out: list[Raw] = []
         for stream, items in res or ():
             scope = self._by_stream[stream if isinstance(stream, bytes) else stream.encode()]
@@ -250,9 +261,7 @@ class Streams:
             if not ids:
                 continue
             k = self.scopes[scope]
-            pipe.xack(k.work, self.group, *ids)
-            if self.config.trim_acked:
-                pipe.xdel(k.work, *ids)
+            pipe.xack(k.work, self.group, *ids)   # trimmed by the sweep (sweep.lua)
             again = [i for i in ids if i in self._redelivered]
             if again:
                 pipe.hdel(k.errors, *again)

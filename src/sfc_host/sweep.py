@@ -26,7 +26,8 @@ class Sweeper:
     async def sweep(self, scopes: Sequence[ScopeKeys]) -> int:
         """Sweep the scopes in one pipeline; how many ticks were queued."""
         script = self.scripts["sweep"]
-        args = (self.config.sweep_limit, self.config.outage_threshold_ms)
+        args = (self.config.sweep_limit, self.config.outage_threshold_ms,
+                "1" if self.config.trim_acked else "0")
         results = await self.scripts.run([(script, (k.due, k.heartbeat, k.work), args)
                                           for k in scopes])
         queued = 0

@@ -164,7 +164,8 @@ class WorkHandler:
         for e in entries:
             try:
                 if e.kind == "tick":
-                    batch.append((e, Item(e.scope, e.job, tick_events(e.gap), putback=True)))
+                    batch.append((e, Item(e.scope, e.job, tick_events(e.gap), putback=True,
+                                          fresh=True)))
                 elif e.kind == "resume":
                     batch.append((e, Item(e.scope, e.job, [Resume()])))
                 elif e.kind == "dispatch":
@@ -308,7 +309,7 @@ class WorkHandler:
             try:
                 if new is False:
                     await self._job(e)
-                elif new is None and e.action == "Run":
+                elif new is None and e.action == "Run" and orders.get(id(e)) is not None:
                     await self._orphan_run(e)
                 done.append(e)
             except Exception as ex:

@@ -10,9 +10,17 @@
 --   n wait ops, then per op: sign ('+' or '-'), waits key index, score,
 --   n entries, then per entry: kind, action, command id,
 --   response key index (0 = none), response value.
+-- After the records, optionally: group, consumer, count. Then the script delivers the
+-- scope's new entries (those it just appended first among them) to that consumer with
+-- XREADGROUP, so the host that made a command can send it without reading the stream
+-- or the job again, and any entry still has exactly one owner.
 -- A record whose version does not match writes nothing; the others still apply.
--- Returns one integer per record: the new version, or 0 for a lost race.
+-- Returns {versions, markers, delivered}: per record the new version (0: lost race);
+-- per dispatch entry written, in order, the entry id and the current values of the
+-- action's markers sent:{action} and sent:{action}:hold (false when unset); and the
+-- XREADGROUP reply (or false).
 local out = {}
+local marks = {}
 local p = 2
 local n = tonumber(ARGV[1])
 for r = 1, n do
@@ -69,11 +77,24 @@ for r = 1, n do
     end
     for i = 0, ne - 1 do
       local q = e + 3 * i
-      redis.call('XADD', KEYS[3], '*', 'k', ARGV[q], 'j', job, 'a', ARGV[q + 1],
-                 'c', ARGV[q + 2])
+      local id = redis.call('XADD', KEYS[3], '*', 'k', ARGV[q], 'j', job, 'a', ARGV[q + 1],
+                            'c', ARGV[q + 2])
+      if string.sub(ARGV[q], 1, 9) == 'dispatch:' then
+        local m = redis.call('HMGET', key, 'sent:' .. ARGV[q + 1], 'sent:' .. ARGV[q + 1] .. ':hold')
+        marks[#marks + 1] = id
+        marks[#marks + 1] = m[1]
+        marks[#marks + 1] = m[2]
+      end
     end
     if ridx > 0 then redis.call('SET', KEYS[ridx], rval) end
     out[r] = v
   end
 end
-return out
+local delivered = false
+if ARGV[p] ~= nil and ARGV[p] ~= '' then
+  -- pcall: a missing group must not turn the writes above into an error reply
+  delivered = redis.pcall('XREADGROUP', 'GROUP', ARGV[p], ARGV[p + 1], 'COUNT',
+                          tonumber(ARGV[p + 2]), 'STREAMS', KEYS[3], '>')
+  if type(delivered) == 'table' and delivered['err'] then delivered = false end
+end
+return {out, marks, delivered}
