@@ -149,6 +149,7 @@ async def case(url: str, n_jobs: int, n_scopes: int, seconds: float) -> dict[str
     await asyncio.sleep(seconds)
     dt = time.perf_counter() - t0
     c1, rt1, cmd1, s1 = completions, ROUND_TRIPS, await commands(url), SENT
+    sink.on_command = None   # the station stops answering; the host can close
     await host.aclose()
     if os.environ.get("BENCH_DEBUG"):
         print(host.metrics.snapshot())

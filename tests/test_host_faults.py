@@ -529,8 +529,8 @@ async def restart_run(server: Any, seed: int, *, repeat_s: float | None) -> None
             else:
                 first_at[cmd.command_id] = at
         assert sum(h.scripts.reloads for h in hosts) >= 1      # NOSCRIPT was seen
-        assert any(n for h in hosts for m, n in h.metrics.snapshot().items()
-                   if m.startswith("loop_errors")), "the hosts never saw the outage"
+        # (a call on a connection the restart closed is retried on a new one, so a
+        # short restart need not show as a failed pass: the reload above proves it)
     finally:
         for t in tasks:
             t.cancel()
@@ -538,9 +538,6 @@ async def restart_run(server: Any, seed: int, *, repeat_s: float | None) -> None
             await h.aclose()
 
 
-@pytest.mark.xfail(reason="bug: Host.settle_answers (src/sfc_host/host.py) drops answers "
-                   "whose settle raised a Redis connection error (Redis away, or a pooled "
-                   "connection it closed); their actions are left to time out", strict=True)
 def test_redis_restart_mid_run(make_redis: Any) -> None:
     """Redis (AOF everysec) goes away mid-run and comes back, while two hosts run 40
     jobs and the station answers each command once: the hosts' loops back off and
@@ -549,9 +546,6 @@ def test_redis_restart_mid_run(make_redis: Any) -> None:
     run(restart_run(make_redis(aof=True), random.randrange(1 << 30), repeat_s=None))
 
 
-@pytest.mark.xfail(reason="bug (sometimes hit here): a job's Complete entry handled with or "
-                   "before its Run entry (after a redelivery) leaves its order Running; see "
-                   "test_run_and_complete_entries_of_a_job_in_any_order", strict=False)
 def test_redis_restart_mid_run_station_repeats_answers(make_redis: Any) -> None:
     """The same restart with an at-least-once station (it repeats the answer to a job's
     latest command until the job moves on): every job completes, no command is lost,
@@ -560,9 +554,6 @@ def test_redis_restart_mid_run_station_repeats_answers(make_redis: Any) -> None:
     run(restart_run(make_redis(aof=True), random.randrange(1 << 30), repeat_s=0.5))
 
 
-@pytest.mark.xfail(reason="bug: Host.settle_answers (src/sfc_host/host.py) drops a batch of "
-                   "answers whose settle raised (Redis unreachable); the actions then time "
-                   "out", strict=True)
 def test_answers_during_a_redis_outage_are_not_lost(make_redis: Any) -> None:
     """Answers that reach a host while Redis is away are applied once it is back: every
     job still completes (not at its deadline: load_part has no retries and would abort
@@ -605,9 +596,6 @@ def test_answers_during_a_redis_outage_are_not_lost(make_redis: Any) -> None:
     run(main(), timeout=30)
 
 
-@pytest.mark.xfail(reason="bug: redis_from_url (src/sfc_host/client.py) gives the client no "
-                   "retry: every pooled connection that a Redis restart closed fails its next "
-                   "call with ConnectionError, although Redis is back", strict=True)
 def test_calls_after_a_redis_restart_succeed(make_redis: Any) -> None:
     """Once Redis is back, calls succeed: connections of the pool that the restart
     closed are opened again, not failed (each failure is a lost answer or a refused job
@@ -634,11 +622,6 @@ JOB_ENTRY = {"Run": (b"1-1", {b"k": b"job", b"j": b"J1", b"a": b"Run", b"c": b""
              "Complete": (b"1-2", {b"k": b"job", b"j": b"J1", b"a": b"Complete", b"c": b""})}
 
 
-@pytest.mark.xfail(reason="bug: a recipe's Complete entry handled while the job order is not "
-                   "Running yet (its Run entry in the same batch, or redelivered later) is "
-                   "judged not applicable and acked (Orders.next_for_recipe / "
-                   "recipe_transitions, src/sfc_host/orders.py); the order stays Running",
-                   strict=True)
 @pytest.mark.parametrize("batches", [[["Run", "Complete"]], [["Complete"], ["Run"]]],
                          ids=["one_batch", "complete_first"])
 def test_run_and_complete_entries_of_a_job_in_any_order(redis_url: str,

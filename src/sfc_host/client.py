@@ -19,6 +19,10 @@ from redis.asyncio.connection import (
     SSLConnection,
     UnixDomainSocketConnection,
 )
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
 def _pack(conn: Any, args: tuple[Any, ...]) -> list[bytes] | None:
@@ -63,7 +67,10 @@ def redis_from_url(url: str, max_connections: int = 16,
     """A standalone client with the fast packing connection class for the URL, over a
     blocking pool: a call beyond ``max_connections`` waits for a free connection
     instead of failing."""
-    pool = BlockingConnectionPool.from_url(url, connection_class=connection_class(url),
-                                           max_connections=max_connections,
-                                           timeout=pool_timeout_s)
+    # A call on a connection a Redis restart closed is tried again on a new one: the
+    # host's writes are compare-and-set scripts, markers and acks, all safe to repeat.
+    pool = BlockingConnectionPool.from_url(
+        url, connection_class=connection_class(url), max_connections=max_connections,
+        timeout=pool_timeout_s, retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError])
     return aioredis.Redis(connection_pool=pool)

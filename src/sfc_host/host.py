@@ -20,6 +20,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from sfc_fast import state_to_json
 from sfc_fast.events import BaseEvent
 from sfc_fast.runner import job_of_command
@@ -42,11 +45,18 @@ log = logging.getLogger("sfc_host")
 ERROR_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 
 
+def _retry() -> Any:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    return Retry(ExponentialBackoff(cap=1.0, base=0.05), 3)
+
+
 def connect(config: HostConfig) -> Any:
     """The shared client (a pool of connections) for a config."""
     if config.redis_cluster:
         from redis.asyncio.cluster import RedisCluster
-        return RedisCluster.from_url(config.redis_url)
+        return RedisCluster.from_url(config.redis_url, retry=_retry(),
+                                     retry_on_error=[RedisConnectionError, RedisTimeoutError])
     return redis_from_url(config.redis_url, max_connections=config.redis_pool_size)
 
 
@@ -255,9 +265,20 @@ class Host:
         await self._answers_ready.wait()
         self._answers_ready.clear()
         while self._answers:
+            if self._closing:
+                # Closing: settle what was queued, not what the commands sent meanwhile
+                # bring back (a station answering at once would never let us stop).
+                batch, self._answers = self._answers, []
+                await self.settle_answers(batch)
+                return
             n = self.config.answer_batch
             batch, self._answers = self._answers[:n], self._answers[n:]
-            await self.settle_answers(batch)
+            try:
+                await self.settle_answers(batch)
+            except (RedisConnectionError, RedisTimeoutError):
+                # Redis is away: the answers wait (in order) for the loop's next pass.
+                self._answers[:0] = batch
+                raise
 
     async def queue_event(self, scope: str, type_id: str, subject: str | None = None,
                           correlation_id: str | None = None,
