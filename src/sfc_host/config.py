@@ -49,6 +49,8 @@ class HostConfig:
     # Caches
     graph_cache_size: int = 512          # compiled recipes kept in memory
     state_cache_size: int = 100_000      # job states kept to evolve answers without a read
+    # Process
+    tune_gc: bool = True                 # raise the GC thresholds while the host runs
     # Logging
     log_level: str = "INFO"
 
