@@ -36,6 +36,7 @@ from servers import RedisServer
 
 from sfc_fast import compile_recipe
 from sfc_fast.events import Completed, Start
+from sfc_host.client import FastConnection
 from sfc_host.config import HostConfig
 from sfc_host.equipment import InProcessSink
 from sfc_host.host import Host
@@ -57,8 +58,7 @@ LOOP = {
 ROUND_TRIPS = 0
 SENT = 0
 _send = Connection.send_packed_command
-_pack_one = Connection.pack_command
-_pack_many = Connection.pack_commands
+_pack_one = FastConnection.pack_command
 
 
 async def _counting_send(self: Any, command: Any, check_health: bool = True) -> None:
@@ -73,16 +73,9 @@ def _count_one(self: Any, *args: Any) -> Any:
     return _pack_one(self, *args)
 
 
-def _count_many(self: Any, commands: Any) -> Any:
-    global SENT
-    commands = list(commands)
-    SENT += len(commands)
-    return _pack_many(self, commands)
-
 # Count what the client sends (commands inside scripts are the server's business).
 Connection.send_packed_command = _counting_send  # type: ignore[method-assign]
-Connection.pack_command = _count_one  # type: ignore[method-assign]
-Connection.pack_commands = _count_many  # type: ignore[method-assign]
+FastConnection.pack_command = _count_one  # type: ignore[method-assign]
 
 
 async def commands(url: str) -> int:

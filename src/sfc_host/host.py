@@ -73,7 +73,8 @@ class Host:
         self._own_client = client is None
         self.scripts = Scripts(self.client)
         self.store = Store(self.client, self.scripts, GraphCache(self.config.graph_cache_size),
-                           self.config.state_cache_size, self.config.group)
+                           self.config.state_cache_size, self.config.group,
+                           cluster=self.config.redis_cluster)
         self.settler = Settler(self.store, self.config, self.metrics, on_end)
         self.dispatcher = Dispatcher(self.store, self.settler, self.sink, self.metrics)
         self.orders = Orders(self.store, self.scripts, self.metrics)

@@ -16,8 +16,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import NoScriptError
-
 from sfc_fast import Graph, StateFormatError
 from sfc_host.keys import ScopeKeys
 from sfc_host.scripts import Call, Scripts
@@ -188,8 +186,9 @@ class GraphCache:
 
 class Store:
     def __init__(self, client: Any, scripts: Scripts, graphs: GraphCache,
-                 cache_size: int = 0, group: str = "sfc-host") -> None:
+                 cache_size: int = 0, group: str = "sfc-host", cluster: bool = False) -> None:
         self.group = group
+        self.cluster = cluster
         self.client = client
         self.scripts = scripts
         self.graphs = graphs
@@ -205,28 +204,42 @@ class Store:
 
     # ---- reading
 
+    def _calls_by_slot(self, scopes: Sequence[str]) -> list[list[str]]:
+        """Scopes that may share one script call: all of them on a single Redis, one
+        per call on a cluster (a call must stay within one slot)."""
+        if self.cluster:
+            return [[s] for s in scopes]
+        return [list(scopes)] if scopes else []
+
     async def load(self, wanted: dict[str, Sequence[str]]
                    ) -> dict[str, tuple[int, dict[str, JobRow]]]:
         """Read jobs of several scopes: ``{scope: (server now ms, {job: row})}``."""
         scopes = [s for s, jobs in wanted.items() if jobs]
+        groups = self._calls_by_slot(scopes)
         calls: list[Call] = []
-        for s in scopes:
-            k = self.keys(s)
-            calls.append((self.scripts["load"], [k.job(j) for j in wanted[s]], ()))
+        for group in groups:
+            keys = []
+            for s in group:
+                k = self.keys(s)
+                keys += [k.job(j) for j in wanted[s]]
+            calls.append((self.scripts["load"], keys, ()))
         results = await self.scripts.run(calls)
         out: dict[str, tuple[int, dict[str, JobRow]]] = {}
         cache = self.cache
-        for s, res in zip(scopes, results, strict=True):
+        for group, res in zip(groups, results, strict=True):
             if isinstance(res, Exception):
                 raise res
-            jobs = wanted[s]
-            rows = {}
-            for i, j in enumerate(jobs):
-                r = rows[j] = _row(j, res[i + 1])
-                if r.state is not None:
-                    cache.put(s, r)
-            out[s] = (int(res[0]), rows)
-            self.clock.sync(int(res[0]))
+            now = int(res[0])
+            self.clock.sync(now)
+            i = 1
+            for s in group:
+                rows = {}
+                for j in wanted[s]:
+                    r = rows[j] = _row(j, res[i])
+                    i += 1
+                    if r.state is not None:
+                        cache.put(s, r)
+                out[s] = (now, rows)
         return out
 
     async def graph(self, scope: str, fp: str) -> Graph | None:
@@ -247,10 +260,10 @@ class Store:
 
     # ---- writing
 
-    def cas_call(self, scope: str, records: Sequence[Record],
-                 deliver: tuple[str, str, int] | None = None) -> Call:
-        k = self.keys(scope)
-        keys: list[Any] = [k.due, k.active, k.work]
+    def cas_call(self, groups: Sequence[tuple[str, Sequence[Record],
+                                              tuple[str, str, int] | None]]) -> Call:
+        """One compare-and-set call over ``(scope, records, deliver)`` groups."""
+        keys: list[Any] = []
         index: dict[str, int] = {}
 
         def ki(name: str) -> int:
@@ -260,29 +273,35 @@ class Store:
                 i = index[name] = len(keys)
             return i
 
-        args: list[Any] = [len(records)]
-        for r in records:
-            args += (ki(k.job(r.job)), r.job, r.expected,
-                     b"" if r.state is None else r.state, r.fingerprint)
-            if r.graph is not None:
-                args += (ki(k.graph(r.fingerprint)), r.graph)
+        args: list[Any] = [len(groups)]
+        for scope, records, deliver in groups:
+            k = self.keys(scope)
+            args += (ki(k.due), ki(k.active), ki(k.work))
+            if deliver is not None:
+                args += (b"1", *deliver)
             else:
-                args += (0, b"")
-            args += (b"1" if r.reset else b"0",
-                     b"" if r.due is None else r.due,
-                     b"" if r.active is None else (b"1" if r.active else b"0"),
-                     len(r.waits))
-            for sign, t, since in r.waits:
-                args += (sign, ki(k.waits(t)), since)
-            args.append(len(r.entries))
-            for e in r.entries:
-                args += e
-            if r.response is not None:
-                args += (ki(k.response(r.job)), r.response)
-            else:
-                args += (0, b"")
-        if deliver is not None:
-            args += deliver
+                args.append(b"0")
+            args.append(len(records))
+            for r in records:
+                args += (ki(k.job(r.job)), r.job, r.expected,
+                         b"" if r.state is None else r.state, r.fingerprint)
+                if r.graph is not None:
+                    args += (ki(k.graph(r.fingerprint)), r.graph)
+                else:
+                    args += (0, b"")
+                args += (b"1" if r.reset else b"0",
+                         b"" if r.due is None else r.due,
+                         b"" if r.active is None else (b"1" if r.active else b"0"),
+                         len(r.waits))
+                for sign, t, since in r.waits:
+                    args += (sign, ki(k.waits(t)), since)
+                args.append(len(r.entries))
+                for e in r.entries:
+                    args += e
+                if r.response is not None:
+                    args += (ki(k.response(r.job)), r.response)
+                else:
+                    args += (0, b"")
         return (self.scripts["cas"], keys, args)
 
     async def commit(self, batches: dict[str, Sequence[Record]],
@@ -292,69 +311,54 @@ class Store:
         the markers of the dispatch entries written, and (with ``deliver`` = group,
         consumer, count) the scope's new entries, now pending on that consumer."""
         scopes = [s for s, recs in batches.items() if recs]
-        results = await self.scripts.run([
-            self.cas_call(s, batches[s],
-                          deliver if deliver and (serves is None or serves(s)) else None)
-            for s in scopes])
+        groups = self._calls_by_slot(scopes)
+        calls = [self.cas_call([
+            (s, batches[s], deliver if deliver and (serves is None or serves(s)) else None)
+            for s in group]) for group in groups]
+        results = await self.scripts.run(calls)
         out: dict[str, Committed] = {}
         cache = self.cache
-        for s, res in zip(scopes, results, strict=True):
+        for group, res in zip(groups, results, strict=True):
             if isinstance(res, Exception):
                 raise res
-            versions, marks, delivered = res
-            vs = [int(v) for v in versions]
-            for r, v in zip(batches[s], vs, strict=True):
-                if v == 0:
-                    cache.drop(s, r.job)
-            entries = []
-            if delivered:
-                for eid, flat in delivered[0][1]:
-                    entries.append((eid, dict(zip(flat[::2], flat[1::2], strict=True))))
-            out[s] = Committed(vs, marks, entries)
+            for s, (versions, marks, delivered) in zip(group, res, strict=True):
+                vs = [int(v) for v in versions]
+                for r, v in zip(batches[s], vs, strict=True):
+                    if v == 0:
+                        cache.drop(s, r.job)
+                entries = []
+                if delivered:
+                    for eid, flat in delivered[0][1]:
+                        entries.append((eid, dict(zip(flat[::2], flat[1::2], strict=True))))
+                out[s] = Committed(vs, marks, entries)
         return out
 
     async def write_markers(self, marks: dict[str, list[tuple[str, str, str]]],
-                            acks: dict[str, list[bytes]] | None = None,
-                            group: str = "", _again: bool = False) -> None:
+                            acks: dict[str, list[bytes]] | None = None) -> None:
         """Write sent markers ``(job, field, value)`` per scope (only while a state
-        exists), then ack ``acks`` entries of the scopes' streams; one pipeline, in that
-        order (a marker is never behind its entry's ack)."""
-        if acks:
-            pipe = self.client.pipeline(transaction=False)
-            for s, items in marks.items():
-                if not items:
-                    continue
-                k = self.keys(s)
-                args: list[str] = []
-                for _, f, v in items:
-                    args += (f, v)
-                m = self.scripts["marker"]
-                # execute_command: a cluster pipeline refuses pipe.evalsha
-                pipe.execute_command("EVALSHA", m.sha, len(items),
-                                     *[k.job(j) for j, _, _ in items], *args)
-            for s, ids in acks.items():
-                if ids:
-                    pipe.xack(self.keys(s).work, group or self.group, *ids)
-            res = await pipe.execute(raise_on_error=False)
-            if any(isinstance(r, NoScriptError) for r in res) and not _again:
-                self.scripts.reloads += 1
-                await self.scripts.load()
-                await self.write_markers(marks, acks, group, True)
-                return
-            for r in res:
-                if isinstance(r, Exception):
-                    raise r
-            return
+        exists), then ack ``acks`` entries of the scopes' work streams, in that order
+        (a marker is never behind its entry's ack); one call per slot group."""
+        acks = acks or {}
+        scopes = sorted(set(marks) | set(acks))
         calls: list[Call] = []
-        for s, items in marks.items():
-            if not items:
+        for group in self._calls_by_slot(scopes):
+            keys: list[Any] = []
+            fv: list[Any] = []
+            for s in group:
+                k = self.keys(s)
+                for j, f, v in marks.get(s, ()):
+                    keys.append(k.job(j))
+                    fv += (f, v)
+            n = len(keys)
+            tail: list[Any] = [self.group]
+            for s in group:
+                ids = acks.get(s)
+                if ids:
+                    keys.append(self.keys(s).work)
+                    tail += (len(ids), *ids)
+            if len(keys) == 0:
                 continue
-            k = self.keys(s)
-            keys = [k.job(j) for j, _, _ in items]
-            args: list[str] = []
-            for _, f, v in items:
-                args += (f, v)
-            calls.append((self.scripts["marker"], keys, args))
+            calls.append((self.scripts["marker"], keys, [n, *fv, *tail]))
         for res in await self.scripts.run(calls):
             if isinstance(res, Exception):
                 raise res

@@ -1,100 +1,120 @@
--- Compare-and-set of many jobs of one scope (all keys share the scope's hash tag).
--- KEYS[1] due index (zset), KEYS[2] active set, KEYS[3] work stream,
--- KEYS[4..] the keys records name by index (job hashes, waits indexes, responses, graphs).
--- ARGV[1] = number of records, then each record:
---   job key index, job id, expected version ('0': the job must not exist),
---   state ('' = keep: an index-only record), fingerprint ('' = keep),
---   graph key index (0 = none), graph bytes (stored once, SET NX),
---   reset ('1' = drop every field first: a re-stored job id),
---   due ('' = off the index, else the score), active ('1' add, '0' remove, '' leave),
---   n wait ops, then per op: sign ('+' or '-'), waits key index, score,
---   n entries, then per entry: kind, action, command id,
---   response key index (0 = none), response value.
--- After the records, optionally: group, consumer, count. Then the script delivers the
--- scope's new entries (those it just appended first among them) to that consumer with
--- XREADGROUP, so the host that made a command can send it without reading the stream
--- or the job again, and any entry still has exactly one owner.
+-- Compare-and-set of many jobs, grouped by scope. On Redis Cluster the host sends one
+-- group per call (every key of a scope shares its hash tag, so a call touches one
+-- slot); on a single Redis one call may carry the groups of many scopes.
+-- KEYS: every key the groups name, by index.
+-- ARGV[1] = number of groups; then per group:
+--   due index key index, active set key index, work stream key index,
+--   deliver ('1': then group, consumer, count follow; '0': nothing follows),
+--   number of records, then each record:
+--     job key index, job id, expected version ('0': the job must not exist),
+--     state ('' = keep: an index-only record), fingerprint ('' = keep),
+--     graph key index (0 = none), graph bytes (stored once, SET NX),
+--     reset ('1' = drop every field first: a re-stored job id),
+--     due ('' = off the index, else the score), active ('1' add, '0' remove, '' leave),
+--     n wait ops, then per op: sign ('+' or '-'), waits key index, score,
+--     n entries, then per entry: kind, action, command id,
+--     response key index (0 = none), response value.
 -- A record whose version does not match writes nothing; the others still apply.
--- Returns {versions, markers, delivered}: per record the new version (0: lost race);
--- per dispatch entry written, in order, the entry id and the current values of the
--- action's markers sent:{action} and sent:{action}:hold (false when unset); and the
+-- With deliver, after its records the group's new entries (those just appended among
+-- them) are delivered to that consumer with XREADGROUP: the host that made a command
+-- sends it without reading the stream or the job again, and every entry still has
+-- exactly one owner.
+-- Returns per group {versions, markers, delivered}: per record the new version (0: lost
+-- race); per dispatch entry written, in order, the entry id and the current values of
+-- the action's markers sent:{action} and sent:{action}:hold (false when unset); the
 -- XREADGROUP reply (or false).
-local out = {}
-local marks = {}
+local result = {}
 local p = 2
-local n = tonumber(ARGV[1])
-for r = 1, n do
-  local key = KEYS[tonumber(ARGV[p])]
-  local job = ARGV[p + 1]
-  local expected = ARGV[p + 2]
-  local state = ARGV[p + 3]
-  local fp = ARGV[p + 4]
-  local gidx = tonumber(ARGV[p + 5])
-  local gbytes = ARGV[p + 6]
-  local reset = ARGV[p + 7]
-  local due = ARGV[p + 8]
-  local active = ARGV[p + 9]
-  local nw = tonumber(ARGV[p + 10])
-  local w = p + 11
-  local ne = tonumber(ARGV[w + 3 * nw])
-  local e = w + 3 * nw + 1
-  local ridx = tonumber(ARGV[e + 3 * ne])
-  local rval = ARGV[e + 3 * ne + 1]
-  p = e + 3 * ne + 2
-  local current = redis.call('HGET', key, 'v') or '0'
-  if current ~= expected then
-    out[r] = 0
+for g = 1, tonumber(ARGV[1]) do
+  local due_key = KEYS[tonumber(ARGV[p])]
+  local active_key = KEYS[tonumber(ARGV[p + 1])]
+  local work_key = KEYS[tonumber(ARGV[p + 2])]
+  local dgroup, dconsumer, dcount = nil, nil, nil
+  if ARGV[p + 3] == '1' then
+    dgroup, dconsumer, dcount = ARGV[p + 4], ARGV[p + 5], tonumber(ARGV[p + 6])
+    p = p + 7
   else
-    local v = tonumber(current) + 1
-    if state ~= '' then
-      if reset == '1' then redis.call('DEL', key) end
-      if fp ~= '' then
-        redis.call('HSET', key, 's', state, 'v', v, 'g', fp)
-      else
-        redis.call('HSET', key, 's', state, 'v', v)
-      end
-      if gidx > 0 then redis.call('SET', KEYS[gidx], gbytes, 'NX') end
-    else
-      v = tonumber(current)
-    end
-    if due == '' then
-      redis.call('ZREM', KEYS[1], job)
-    else
-      redis.call('ZADD', KEYS[1], due, job)
-    end
-    if active == '1' then
-      redis.call('SADD', KEYS[2], job)
-    elseif active == '0' then
-      redis.call('SREM', KEYS[2], job)
-    end
-    for i = 0, nw - 1 do
-      local q = w + 3 * i
-      if ARGV[q] == '+' then
-        redis.call('ZADD', KEYS[tonumber(ARGV[q + 1])], 'NX', ARGV[q + 2], job)
-      else
-        redis.call('ZREM', KEYS[tonumber(ARGV[q + 1])], job)
-      end
-    end
-    for i = 0, ne - 1 do
-      local q = e + 3 * i
-      local id = redis.call('XADD', KEYS[3], '*', 'k', ARGV[q], 'j', job, 'a', ARGV[q + 1],
-                            'c', ARGV[q + 2])
-      if string.sub(ARGV[q], 1, 9) == 'dispatch:' then
-        local m = redis.call('HMGET', key, 'sent:' .. ARGV[q + 1], 'sent:' .. ARGV[q + 1] .. ':hold')
-        marks[#marks + 1] = id
-        marks[#marks + 1] = m[1]
-        marks[#marks + 1] = m[2]
-      end
-    end
-    if ridx > 0 then redis.call('SET', KEYS[ridx], rval) end
-    out[r] = v
+    p = p + 4
   end
+  local n = tonumber(ARGV[p])
+  p = p + 1
+  local out = {}
+  local marks = {}
+  for r = 1, n do
+    local key = KEYS[tonumber(ARGV[p])]
+    local job = ARGV[p + 1]
+    local expected = ARGV[p + 2]
+    local state = ARGV[p + 3]
+    local fp = ARGV[p + 4]
+    local gidx = tonumber(ARGV[p + 5])
+    local gbytes = ARGV[p + 6]
+    local reset = ARGV[p + 7]
+    local due = ARGV[p + 8]
+    local active = ARGV[p + 9]
+    local nw = tonumber(ARGV[p + 10])
+    local w = p + 11
+    local ne = tonumber(ARGV[w + 3 * nw])
+    local e = w + 3 * nw + 1
+    local ridx = tonumber(ARGV[e + 3 * ne])
+    local rval = ARGV[e + 3 * ne + 1]
+    p = e + 3 * ne + 2
+    local current = redis.call('HGET', key, 'v') or '0'
+    if current ~= expected then
+      out[r] = 0
+    else
+      local v = tonumber(current) + 1
+      if state ~= '' then
+        if reset == '1' then redis.call('DEL', key) end
+        if fp ~= '' then
+          redis.call('HSET', key, 's', state, 'v', v, 'g', fp)
+        else
+          redis.call('HSET', key, 's', state, 'v', v)
+        end
+        if gidx > 0 then redis.call('SET', KEYS[gidx], gbytes, 'NX') end
+      else
+        v = tonumber(current)
+      end
+      if due == '' then
+        redis.call('ZREM', due_key, job)
+      else
+        redis.call('ZADD', due_key, due, job)
+      end
+      if active == '1' then
+        redis.call('SADD', active_key, job)
+      elseif active == '0' then
+        redis.call('SREM', active_key, job)
+      end
+      for i = 0, nw - 1 do
+        local q = w + 3 * i
+        if ARGV[q] == '+' then
+          redis.call('ZADD', KEYS[tonumber(ARGV[q + 1])], 'NX', ARGV[q + 2], job)
+        else
+          redis.call('ZREM', KEYS[tonumber(ARGV[q + 1])], job)
+        end
+      end
+      for i = 0, ne - 1 do
+        local q = e + 3 * i
+        local id = redis.call('XADD', work_key, '*', 'k', ARGV[q], 'j', job, 'a', ARGV[q + 1],
+                              'c', ARGV[q + 2])
+        if string.sub(ARGV[q], 1, 9) == 'dispatch:' then
+          local a = ARGV[q + 1]
+          local m = redis.call('HMGET', key, 'sent:' .. a, 'sent:' .. a .. ':hold')
+          marks[#marks + 1] = id
+          marks[#marks + 1] = m[1]
+          marks[#marks + 1] = m[2]
+        end
+      end
+      if ridx > 0 then redis.call('SET', KEYS[ridx], rval) end
+      out[r] = v
+    end
+  end
+  local delivered = false
+  if dgroup ~= nil then
+    -- pcall: a missing group must not turn the writes above into an error reply
+    delivered = redis.pcall('XREADGROUP', 'GROUP', dgroup, dconsumer, 'COUNT', dcount,
+                            'STREAMS', work_key, '>')
+    if type(delivered) == 'table' and delivered['err'] then delivered = false end
+  end
+  result[g] = {out, marks, delivered}
 end
-local delivered = false
-if ARGV[p] ~= nil and ARGV[p] ~= '' then
-  -- pcall: a missing group must not turn the writes above into an error reply
-  delivered = redis.pcall('XREADGROUP', 'GROUP', ARGV[p], ARGV[p + 1], 'COUNT',
-                          tonumber(ARGV[p + 2]), 'STREAMS', KEYS[3], '>')
-  if type(delivered) == 'table' and delivered['err'] then delivered = false end
-end
-return {out, marks, delivered}
+return result
