@@ -8,9 +8,12 @@ real redis-server started for the run. The station is the in-process sink: every
 command is answered at once through ``host.answer``, so every job always has one action
 in flight and the host is the bottleneck. A completion's whole path is measured: the
 answer's read and compare-and-set, the ``dispatch:{action}`` entry through the work
-stream, the marker, the acks. Reported per case: completions/s, Redis commands per
-completion (``INFO commandstats``) and round trips per completion (counted on the
-client's connections).
+stream, the marker, the acks. Reported per case: completions/s, commands the client
+sent per completion and round trips per completion (both counted on the client's
+connections), commands Redis executed per completion including those inside the
+scripts (``INFO commandstats``), and Redis memory per job. Then the baseline, in the
+same process against the same server: an event-sized compare-and-set script (HGET,
+HSET, ZADD, XADD) through plain redis-py, awaited one by one and in pipelines of 64.
 
 Goals (issue 5): >= 20,000 completions/s; <= 4 Redis commands and <= 0.1 round trips
 per completion; the rate with 100,000 jobs within 1.5x of the rate with 1,000.
@@ -171,6 +174,43 @@ async def case(url: str, n_jobs: int, n_scopes: int, seconds: float) -> dict[str
             "mem_per_job": mem / n_jobs}
 
 
+BASELINE_CAS = """
+local v = redis.call('HGET', KEYS[1], 'v') or '0'
+if v ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 's', ARGV[2], 'v', tonumber(v) + 1)
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', 1000, '*', 'k', 'dispatch:a', 'j', ARGV[4])
+return 1
+"""
+
+
+async def baseline(url: str, n: int = 4000) -> dict[str, float]:
+    """The DESIGN's yardstick, same process and server: an event-sized compare-and-set
+    script through plain redis-py, awaited one by one and in pipelines of 64."""
+    c = aioredis.Redis.from_url(url)
+    try:
+        sha = await c.script_load(BASELINE_CAS)
+        state = b"x" * 300
+        keys = ("b:job", "b:due", "b:work")
+        await c.delete(*keys)
+        t0 = time.perf_counter()
+        for i in range(n):
+            await c.evalsha(sha, 3, *keys, i, state, i, "j")
+        one = n / (time.perf_counter() - t0)
+        await c.delete(*keys)
+        t0 = time.perf_counter()
+        for i in range(0, n, 64):
+            pipe = c.pipeline(transaction=False)
+            for j in range(i, i + 64):
+                pipe.evalsha(sha, 3, *keys, j, state, j, "j")
+            await pipe.execute()
+        piped = n / (time.perf_counter() - t0)
+        await c.delete(*keys)
+        return {"one_by_one": one, "pipelined": piped}
+    finally:
+        await c.aclose()
+
+
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp))
@@ -186,9 +226,17 @@ async def main(args: argparse.Namespace) -> None:
             for n, s, secs in cases:
                 r = await case(server.url, n, s, secs)
                 rates[(n, s)] = r["rate"]
-                print(f"{n:>8} {s:>6} {r['rate']:>14,.0f} {r['commands']:>10.2f} "
+                print(f"{n:>8} {s:>6} {r['rate']:>14,.0f} {r['commands']:>10.3f} "
                       f"{r['server_commands']:>8.2f} "
                       f"{r['round_trips']:>9.3f} {r['setup_s']:>8.1f} {r['mem_per_job']:>11,.0f}")
+            base = await baseline(server.url)
+            print(f"baseline, plain redis-py, one event-sized compare-and-set script per "
+                  f"event: {base['one_by_one']:,.0f}/s awaited one by one, "
+                  f"{base['pipelined']:,.0f}/s in pipelines of 64")
+            best = rates[cases[0][:2]]
+            print(f"host completions/s ({cases[0][0]:,} jobs, {cases[0][1]} scopes) against "
+                  f"the baseline: {best / base['one_by_one']:.1f}x one by one, "
+                  f"{best / base['pipelined']:.2f}x pipelined")
             for s in (10, 1000):
                 if (1000, s) in rates and (100_000, s) in rates:
                     print(f"rate 1,000 / 100,000 jobs over {s} scopes: "
