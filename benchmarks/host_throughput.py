@@ -102,7 +102,7 @@ async def case(url: str, n_jobs: int, n_scopes: int, seconds: float) -> dict[str
         host.answer(cmd.scope, Completed(cmd.command_id))
 
     sink = InProcessSink(on_command=None)
-    cfg = HostConfig(redis_url=url, read_count=512, answer_batch=1024,
+    cfg = HostConfig(redis_url=url, read_count=512,
                      sweep_interval_ms=1000, consumer="bench")
     host = Host(cfg, sink)
     scopes = [f"s{i}" for i in range(n_scopes)]
@@ -132,9 +132,15 @@ async def case(url: str, n_jobs: int, n_scopes: int, seconds: float) -> dict[str
     while not sink.queue.empty():
         firsts.append(sink.queue.get_nowait())
 
+    seen: set[str] = set()
+    duplicates = 0
+
     def answered(cmd: Any) -> None:
-        nonlocal completions
+        nonlocal completions, duplicates
         completions += 1
+        if cmd.command_id in seen:
+            duplicates += 1
+        seen.add(cmd.command_id)
         host.answer(cmd.scope, Completed(cmd.command_id))
     sink.on_command = answered
     for cmd in firsts:
@@ -148,7 +154,7 @@ async def case(url: str, n_jobs: int, n_scopes: int, seconds: float) -> dict[str
     sink.on_command = None   # the station stops answering; the host can close
     await host.aclose()
     if os.environ.get("BENCH_DEBUG"):
-        print(host.metrics.snapshot())
+        print(host.metrics.snapshot(), "duplicates", duplicates, "unique", len(seen))
     done = c1 - c0
     info = aioredis.Redis.from_url(url)
     mem = (await info.info("memory"))["used_memory"]

@@ -45,7 +45,8 @@ class HostConfig:
     sweep_limit: int = 1000              # jobs popped per scope and sweep
     outage_threshold_ms: int = 10_000    # a heartbeat older than this is an outage
     # Answers from equipment
-    answer_batch: int = 512              # answers settled together
+    answer_batch: int = 256              # answers settled together (per worker)
+    answer_workers: int = 3              # batches in flight at once (overlap Redis and CPU)
     # Caches
     graph_cache_size: int = 512          # compiled recipes kept in memory
     state_cache_size: int = 100_000      # job states kept to evolve answers without a read
@@ -75,7 +76,8 @@ class HostConfig:
         if not isinstance(self.scopes, list) or not all(isinstance(s, str) for s in self.scopes):
             raise ConfigError(f"setting scopes: expected a list of strings, got {self.scopes!r}")
         for name in ("read_count", "sweep_interval_ms", "sweep_limit", "answer_batch",
-                     "cas_rounds", "max_deliveries", "graph_cache_size", "redis_pool_size"):
+                     "cas_rounds", "max_deliveries", "graph_cache_size", "redis_pool_size",
+                     "answer_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be at least 1")
         if self.outage_threshold_ms <= self.sweep_interval_ms:

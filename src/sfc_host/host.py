@@ -116,9 +116,11 @@ class Host:
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
         if self._loops:
+            workers = [(f"answers{i}", self._answer_pass)
+                       for i in range(self.config.answer_workers)]
             self._tasks = [asyncio.create_task(self._run(name, fn), name=f"sfc-{name}")
                            for name, fn in (("consume", self.consume_once),
-                                            ("answers", self._answer_pass),
+                                            *workers,
                                             ("local", self._local_pass),
                                             ("sweep", self._sweep_pass),
                                             ("discover", self._discover_pass))]
@@ -278,6 +280,9 @@ class Host:
         return items
 
     async def _answer_pass(self) -> None:
+        # Several of these run at once: while one batch waits for Redis, the next is
+        # evolved. Two batches holding answers of one job settle it through the
+        # compare-and-set like any race.
         await self._answers_ready.wait()
         self._answers_ready.clear()
         while self._answers:
