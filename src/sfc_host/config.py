@@ -50,6 +50,25 @@ class HostConfig:
     # Caches
     graph_cache_size: int = 512          # compiled recipes kept in memory
     state_cache_size: int = 100_000      # job states kept to evolve answers without a read
+    # MQTT
+    mqtt_url: str = "mqtt://127.0.0.1:1883"   # mqtt:// or mqtts:// (TLS)
+    mqtt_version: int = 5                # 5 (binary CloudEvents) or 3 (3.1.1, structured)
+    mqtt_username: str = ""
+    mqtt_password: str = ""              # never logged
+    mqtt_client_id: str = ""             # default: sfc-{consumer}
+    mqtt_ca_file: str = ""               # TLS: CA bundle (default: the system's)
+    mqtt_cert_file: str = ""             # TLS client certificate
+    mqtt_key_file: str = ""
+    mqtt_shared_group: str = "sfc"       # $share/{group}/… so several hosts split the load
+    mqtt_qos: int = 1
+    mqtt_queue_size: int = 10_000        # outgoing messages waiting; a full queue is counted
+    mqtt_max_payload: int = 1 << 20      # bytes; a larger message is refused (logged, counted)
+    mes_prefix: str = "mes"
+    equipment_prefix: str = "equipment"
+    max_job_orders: int = 10_000         # live job orders a scope accepts
+    # Metrics
+    metrics_port: int = 0                # Prometheus endpoint; 0 = off
+    metrics_host: str = "127.0.0.1"
     # Process
     tune_gc: bool = True                 # raise the GC thresholds while the host runs
     # Logging
