@@ -65,10 +65,11 @@ def connect(config: HostConfig) -> Any:
 class Host:
     def __init__(self, config: HostConfig | None = None, sink: CommandSink | None = None,
                  *, on_end: Callable[[str, str, Any], None] | None = None,
-                 client: Any = None, loops: bool = True) -> None:
+                 client: Any = None, loops: bool = True,
+                 metrics: Metrics | None = None) -> None:
         self.config = config or HostConfig()
         self.sink = sink if sink is not None else InProcessSink()
-        self.metrics = Metrics()
+        self.metrics = metrics if metrics is not None else Metrics()
         self.client = client if client is not None else connect(self.config)
         self._own_client = client is None
         self.scripts = Scripts(self.client)

@@ -1,0 +1,190 @@
+"""Equipment over MQTT: commands out as CloudEvents, answers and pull events in.
+
+- Commands go to ``{eq}/{scope}/commands``: CE ``id`` = command id, ``type`` = the
+  action's ``TypeId`` (hold and restart types for those commands), ``subject`` = scope,
+  ``correlationid`` = job id, response topic ``{eq}/{scope}/responses``; data
+  ``{"Parameters": {...}, "Context": {JobOrderID, Action, Attempt, Hold, Restart,
+  DeadlineMs}}``.
+- Answers on ``{eq}/{scope}/responses`` name their command by ``causationid`` (or MQTT
+  correlation data); data ``{Outcome, Result, Reason}``, ``Outcome`` one of
+  ``completed`` (default), ``failed``, ``held``, ``not_held``. Any host instance routes
+  any answer: the command id names the job.
+- Pull events on ``{eq}/{scope}/events`` (type = the action's ``TypeId``, ``subject``,
+  ``correlationid``; data = the result fields) become ``event`` entries only while a job
+  of the scope waits for that type.
+
+A fault on this path (a malformed message, a wrong scope, an unknown id) is logged and
+counted, never raised: the action's deadline settles what an answer could not.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import aiomqtt
+
+from sfc_fast import Command
+from sfc_fast.events import BaseEvent, Completed, Failed, Held, NotHeld
+from sfc_fast.runner import job_of_command
+from sfc_host.cloudevents import (
+    CloudEvent,
+    CloudEventError,
+    decode,
+    encode_binary,
+    encode_structured,
+)
+from sfc_host.keys import check_scope
+from sfc_host.mqtt import MqttLink, payload_bytes
+
+if TYPE_CHECKING:
+    from sfc_host.host import Host
+
+log = logging.getLogger("sfc_host.equipment")
+
+SOURCE = "sfc-host"
+
+
+def _scope_of(topic: str, prefix: str, leaf: str) -> str | None:
+    parts = topic.split("/")
+    if len(parts) != 3 or parts[0] != prefix or parts[2] != leaf:
+        return None
+    try:
+        return check_scope(parts[1])
+    except ValueError:
+        return None
+
+
+class MqttSink:
+    """The host's command sink over MQTT; ``send`` returns once a command is queued."""
+
+    def __init__(self, link: MqttLink) -> None:
+        self.link = link
+        self.prefix = link.config.equipment_prefix
+        # job -> when its last answer arrived: the answer-to-command latency histogram
+        self.arrived: dict[str, float] = {}
+
+    def message(self, c: Command) -> tuple[str, bytes, Any]:
+        data = {"Parameters": c.parameters or {},
+                "Context": {"JobOrderID": c.job, "Action": c.action, "Attempt": c.attempt,
+                            "Hold": c.hold, "Restart": c.restart,
+                            "DeadlineMs": c.deadline_ms}}
+        ev = CloudEvent(id=c.command_id, source=SOURCE, type=c.type_id, subject=c.scope,
+                        data=data, extensions={"correlationid": c.job})
+        ev.response_topic = f"{self.prefix}/{c.scope}/responses"
+        ev.correlation_data = c.command_id.encode()
+        topic = f"{self.prefix}/{c.scope}/commands"
+        if self.link.v5:
+            payload, props = encode_binary(ev)
+            return topic, payload, props
+        return topic, encode_structured(ev), None
+
+    async def send(self, commands: Sequence[Command]) -> list[bool]:
+        out = []
+        arrived = self.arrived
+        now = time.perf_counter()
+        observe = self.link.metrics.observe
+        for c in commands:
+            topic, payload, props = self.message(c)
+            out.append(self.link.publish_nowait(topic, payload, props))
+            t = arrived.pop(c.job, None)
+            if t is not None:
+                observe("answer_to_command_seconds", now - t)
+        return out
+
+
+_OUTCOMES = {"completed": Completed, "failed": Failed, "held": Held, "not_held": NotHeld}
+
+
+class EquipmentIn:
+    """Answers and pull events from equipment, for one host."""
+
+    def __init__(self, host: Host, link: MqttLink, sink: MqttSink | None = None) -> None:
+        self.host = host
+        self.arrived = sink.arrived if sink is not None else {}
+        self.link = link
+        self.metrics = host.metrics
+        self.prefix = link.config.equipment_prefix
+        self.max_bytes = link.config.mqtt_max_payload
+        link.subscribe(f"{self.prefix}/+/responses", self.on_answer)
+        link.subscribe(f"{self.prefix}/+/events", self.on_event)
+
+    def _decode(self, message: aiomqtt.Message, what: str) -> CloudEvent | None:
+        try:
+            return decode(payload_bytes(message), message.properties, max_bytes=self.max_bytes)
+        except CloudEventError as e:
+            self.metrics.inc(f"bad_{what}")
+            log.warning("%s on %s refused: %s", what, message.topic.value, e)
+            return None
+
+    def on_answer(self, message: aiomqtt.Message) -> None:
+        scope = _scope_of(message.topic.value, self.prefix, "responses")
+        if scope is None:
+            self.metrics.inc("bad_answers")
+            log.warning("answer on %s: not a scope's response topic", message.topic.value)
+            return
+        ev = self._decode(message, "answers")
+        if ev is None:
+            return
+        event = answer_event(ev)
+        if isinstance(event, str):
+            self.metrics.inc("bad_answers")
+            log.warning("answer %s on %s refused: %s", ev.id, message.topic.value, event)
+            return
+        self.metrics.inc("answers_received")
+        if len(self.arrived) < 100_000:
+            self.arrived[_job(event)] = time.perf_counter()
+        self.host.answer(scope, event)
+
+    async def on_event(self, message: aiomqtt.Message) -> None:
+        scope = _scope_of(message.topic.value, self.prefix, "events")
+        if scope is None:
+            self.metrics.inc("bad_events")
+            log.warning("event on %s: not a scope's event topic", message.topic.value)
+            return
+        ev = self._decode(message, "events")
+        if ev is None:
+            return
+        data = ev.data if isinstance(ev.data, dict) else None
+        if ev.data is not None and data is None:
+            self.metrics.inc("bad_events")
+            log.warning("event %s on %s refused: data is not an object", ev.id,
+                        message.topic.value)
+            return
+        self.metrics.inc("events_received")
+        await self.host.queue_event(scope, ev.type, ev.subject,
+                                    ev.extensions.get("correlationid"), data)
+
+
+def _job(event: Any) -> str:
+    return job_of_command(event.command_id)
+
+
+def answer_event(ev: CloudEvent) -> BaseEvent | str:
+    """The core event an answer means, or why it means none."""
+    cid = ev.extensions.get("causationid")
+    if not cid and ev.correlation_data:
+        try:
+            cid = ev.correlation_data.decode()
+        except UnicodeDecodeError:
+            return "correlation data is not UTF-8"
+    if not cid or not isinstance(cid, str) or len(cid) > 600:
+        return "no command id (causationid or correlation data)"
+    data = ev.data if ev.data is not None else {}
+    if not isinstance(data, dict):
+        return "data is not an object"
+    outcome = data.get("Outcome", "completed")
+    kind = _OUTCOMES.get(outcome) if isinstance(outcome, str) else None
+    if kind is None:
+        return f"unknown Outcome {outcome!r}"
+    if kind is Completed:
+        result = data.get("Result")
+        if result is not None and not isinstance(result, dict):
+            return "Result is not an object"
+        return Completed(cid, result)
+    if kind is Failed:
+        reason = data.get("Reason")
+        return Failed(cid, reason if isinstance(reason, str) else "failed by the equipment")
+    return kind(cid)

@@ -1,0 +1,249 @@
+"""The host's MQTT connection: reconnects with backoff, an outgoing queue that loses
+nothing across reconnects, and subscriptions (shared, so several hosts split the load).
+
+Outgoing messages wait in a bounded queue; ``publish_nowait`` says whether one was
+queued (a full queue is counted; for a command the action's deadline sends it again).
+Up to ``IN_FLIGHT`` publishes are awaited at once; a publish that fails with the
+connection goes back to the front of the queue and out again after the reconnect.
+Incoming messages go to the handler of the first matching filter; a handler's fault is
+logged and counted, never raised into the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import aiomqtt
+from paho.mqtt.properties import Properties
+
+from sfc_host.config import HostConfig
+from sfc_host.metrics import Metrics
+
+log = logging.getLogger("sfc_host.mqtt")
+
+IN_FLIGHT = 64
+BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+MAX_HANDLER_TASKS = 256
+
+Handler = Callable[[aiomqtt.Message], Awaitable[None] | None]
+
+
+@dataclass(slots=True)
+class Outgoing:
+    topic: str
+    payload: bytes
+    properties: Properties | None
+    qos: int
+    retain: bool
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """MQTT wildcard match (``+`` one level, ``#`` the rest)."""
+    f = topic_filter.split("/")
+    t = topic.split("/")
+    for i, part in enumerate(f):
+        if part == "#":
+            return True
+        if i >= len(t) or (part != "+" and part != t[i]):
+            return False
+    return len(f) == len(t)
+
+
+class MqttLink:
+    def __init__(self, config: HostConfig, metrics: Metrics, *, client_id: str = "") -> None:
+        self.config = config
+        self.metrics = metrics
+        self.client_id = client_id or config.mqtt_client_id or f"sfc-{config.consumer_name}"
+        u = urlparse(config.mqtt_url)
+        if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
+            raise ValueError(f"mqtt_url {config.mqtt_url!r}: use mqtt://host:port or "
+                             "mqtts://host:port")
+        self.tls = u.scheme in ("mqtts", "ssl")
+        self.host = u.hostname or "127.0.0.1"
+        self.port = u.port or (8883 if self.tls else 1883)
+        self.v5 = config.mqtt_version == 5
+        self._queue: deque[Outgoing] = deque()
+        self._queued = asyncio.Event()
+        self._subs: list[tuple[str, str, Handler]] = []   # (filter, subscribed as, handler)
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.connected = asyncio.Event()
+        self._handler_slots = asyncio.Semaphore(MAX_HANDLER_TASKS)
+        self._handler_tasks: set[asyncio.Task[None]] = set()
+        self.connects = 0
+
+    # ---- setup
+
+    def subscribe(self, topic_filter: str, handler: Handler, *, shared: bool = True) -> None:
+        """Call before ``start``. Shared: ``$share/{group}/{filter}``, so each message
+        goes to one of the hosts."""
+        group = self.config.mqtt_shared_group
+        as_ = f"$share/{group}/{topic_filter}" if shared and group else topic_filter
+        self._subs.append((topic_filter, as_, handler))
+
+    async def start(self) -> MqttLink:
+        self._task = asyncio.create_task(self._run(), name="sfc-mqtt")
+        return self
+
+    async def wait_connected(self, timeout: float = 10.0) -> None:
+        await asyncio.wait_for(self.connected.wait(), timeout)
+
+    async def __aenter__(self) -> MqttLink:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self, drain_s: float = 2.0) -> None:
+        """Stop after sending what is queued (up to ``drain_s``)."""
+        if self._task is None:
+            return
+        loop = asyncio.get_running_loop()
+        end = loop.time() + drain_s
+        while self._queue and self.connected.is_set() and loop.time() < end:
+            await asyncio.sleep(0.01)
+        self._closing = True
+        self._queued.set()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        self._task = None
+        for t in list(self._handler_tasks):
+            t.cancel()
+
+    # ---- sending
+
+    def publish_nowait(self, topic: str, payload: bytes, properties: Properties | None = None,
+                       *, qos: int | None = None, retain: bool = False) -> bool:
+        """Queue a message; False (counted) when the queue is full."""
+        if len(self._queue) >= self.config.mqtt_queue_size:
+            self.metrics.inc("mqtt_queue_full")
+            return False
+        self._queue.append(Outgoing(topic, payload, properties,
+                                    self.config.mqtt_qos if qos is None else qos, retain))
+        self._queued.set()
+        return True
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # ---- the connection
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        c = self.config
+        ctx = ssl.create_default_context(cafile=c.mqtt_ca_file or None)
+        if c.mqtt_cert_file:
+            ctx.load_cert_chain(c.mqtt_cert_file, c.mqtt_key_file or None)
+        return ctx
+
+    def _client(self) -> aiomqtt.Client:
+        c = self.config
+        return aiomqtt.Client(
+            self.host, self.port, identifier=self.client_id,
+            username=c.mqtt_username or None, password=c.mqtt_password or None,
+            protocol=aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311,
+            tls_context=self._tls_context(), keepalive=30, timeout=10,
+            max_inflight_messages=IN_FLIGHT * 2, logger=logging.getLogger("sfc_host.mqtt.paho"))
+
+    async def _run(self) -> None:
+        fails = 0
+        while not self._closing:
+            try:
+                async with self._client() as client:
+                    for _, as_, _ in self._subs:
+                        await client.subscribe(as_, qos=self.config.mqtt_qos)
+                    self.connects += 1
+                    if fails or self.connects > 1:
+                        log.info("MQTT connected again to %s:%d", self.host, self.port)
+                    fails = 0
+                    self.connected.set()
+                    writers = [asyncio.create_task(self._writer(client))
+                               for _ in range(IN_FLIGHT)]
+                    try:
+                        async for message in client.messages:
+                            self._dispatch(message)
+                    finally:
+                        self.connected.clear()
+                        for w in writers:
+                            w.cancel()
+                        for w in writers:
+                            with contextlib.suppress(asyncio.CancelledError, Exception):
+                                await w
+            except asyncio.CancelledError:
+                raise
+            except aiomqtt.MqttError as e:
+                self.connected.clear()
+                delay = BACKOFF_S[min(fails, len(BACKOFF_S) - 1)]
+                fails += 1
+                self.metrics.inc("mqtt_reconnects")
+                # The error names the broker, never the credentials.
+                log.warning("MQTT connection to %s:%d lost or refused (%s); again in %.1f s",
+                            self.host, self.port, e, delay)
+                await asyncio.sleep(delay)
+
+    async def _writer(self, client: aiomqtt.Client) -> None:
+        q = self._queue
+        while True:
+            if not q:
+                self._queued.clear()
+                await self._queued.wait()
+                continue
+            m = q.popleft()
+            try:
+                await client.publish(m.topic, m.payload, qos=m.qos, retain=m.retain,
+                                     properties=m.properties)
+                self.metrics.inc("mqtt_sent")
+            except BaseException:
+                q.appendleft(m)      # out again after the reconnect
+                self._queued.set()
+                raise
+
+    def _dispatch(self, message: aiomqtt.Message) -> None:
+        topic = message.topic.value
+        handler = next((h for f, _, h in self._subs if topic_matches(f, topic)), None)
+        if handler is None:
+            self.metrics.inc("mqtt_unrouted")
+            return
+        self.metrics.inc("mqtt_received")
+        try:
+            res = handler(message)
+        except Exception:
+            self.metrics.inc("mqtt_handler_errors")
+            log.exception("handling a message on %s failed", topic)
+            return
+        if res is not None:
+            t = asyncio.ensure_future(self._guard(res, topic))
+            self._handler_tasks.add(t)
+            t.add_done_callback(self._handler_tasks.discard)
+
+    async def _guard(self, aw: Awaitable[None], topic: str) -> None:
+        async with self._handler_slots:
+            try:
+                await aw
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.metrics.inc("mqtt_handler_errors")
+                log.exception("handling a message on %s failed", topic)
+
+
+def payload_bytes(message: aiomqtt.Message) -> bytes:
+    p: Any = message.payload
+    if isinstance(p, bytes):
+        return p
+    if isinstance(p, bytearray):
+        return bytes(p)
+    if isinstance(p, str):
+        return p.encode()
+    return b"" if p is None else str(p).encode()

@@ -1,0 +1,122 @@
+"""A simulated station for MQTT tests: its own aiomqtt client, separate from the host's
+code. It receives commands on ``equipment/{scope}/commands`` and answers on the
+command's response topic, written by hand in either CloudEvents mode (structured JSON
+or MQTT 5 binary with user properties), as equipment software would."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlparse
+
+import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+# answer(command) -> None (no answer) | dict(data of the answer: Outcome, Result, Reason)
+Answer = Callable[[dict[str, Any]], "dict[str, Any] | None"]
+
+
+def _props(msg: aiomqtt.Message) -> dict[str, Any]:
+    p = msg.properties
+    out: dict[str, Any] = {}
+    if p is None:
+        return out
+    for name, value in getattr(p, "UserProperty", None) or []:
+        out[name] = value
+    for attr in ("ContentType", "ResponseTopic", "CorrelationData"):
+        if hasattr(p, attr):
+            out[attr] = getattr(p, attr)
+    return out
+
+
+class MqttStation:
+    def __init__(self, url: str, answer: Answer, *, structured: bool = False,
+                 prefix: str = "equipment") -> None:
+        u = urlparse(url)
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 1883
+        self.answer = answer
+        self.structured = structured
+        self.prefix = prefix
+        self.commands: list[dict[str, Any]] = []    # every command as received
+        self.client: aiomqtt.Client | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+
+    async def __aenter__(self) -> MqttStation:
+        self._task = asyncio.create_task(self._run())
+        await asyncio.wait_for(self.ready.wait(), 10)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with aiomqtt.Client(self.host, self.port,
+                                          identifier=f"station-{uuid.uuid4().hex[:8]}",
+                                          protocol=aiomqtt.ProtocolVersion.V5) as c:
+                    self.client = c
+                    await c.subscribe(f"{self.prefix}/+/commands", qos=1)
+                    self.ready.set()
+                    async for msg in c.messages:
+                        await self._on_command(msg)
+            except aiomqtt.MqttError:
+                self.client = None
+                await asyncio.sleep(0.2)   # the broker restarts in some tests
+
+    async def _on_command(self, msg: aiomqtt.Message) -> None:
+        props = _props(msg)
+        payload = bytes(msg.payload) if isinstance(msg.payload, (bytes, bytearray)) else b""
+        if props.get("ContentType", "").startswith("application/cloudevents"):
+            ev = json.loads(payload)
+            cmd = {"id": ev["id"], "type": ev["type"], "subject": ev.get("subject"),
+                   "correlationid": ev.get("correlationid"), "data": ev.get("data"),
+                   "response_topic": props.get("ResponseTopic")}
+        else:
+            cmd = {"id": props.get("id"), "type": props.get("type"),
+                   "subject": props.get("subject"), "correlationid": props.get("correlationid"),
+                   "data": json.loads(payload) if payload else None,
+                   "response_topic": props.get("ResponseTopic"),
+                   "specversion": props.get("specversion"), "source": props.get("source")}
+        self.commands.append(cmd)
+        data = self.answer(cmd)
+        if data is not None:
+            await self.reply(cmd, data)
+
+    async def reply(self, cmd: dict[str, Any], data: dict[str, Any]) -> None:
+        await self.publish(cmd["response_topic"], f"{cmd['type']}.answer", data,
+                           subject=cmd["subject"], causationid=cmd["id"])
+
+    async def publish(self, topic: str, type_: str, data: Any, **attrs: Any) -> None:
+        assert self.client is not None
+        if self.structured:
+            ev = {"specversion": "1.0", "id": uuid.uuid4().hex, "source": "station",
+                  "type": type_, "datacontenttype": "application/json", "data": data,
+                  **{k: v for k, v in attrs.items() if v is not None}}
+            p = Properties(PacketTypes.PUBLISH)
+            p.ContentType = "application/cloudevents+json"
+            await self.client.publish(topic, json.dumps(ev), qos=1, properties=p)
+        else:
+            p = Properties(PacketTypes.PUBLISH)
+            p.ContentType = "application/json"
+            user = [("specversion", "1.0"), ("id", uuid.uuid4().hex), ("source", "station"),
+                    ("type", type_)]
+            user += [(k, str(v)) for k, v in attrs.items() if v is not None]
+            p.UserProperty = user
+            await self.client.publish(topic, json.dumps(data), qos=1, properties=p)
+
+    async def raw(self, topic: str, payload: bytes, properties: Properties | None = None) -> None:
+        assert self.client is not None
+        await self.client.publish(topic, payload, qos=1, properties=properties)
+
+    def ids(self) -> list[str]:
+        return [c["id"] for c in self.commands]
