@@ -28,6 +28,10 @@ from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 
 log = logging.getLogger("sfc_host.mqtt")
+# aiomqtt warns at every publish beyond ten awaited at once; we await up to IN_FLIGHT on
+# purpose, so its logger only passes errors (connection faults still show).
+_client_log = logging.getLogger("sfc_host.mqtt.client")
+_client_log.setLevel(logging.ERROR)
 
 IN_FLIGHT = 64
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -154,7 +158,7 @@ class MqttLink:
             username=c.mqtt_username or None, password=c.mqtt_password or None,
             protocol=aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311,
             tls_context=self._tls_context(), keepalive=30, timeout=10,
-            max_inflight_messages=IN_FLIGHT * 2, logger=logging.getLogger("sfc_host.mqtt.paho"))
+            max_inflight_messages=IN_FLIGHT * 2, logger=_client_log)
 
     async def _run(self) -> None:
         fails = 0

@@ -1,0 +1,135 @@
+"""End to end through mosquitto: jobs per second and answer-to-command latency.
+
+    python benchmarks/mqtt_e2e.py             # the figures of docs/benchmarks.md
+    python benchmarks/mqtt_e2e.py --quick     # a smoke run
+
+One host (``sfc_host.app.App``: Redis side, MQTT link, equipment) and one local
+redis-server and mosquitto, all started here; the station is a separate process
+(``mqtt_station_proc.py``) that answers every command at once. Each job runs a
+5-step recipe with one push action per step, so a job is five commands and five
+answers through the broker. Measured:
+
+- saturation: N jobs stored at once; jobs/s from the first store to the last completion;
+- paced: jobs offered at a fixed rate (``--rate`` actions/s, default 1,000); the host's
+  latency from an answer arriving to the job's next command leaving (p50, p99 from the
+  host's ``answer_to_command_seconds`` histogram).
+
+Goals (issue 6): >= 1,000 jobs/s at saturation; p99 <= 5 ms at 1,000 actions/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import itertools
+
+import uvloop
+from servers import MosquittoServer, RedisServer
+
+from sfc_host.app import App
+from sfc_host.config import HostConfig
+from sfc_host.metrics import Metrics
+
+V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"
+STEPS = [f"S{i}" for i in range(5)]
+WM = {"ID": "five", "dataschema": V110, "data": {
+    "Steps": [{"Name": n, "Initial": i == 0} for i, n in enumerate(STEPS)],
+    "Transitions": [{"Source": a, "Target": b, "Condition": "always"}
+                    for a, b in itertools.pairwise(STEPS)],
+    "Actions": [{"Name": n.lower(), "Step": n, "Qualifier": "N",
+                 "Interaction": "push_command", "TypeId": f"com.example.{n.lower()}.v1",
+                 "TimeoutSeconds": 60, "Parameters": {"p": i}} for i, n in enumerate(STEPS)]}}
+SCOPE = "cell"
+
+
+async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None) -> float:
+    """Store ``n`` jobs (all at once or paced); seconds until every job completed."""
+    done = 0
+    finished = asyncio.Event()
+    prev = app.host.settler.on_end
+
+    def on_end(scope: str, job: str, d: Any) -> None:
+        nonlocal done
+        if job.startswith(prefix):
+            done += 1
+            if done >= n:
+                finished.set()
+        if prev:
+            prev(scope, job, d)
+    app.host.settler.on_end = on_end
+    t0 = time.perf_counter()
+
+    async def store(i: int) -> None:
+        await app.host.orders.store_order(SCOPE, {"ID": f"{prefix}{i}", "WorkMasterID": "five"},
+                                          start=True)
+    if rate_jobs_s is None:
+        for i in range(0, n, 200):
+            await asyncio.gather(*(store(j) for j in range(i, min(n, i + 200))))
+    else:
+        for i in range(n):
+            await store(i)
+            delay = t0 + (i + 1) / rate_jobs_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+    await asyncio.wait_for(finished.wait(), 120)
+    app.host.settler.on_end = prev
+    return time.perf_counter() - t0
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        redis = RedisServer(Path(tmp) / "redis")
+        broker = MosquittoServer(Path(tmp) / "mqtt")
+        redis.start()
+        broker.start()
+        station = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("mqtt_station_proc.py")),
+             "127.0.0.1", str(broker.port)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert station.stdout is not None
+            station.stdout.readline()   # "ready"
+            cfg = HostConfig(redis_url=redis.url, mqtt_url=broker.url, consumer="bench",
+                             sweep_interval_ms=500)
+            async with App(cfg) as app:
+                await app.host.store.put_work_master(SCOPE, WM)
+                await app.host.add_scope(SCOPE)
+                n = 200 if args.quick else args.jobs
+                await run_jobs(app, "warm", min(n, 200), None)
+                secs = await run_jobs(app, "sat", n, None)
+                print(f"end to end, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
+                      "5 push actions per job")
+                print(f"saturation: {n} jobs in {secs:.2f} s = {n / secs:,.0f} jobs/s "
+                      f"({5 * n / secs:,.0f} actions/s)")
+                app.metrics.histograms.pop("answer_to_command_seconds", None)
+                rate = args.rate / 5
+                paced_n = int(rate * (2 if args.quick else args.seconds))
+                await run_jobs(app, "paced", paced_n, rate)
+                m: Metrics = app.metrics
+                p50 = m.quantile("answer_to_command_seconds", 0.5) * 1000
+                p99 = m.quantile("answer_to_command_seconds", 0.99) * 1000
+                print(f"paced at {args.rate:,} actions/s ({paced_n} jobs): answer to next "
+                      f"command p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+        finally:
+            station.terminate()
+            station.wait(5)
+            broker.stop()
+            redis.stop()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--jobs", type=int, default=3000)
+    p.add_argument("--rate", type=int, default=1000)
+    p.add_argument("--seconds", type=float, default=6.0)
+    uvloop.run(main(p.parse_args()))
