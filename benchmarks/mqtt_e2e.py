@@ -94,20 +94,22 @@ async def main(args: argparse.Namespace) -> None:
         broker.start()
         station = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("mqtt_station_proc.py")),
-             "127.0.0.1", str(broker.port)], stdout=subprocess.PIPE, text=True)
+             "127.0.0.1", str(broker.port), "structured" if args.structured else "binary"],
+            stdout=subprocess.PIPE, text=True)
         try:
             assert station.stdout is not None
             station.stdout.readline()   # "ready"
             cfg = HostConfig(redis_url=redis.url, mqtt_url=broker.url, consumer="bench",
-                             sweep_interval_ms=500)
+                             sweep_interval_ms=500, mqtt_binary=not args.structured)
             async with App(cfg) as app:
                 await app.host.store.put_work_master(SCOPE, WM)
                 await app.host.add_scope(SCOPE)
                 n = 200 if args.quick else args.jobs
                 await run_jobs(app, "warm", min(n, 200), None)
                 secs = await run_jobs(app, "sat", n, None)
+                mode = "structured" if args.structured else "binary"
                 print(f"end to end, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
-                      "5 push actions per job")
+                      f"5 push actions per job; MQTT 5, {mode} CloudEvents")
                 print(f"saturation: {n} jobs in {secs:.2f} s = {n / secs:,.0f} jobs/s "
                       f"({5 * n / secs:,.0f} actions/s)")
                 app.metrics.histograms.pop("answer_to_command_seconds", None)
@@ -132,4 +134,6 @@ if __name__ == "__main__":
     p.add_argument("--jobs", type=int, default=3000)
     p.add_argument("--rate", type=int, default=1000)
     p.add_argument("--seconds", type=float, default=6.0)
+    p.add_argument("--structured", action="store_true",
+                   help="structured CloudEvents (JSON payload, no user properties)")
     uvloop.run(main(p.parse_args()))

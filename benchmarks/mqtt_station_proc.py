@@ -25,6 +25,9 @@ def _user(msg: aiomqtt.Message) -> dict[str, str]:
     return dict(getattr(p, "UserProperty", None) or []) if p is not None else {}
 
 
+STRUCTURED = False
+
+
 async def main(host: str, port: int) -> None:
     quiet = logging.getLogger("bench.station")
     quiet.setLevel(logging.ERROR)
@@ -37,17 +40,27 @@ async def main(host: str, port: int) -> None:
         pending: set[asyncio.Task[None]] = set()
         n = 0
         async for msg in c.messages:
-            user = _user(msg)
-            p = Properties(PacketTypes.PUBLISH)
-            p.ContentType = "application/json"
             n += 1
-            p.UserProperty = [("specversion", "1.0"), ("id", f"a{n}"), ("source", "station"),
-                              ("type", "answer"), ("causationid", user.get("id", ""))]
+            p = Properties(PacketTypes.PUBLISH)
             topic = msg.properties.ResponseTopic  # type: ignore[union-attr]
-            t = asyncio.create_task(c.publish(topic, ANSWER, qos=1, properties=p))
+            if STRUCTURED:
+                cid = json.loads(msg.payload)["id"]  # type: ignore[arg-type]
+                p.ContentType = "application/cloudevents+json"
+                body = json.dumps({"specversion": "1.0", "id": f"a{n}", "source": "station",
+                                   "type": "answer", "causationid": cid,
+                                   "data": {"Outcome": "completed", "Result": {"ok": True}}})
+                t = asyncio.create_task(c.publish(topic, body, qos=1, properties=p))
+            else:
+                user = _user(msg)
+                p.ContentType = "application/json"
+                p.UserProperty = [("specversion", "1.0"), ("id", f"a{n}"),
+                                  ("source", "station"), ("type", "answer"),
+                                  ("causationid", user.get("id", ""))]
+                t = asyncio.create_task(c.publish(topic, ANSWER, qos=1, properties=p))
             pending.add(t)
             t.add_done_callback(pending.discard)
 
 
 if __name__ == "__main__":
+    STRUCTURED = len(sys.argv) > 3 and sys.argv[3] == "structured"
     uvloop.run(main(sys.argv[1], int(sys.argv[2])))

@@ -52,7 +52,9 @@ class HostConfig:
     state_cache_size: int = 100_000      # job states kept to evolve answers without a read
     # MQTT
     mqtt_url: str = "mqtt://127.0.0.1:1883"   # mqtt:// or mqtts:// (TLS)
-    mqtt_version: int = 5                # 5 (binary CloudEvents) or 3 (3.1.1, structured)
+    mqtt_version: int = 5                # 5 or 3 (3.1.1: CloudEvents always structured)
+    mqtt_binary: bool = True             # MQTT 5: binary CloudEvents (attributes as user
+                                         # properties) or structured JSON
     mqtt_username: str = ""
     mqtt_password: str = ""              # never logged
     mqtt_client_id: str = ""             # default: sfc-{consumer}

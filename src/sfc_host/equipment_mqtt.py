@@ -35,6 +35,7 @@ from sfc_host.cloudevents import (
     decode,
     encode_binary,
     encode_structured,
+    structured_properties,
 )
 from sfc_host.keys import check_scope
 from sfc_host.mqtt import MqttLink, payload_bytes
@@ -76,9 +77,11 @@ class MqttSink:
         ev.response_topic = f"{self.prefix}/{c.scope}/responses"
         ev.correlation_data = c.command_id.encode()
         topic = f"{self.prefix}/{c.scope}/commands"
-        if self.link.v5:
+        if self.link.v5 and self.link.config.mqtt_binary:
             payload, props = encode_binary(ev)
             return topic, payload, props
+        if self.link.v5:
+            return topic, encode_structured(ev), structured_properties(ev)
         return topic, encode_structured(ev), None
 
     async def send(self, commands: Sequence[Command]) -> list[bool]:

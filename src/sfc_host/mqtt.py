@@ -172,8 +172,7 @@ class MqttLink:
                         log.info("MQTT connected again to %s:%d", self.host, self.port)
                     fails = 0
                     self.connected.set()
-                    writers = [asyncio.create_task(self._writer(client))
-                               for _ in range(IN_FLIGHT)]
+                    writers = [asyncio.create_task(self._writer(client))]
                     try:
                         async for message in client.messages:
                             self._dispatch(message)
@@ -197,13 +196,14 @@ class MqttLink:
                 await asyncio.sleep(delay)
 
     async def _writer(self, client: aiomqtt.Client) -> None:
+        """One task takes messages off the queue; up to IN_FLIGHT publishes are awaited
+        at once (QoS 1 waits for the broker's PUBACK). A publish that fails goes back to
+        the front of the queue."""
         q = self._queue
-        while True:
-            if not q:
-                self._queued.clear()
-                await self._queued.wait()
-                continue
-            m = q.popleft()
+        slots = asyncio.Semaphore(IN_FLIGHT)
+        inflight: set[asyncio.Task[None]] = set()
+
+        async def publish(m: Outgoing) -> None:
             try:
                 await client.publish(m.topic, m.payload, qos=m.qos, retain=m.retain,
                                      properties=m.properties)
@@ -212,6 +212,28 @@ class MqttLink:
                 q.appendleft(m)      # out again after the reconnect
                 self._queued.set()
                 raise
+            finally:
+                slots.release()
+
+        try:
+            while True:
+                if not q:
+                    self._queued.clear()
+                    await self._queued.wait()
+                    continue
+                await slots.acquire()
+                if not q:
+                    slots.release()
+                    continue
+                t = asyncio.create_task(publish(q.popleft()))
+                inflight.add(t)
+                t.add_done_callback(inflight.discard)
+        finally:
+            for t in list(inflight):
+                t.cancel()
+            for t in list(inflight):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
 
     def _dispatch(self, message: aiomqtt.Message) -> None:
         topic = message.topic.value
