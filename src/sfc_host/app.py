@@ -12,6 +12,7 @@ import asyncio
 from sfc_host.config import HostConfig
 from sfc_host.equipment_mqtt import EquipmentIn, MqttSink
 from sfc_host.host import Host
+from sfc_host.mes import MesControl
 from sfc_host.metrics import Metrics, MetricsServer
 from sfc_host.mqtt import MqttLink
 
@@ -24,6 +25,7 @@ class App:
         self.sink = MqttSink(self.link)
         self.host = Host(config, self.sink, metrics=self.metrics)
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
+        self.mes = MesControl(self.host, self.link)
         self._closed = asyncio.Event()
         self.metrics_server: MetricsServer | None = None
 

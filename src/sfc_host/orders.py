@@ -9,9 +9,11 @@ transitions (``job`` entries: Run, Complete, Abort) both come through here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sfc_fast import JOB_ORDER, InvalidTransition
@@ -30,6 +32,11 @@ UNABLE_TO_ACCEPT_JOB_ORDER = 16
 INVALID_REQUEST = 2 ** 32
 
 ROUNDS = 8
+
+# on_change(scope, job, old state, new state, order hash after the write): called after
+# every successful order write; the hash is built from what was read and written, so
+# the hook costs no extra read.
+OnChange = Callable[[str, str, str, str, dict[str, str]], Awaitable[None] | None]
 
 
 class OrderError(Exception):
@@ -63,6 +70,29 @@ class Orders:
         self.store = store
         self.scripts = scripts
         self.metrics = metrics
+        self.on_change: OnChange | None = None
+
+    async def _changed(self, scope: str, job: str, cur: dict[str, str] | None, new: str,
+                       v: int, *, order: str = "", reason: str = "") -> None:
+        """Tell ``on_change`` about a write that succeeded. Its faults are logged and
+        counted, never raised: the order is already written."""
+        hook = self.on_change
+        if hook is None:
+            return
+        h = dict(cur or {})
+        h.update(state=new, v=str(v))
+        if order:
+            h["order"] = order
+        if reason:
+            h["reason"] = reason
+        old = (cur or {}).get("state") or "InitialState"
+        try:
+            res = hook(scope, job, old, new, h)
+            if res is not None:
+                await res
+        except Exception:
+            self.metrics.inc("order_hook_errors")
+            log.exception("order change hook for %s/%s failed", scope, job)
 
     async def register_scope(self, scope: str) -> None:
         await self.store.client.sadd(SCOPES, check_scope(scope))
@@ -104,10 +134,15 @@ class Orders:
                                  f"job order {job!r} exists ({cur.get('state')})")
             new = JOB_ORDER.fire(JOB_ORDER.initial_name, trigger)
             entries = implied_entries(trigger, "InitialState", new)
+            token = uuid.uuid4().hex[:16]
+            body = json.dumps(order)
             v = await self._write(scope, job, cur["v"] if cur else "0", new, entries,
-                                  order=json.dumps(order), reason="",
-                                  extra={"token": uuid.uuid4().hex[:16], "reason": ""})
+                                  order=body, reason="",
+                                  extra={"token": token, "reason": ""})
             if v:
+                # a re-stored id starts afresh: its old state is InitialState
+                await self._changed(scope, job, {"token": token, "reason": ""}, new, v,
+                                    order=body)
                 return new
         raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER, f"job order {job!r} is contended")
 
@@ -129,12 +164,12 @@ class Orders:
                                  f"{', '.join(e.permitted) or 'none'})") from None
             if trigger == "Update" and order is not None and order.get("ID") not in (None, job):
                 raise OrderError(INVALID_REQUEST, "Update cannot change the job order ID")
+            body = json.dumps(order) if order is not None else ""
+            why = reason or (f"{trigger} by the MES" if trigger in ("Abort", "Stop") else "")
             v = await self._write(scope, job, cur["v"], new,
-                                  implied_entries(trigger, old, new),
-                                  order=json.dumps(order) if order is not None else "",
-                                  reason=reason or (f"{trigger} by the MES"
-                                                    if trigger in ("Abort", "Stop") else ""))
+                                  implied_entries(trigger, old, new), order=body, reason=why)
             if v:
+                await self._changed(scope, job, cur, new, v, order=body, reason=why)
                 return new
             self.metrics.inc("order_retries")
         raise OrderError(INVALID_JOB_ORDER_STATUS, f"job order {job!r} is contended")
@@ -173,13 +208,19 @@ class Orders:
                 calls.append((self.scripts["order"], [k.order(job), k.work],
                               [cur["v"], new, "", reason, job, 0]))
         results = iter(await self.scripts.run(calls))
+        hooks = []
         for i, new in enumerate(out):
             if new is not None:
                 r = next(results)
                 if isinstance(r, Exception):
                     raise r
+                if int(r) and self.on_change is not None:
+                    scope, job, _, reason, cur = items[i]
+                    hooks.append(self._changed(scope, job, cur, new, int(r), reason=reason))
                 if not int(r) or (items[i][2] == "Complete" and new == "Running"):
                     out[i] = False   # lost a race, or half done: one by one
+        if hooks:
+            await asyncio.gather(*hooks)
         return out
 
     async def recipe_transition(self, scope: str, job: str, transition: str,
@@ -193,9 +234,12 @@ class Orders:
             if cur is None or new is None:
                 return None
             if transition == "Complete" and new == "Running":
-                await self._write(scope, job, cur["v"], new, [], reason=reason)
+                v = await self._write(scope, job, cur["v"], new, [], reason=reason)
+                if v:
+                    await self._changed(scope, job, cur, new, v, reason=reason)
                 continue   # read again, then Running -> Ended_Completed
             v = await self._write(scope, job, cur["v"], new, [], reason=reason)
             if v:
+                await self._changed(scope, job, cur, new, v, reason=reason)
                 return new
         raise RuntimeError(f"job order {job!r} is contended")
