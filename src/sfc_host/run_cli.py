@@ -1,0 +1,81 @@
+"""``sfc-host run``: one host instance (Redis side, MQTT side) until SIGTERM or Ctrl-C.
+
+Settings come from ``--config FILE`` (TOML), then ``SFC_*`` environment variables, then
+the flags (``--redis``, ``--mqtt``, ``--scope``). A wrong setting or an unreachable
+server is one line and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import uvloop
+
+from sfc_host.config import ConfigError, HostConfig
+
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a host instance (Redis and MQTT)")
+    p.add_argument("--config", metavar="FILE", help="TOML settings (see docs/interfaces.md)")
+    p.add_argument("--redis", metavar="URL", help="Redis URL (default redis://127.0.0.1:6379/0)")
+    p.add_argument("--mqtt", metavar="URL", help="MQTT URL (default mqtt://127.0.0.1:1883)")
+    p.add_argument("--scope", action="append", metavar="SCOPE",
+                   help="serve this scope from the start (more are discovered)")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        cfg = HostConfig.load(args.config, redis_url=args.redis, mqtt_url=args.mqtt,
+                              scopes=args.scope)
+    except ConfigError as e:
+        print(f"sfc-host: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    level = getattr(logging, cfg.log_level.upper(), None)
+    if not isinstance(level, int):
+        print(f"sfc-host: error: setting log_level: unknown level {cfg.log_level!r}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(uvloop.run(_serve(cfg)))
+
+
+async def _serve(cfg: HostConfig) -> int:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from sfc_host.app import App
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        app = App(cfg)
+    except ValueError as e:
+        print(f"sfc-host: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        await app.start()
+    except RedisConnectionError as e:
+        await app.aclose()
+        print(f"sfc-host: error: cannot reach Redis at {cfg.redis_url} ({e})", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except TimeoutError:
+        await app.aclose()
+        print(f"sfc-host: error: cannot reach the MQTT broker at {cfg.mqtt_url}",
+              file=sys.stderr)
+        return EXIT_UNREACHABLE
+    logging.getLogger("sfc_host").info(
+        "host %s running: Redis %s, MQTT %s, %d scopes", cfg.consumer_name, cfg.redis_url,
+        cfg.mqtt_url, len(app.host.streams.scopes))
+    await stop.wait()
+    await app.aclose()
+    return 0

@@ -1,0 +1,62 @@
+"""``sfc-host run``: serves until SIGTERM; wrong settings and unreachable servers are
+one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from servers import free_port
+
+SFC = [sys.executable, "-m", "sfc_host"]
+
+
+def _run(args: list[str], env: dict[str, str] | None = None, timeout: float = 30
+         ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(SFC + args, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_a_wrong_setting_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    r = _run(["run"], env={"SFC_READ_COUNT": "lots"})
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "SFC_READ_COUNT" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "host.toml"
+    bad.write_text("nonsense = 1\n")
+    r = _run(["run", "--config", str(bad)])
+    assert r.returncode == 2 and "unknown setting 'nonsense'" in r.stderr
+    r = _run(["run", "--config", str(tmp_path / "missing.toml")])
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_unreachable_redis_is_one_line_and_exit_1(mqtt_url: str) -> None:
+    r = _run(["run", "--redis", f"redis://127.0.0.1:{free_port()}/0", "--mqtt", mqtt_url])
+    assert r.returncode == 1, r.stderr
+    assert "cannot reach Redis" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_serves_until_sigterm(redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    conf = tmp_path / "host.toml"
+    conf.write_text(f'[host]\nredis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\n'
+                    'consumer = "cli-test"\n')
+    p = subprocess.Popen([*SFC, "run", "--config", str(conf), "--scope", "cli1"],
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr is not None
+        deadline = time.monotonic() + 20
+        line = ""
+        while time.monotonic() < deadline:
+            line = p.stderr.readline()
+            if "running" in line or not line:
+                break
+        assert "host cli-test running" in line, line
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(15) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
