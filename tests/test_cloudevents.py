@@ -418,3 +418,23 @@ def test_fuzz_round_trip(ev: CloudEvent, expiry: int | None) -> None:
     assert decode(encode_structured(ev), wire(structured_properties(ev))) == ev
     plain = dataclasses.replace(ev, response_topic=None, correlation_data=None)
     assert decode(encode_structured(ev)) == plain
+
+
+def test_publish_properties_pack_exactly_as_paho_does() -> None:
+    """The fast ``pack`` of the properties we send is byte for byte paho's."""
+    from paho.mqtt.properties import Properties as PahoProperties
+
+    from sfc_host.cloudevents import CloudEvent, encode_binary, structured_properties
+
+    ev = CloudEvent(id="J:a#1", source="s", type="t.v1", subject="line1", data={"a": 1},
+                    extensions={"correlationid": "J", "causationid": "ü-ß"})
+    ev.response_topic = "equipment/line1/responses"
+    ev.correlation_data = b"J:a#1\x00\xff"
+    for expiry in (None, 0, 172800):
+        _, props = encode_binary(ev, expiry_s=expiry)
+        assert props.pack() == PahoProperties.pack(props)
+        sp = structured_properties(ev, expiry_s=expiry)
+        assert sp.pack() == PahoProperties.pack(sp)
+    long = CloudEvent(id="x" * 1000, source="s" * 1000, type="t")
+    _, props = encode_binary(long)
+    assert props.pack() == PahoProperties.pack(props)   # a multi-byte length prefix
