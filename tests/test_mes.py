@@ -346,6 +346,17 @@ def test_work_masters_and_bad_requests(redis_url: str, mqtt_url: str) -> None:
                 assert rep["data"]["ReturnStatus"] == UNKNOWN_JOB_ORDER_ID
                 assert "CorrelationData" not in rep
 
+                # a wrong scope in the topic: answered on the response topic
+                p = Properties(PacketTypes.PUBLISH)
+                p.ResponseTopic, p.ContentType = mes.inbox, "application/json"
+                p.UserProperty = [("specversion", "1.0"), ("id", "ws1"), ("source", "mes"),
+                                  ("type", JC + "Start.v2")]
+                assert mes.client is not None
+                await mes.client.publish("mes/bad{x}/commands", b'{"JobOrderID": "W1"}',
+                                         qos=1, properties=p)
+                rep = await wait_until(lambda: mes.replies.get("ws1"), 5, "wrong-scope reply")
+                assert rep["data"]["ReturnStatus"] == INVALID_REQUEST
+
                 # not answerable: counted, and the host keeps serving
                 bad = app.metrics["bad_mes_requests"]
                 assert mes.client is not None

@@ -90,6 +90,10 @@ else
 end
 return redis.call('INCR', KEYS[2])
 """
+# Seq and the map read together (a script, not MULTI: cluster pipelines have no MULTI).
+_READ_INDEX_LUA = """
+return {redis.call('GET', KEYS[1]) or '0', redis.call('HGETALL', KEYS[2])}
+"""
 
 
 class Invalid(Exception):
@@ -124,6 +128,7 @@ class MesControl:
         self.prefix = link.config.mes_prefix
         self.max_bytes = link.config.mqtt_max_payload
         self._index_script = host.client.register_script(_INDEX_LUA)
+        self._read_index = host.client.register_script(_READ_INDEX_LUA)
         # state-index publishing is coalesced per scope: bursts send the newest map once
         self._index_dirty: set[str] = set()
         self._index_tasks: dict[str, asyncio.Task[None]] = {}
@@ -350,17 +355,16 @@ class MesControl:
             while scope in self._index_dirty:
                 self._index_dirty.discard(scope)
                 await asyncio.sleep(0)     # let a burst of changes land first
-                pipe = self.host.client.pipeline(transaction=True)
-                pipe.get(self._key(scope, "state-seq"))
-                pipe.hgetall(self._key(scope, "state-index"))
-                seq_raw, index = await pipe.execute()
-                seq = int(seq_raw or 0)
+                seq_raw, flat = await self._read_index(
+                    keys=[self._key(scope, "state-seq"), self._key(scope, "state-index")])
+                seq = int(seq_raw)
                 if seq <= self._index_seq.get(scope, 0):
                     continue
                 self._index_seq[scope] = seq
+                states = {flat[i].decode(): flat[i + 1].decode()
+                          for i in range(0, len(flat), 2)}
                 self._retained(f"{self.prefix}/{scope}/state-index",
-                               {"Seq": seq, "States": {j.decode(): s.decode()
-                                                       for j, s in index.items()}})
+                               {"Seq": seq, "States": states})
         except Exception:
             self.metrics.inc("mes_index_errors")
             log.exception("state index of %s not published", scope)
