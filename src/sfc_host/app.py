@@ -44,6 +44,7 @@ class App:
         if self.metrics_server is not None:
             await self.metrics_server.aclose()
         await self.host.aclose()
+        await self.mes.aclose()
         await self.link.aclose()
         self._closed.set()
 
