@@ -24,8 +24,11 @@ from urllib.parse import urlparse
 import aiomqtt
 from paho.mqtt.properties import Properties
 
+from sfc_host import paho_fast
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
+
+paho_fast.install()
 
 log = logging.getLogger("sfc_host.mqtt")
 # aiomqtt warns at every publish beyond ten awaited at once; we await up to IN_FLIGHT on
