@@ -236,3 +236,108 @@ def test_broker_restart_mid_run(redis_url: str, mosquitto_server: Any) -> None:
         finally:
             await app.aclose()
     run(main(), timeout=60)
+
+
+def test_pause_holds_running_work_and_resume_restarts_it_to_the_end(
+        redis_url: str, mqtt_url: str) -> None:
+    async def main() -> None:
+        app = await start_app(redis_url, mqtt_url, work_master("paint_hold_restart", "paint"))
+        try:
+            def answer(cmd: dict[str, Any]) -> dict[str, Any] | None:
+                t = cmd["type"]
+                if t == "com.example.booth.paint.v1":
+                    return None                       # painting takes a while
+                if t == "com.example.booth.paint.hold.v1":
+                    return {"Outcome": "held"}
+                return {}                             # prime, restart, cure: done
+
+            async with MqttStation(mqtt_url, answer) as st:
+                await app.host.orders.store_order(S, {"ID": "P", "WorkMasterID": "paint"},
+                                                  start=True)
+                await wait_until(lambda: "P:paint#2" in st.ids(), 10, "paint sent")
+                await st.publish(f"equipment/{S}/events", "com.example.booth.ready.v1", {},
+                                 subject=S, correlationid="P")
+                await app.host.orders.trigger(S, "P", "Pause")
+                await wait_until(lambda: "P:paint#2:hold" in st.ids(), 10, "hold sent")
+                await wait_until(lambda: _status(app, "P", "held"), 10, "held")
+                await app.host.orders.trigger(S, "P", "Resume")
+                await wait_until(lambda: _is(app, "P", "Ended_Completed"), 15, "completed")
+                restart = next(c for c in st.commands if c["id"] == "P:paint#3")
+                assert restart["type"] == "com.example.booth.paint.restart.v1"
+                assert restart["data"]["Context"]["Restart"] is True
+                absorbed = app.metrics["answers_absorbed"]
+                await st.reply(next(c for c in st.commands if c["id"] == "P:paint#2"), {})
+                await wait_until(lambda: app.metrics["answers_absorbed"] == absorbed + 1, 5,
+                                 "late answer to the held attempt absorbed")
+                assert st.ids().count("P:paint#2") == 1
+        finally:
+            await app.aclose()
+    run(main())
+
+
+async def _status(app: App, job: str, want: str) -> bool:
+    v = await app.host.inspect(S, job)
+    return v is not None and v["status"] == want
+
+
+def test_refused_hold_lets_the_work_finish_without_a_resend(
+        redis_url: str, mqtt_url: str) -> None:
+    async def main() -> None:
+        app = await start_app(redis_url, mqtt_url, work_master("paint_hold_restart", "paint"))
+        try:
+            def answer(cmd: dict[str, Any]) -> dict[str, Any] | None:
+                t = cmd["type"]
+                if t == "com.example.booth.paint.v1":
+                    return None
+                if t == "com.example.booth.paint.hold.v1":
+                    return {"Outcome": "not_held"}
+                return {}
+
+            async with MqttStation(mqtt_url, answer) as st:
+                await app.host.orders.store_order(S, {"ID": "N", "WorkMasterID": "paint"},
+                                                  start=True)
+                await wait_until(lambda: "N:paint#2" in st.ids(), 10, "paint sent")
+                await st.publish(f"equipment/{S}/events", "com.example.booth.ready.v1", {},
+                                 subject=S, correlationid="N")
+                await app.host.orders.trigger(S, "N", "Pause")
+                await wait_until(lambda: "N:paint#2:hold" in st.ids(), 10, "hold sent")
+                await wait_until(lambda: app.metrics["answers_applied"] >= 2, 10, "not held")
+                await app.host.orders.trigger(S, "N", "Resume")
+                await asyncio.sleep(0.3)
+                assert st.ids().count("N:paint#2") == 1      # the work was not sent again
+                await st.reply(next(c for c in st.commands if c["id"] == "N:paint#2"), {})
+                await wait_until(lambda: _is(app, "N", "Ended_Completed"), 15, "completed")
+                assert st.ids().count("N:paint#2") == 1
+        finally:
+            await app.aclose()
+    run(main())
+
+
+def test_abort_and_stop_end_the_recipe_and_nothing_goes_out_after(
+        redis_url: str, mqtt_url: str) -> None:
+    async def main() -> None:
+        app = await start_app(redis_url, mqtt_url, work_master("tighten_rework", "wm"))
+        try:
+            async with MqttStation(mqtt_url, lambda c: None) as st:
+                for j in ("A", "B"):
+                    await app.host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm"},
+                                                      start=True)
+                await wait_until(lambda: len(st.commands) == 2, 10, "first commands")
+                await wait_until(lambda: _top(app, "A", "Running"), 10, "running")
+                await wait_until(lambda: _top(app, "B", "Running"), 10, "running")
+                await app.host.orders.trigger(S, "A", "Abort")
+                await app.host.orders.trigger(S, "B", "Stop")
+                await wait_until(lambda: _status(app, "A", "aborted"), 10, "aborted")
+                await wait_until(lambda: _status(app, "B", "stopped"), 10, "stopped")
+                for c in list(st.commands):
+                    await st.reply(c, {})             # answers after the end
+                await asyncio.sleep(0.3)
+                assert len(st.commands) == 2
+        finally:
+            await app.aclose()
+    run(main())
+
+
+async def _top(app: App, job: str, top: str) -> bool:
+    s = await order_state(app, job)
+    return bool(s) and s.split("_")[0] == top
