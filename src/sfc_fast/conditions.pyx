@@ -11,6 +11,7 @@ a recipe author: there is no ``eval`` and no attribute access.
 from libc.stdint cimport int32_t
 from cpython.object cimport PyObject_IsTrue
 from cpython.list cimport PyList_GET_SIZE
+from libc.stdlib cimport free, realloc
 
 import json
 
@@ -36,6 +37,7 @@ try:
     from json.encoder import encode_basestring as _encode_basestring
 except ImportError:  # pragma: no cover - CPython always has the C encoder
     _c_make_encoder = None
+    from json.encoder import py_encode_basestring as _encode_basestring
 
 if _c_make_encoder is not None:
     # Built once: json.dumps with options constructs a new encoder on every call.
@@ -78,7 +80,30 @@ cdef enum:
     T_MINUS = 10
     T_KW = 11       # and or not in true false null
 
+# Keywords (the sub field of a T_KW token).
+cdef enum:
+    KW_AND = 1
+    KW_OR = 2
+    KW_NOT = 3
+    KW_IN = 4
+    KW_TRUE = 5
+    KW_FALSE = 6
+    KW_NULL = 7
+
 _KEYWORDS = frozenset(("and", "or", "not", "in", "true", "false", "null"))
+
+# One token: no Python object per token. ``sub`` is the keyword (T_KW), the opcode
+# (T_OP) or the index of the value in CondBuilder._vals (T_NUM, T_STR).
+cdef struct Tok:
+    int kind
+    int sub
+    Py_ssize_t pos
+    Py_ssize_t end
+
+cdef extern from "Python.h":
+    int PyUnicode_KIND(object o)
+    void* PyUnicode_DATA(object o)
+    Py_UCS4 PyUnicode_READ(int kind, void* data, Py_ssize_t index) nogil
 
 
 cdef inline bint _ident_start(Py_UCS4 c) noexcept:
@@ -89,128 +114,72 @@ cdef inline bint _ident_char(Py_UCS4 c) noexcept:
     return _ident_start(c) or (u'0' <= c <= u'9')
 
 
-cdef list _tokenize(str text):
-    """Return a list of (kind, value, position) tuples, ending with T_EOF."""
-    cdef list out = []
-    cdef Py_ssize_t i = 0, n = len(text), j
-    cdef Py_UCS4 c, q
-    cdef list buf
-    cdef object value
-    while i < n:
-        c = text[i]
-        if c == u' ' or c == u'\t' or c == u'\n' or c == u'\r':
-            i += 1
-            continue
-        if _ident_start(c):
-            j = i
-            while True:
-                while j < n and _ident_char(text[j]):
-                    j += 1
-                # a dot followed by an identifier continues the path
-                if j + 1 < n and text[j] == u'.' and _ident_start(text[j + 1]):
-                    j += 1
-                    continue
-                break
-            word = text[i:j]
-            if word in _KEYWORDS:
-                out.append((T_KW, word, i))
+cdef inline bint _digit(Py_UCS4 c) noexcept:
+    return u'0' <= c <= u'9'
+
+
+cdef int _keyword(int kind, void* d, Py_ssize_t i, Py_ssize_t j) noexcept:
+    """The KW_ code of text[i:j], or 0 when it is not a keyword."""
+    cdef Py_ssize_t n = j - i
+    cdef Py_UCS4 c0
+    if n < 2 or n > 5:
+        return 0
+    c0 = PyUnicode_READ(kind, d, i)
+    if n == 2:
+        if c0 == u'o' and PyUnicode_READ(kind, d, i + 1) == u'r':
+            return KW_OR
+        if c0 == u'i' and PyUnicode_READ(kind, d, i + 1) == u'n':
+            return KW_IN
+        return 0
+    if n == 3:
+        if c0 == u'a' and PyUnicode_READ(kind, d, i + 1) == u'n' \
+                and PyUnicode_READ(kind, d, i + 2) == u'd':
+            return KW_AND
+        if c0 == u'n' and PyUnicode_READ(kind, d, i + 1) == u'o' \
+                and PyUnicode_READ(kind, d, i + 2) == u't':
+            return KW_NOT
+        return 0
+    if n == 4:
+        if c0 == u't' and PyUnicode_READ(kind, d, i + 1) == u'r' \
+                and PyUnicode_READ(kind, d, i + 2) == u'u' \
+                and PyUnicode_READ(kind, d, i + 3) == u'e':
+            return KW_TRUE
+        if c0 == u'n' and PyUnicode_READ(kind, d, i + 1) == u'u' \
+                and PyUnicode_READ(kind, d, i + 2) == u'l' \
+                and PyUnicode_READ(kind, d, i + 3) == u'l':
+            return KW_NULL
+        return 0
+    if c0 == u'f' and PyUnicode_READ(kind, d, i + 1) == u'a' \
+            and PyUnicode_READ(kind, d, i + 2) == u'l' \
+            and PyUnicode_READ(kind, d, i + 3) == u's' \
+            and PyUnicode_READ(kind, d, i + 4) == u'e':
+        return KW_FALSE
+    return 0
+
+
+cdef str _unescape(str text, Py_ssize_t a, Py_ssize_t b):
+    """The value of a string literal's body text[a:b] whose escapes were checked."""
+    cdef list buf = []
+    cdef Py_ssize_t j = a
+    cdef Py_UCS4 c, e
+    while j < b:
+        c = text[j]
+        if c == u'\\':
+            e = text[j + 1]
+            if e == u'n':
+                buf.append(u'\n')
+            elif e == u't':
+                buf.append(u'\t')
             else:
-                out.append((T_NAME, word, i))
-            i = j
+                buf.append(e)
+            j += 2
             continue
-        if (u'0' <= c <= u'9') or (c == u'.' and i + 1 < n and u'0' <= text[i + 1] <= u'9'):
-            j = i
-            while j < n and (u'0' <= text[j] <= u'9'):
-                j += 1
-            if j < n and text[j] == u'.':
-                j += 1
-                while j < n and (u'0' <= text[j] <= u'9'):
-                    j += 1
-            if j < n and (text[j] == u'e' or text[j] == u'E'):
-                k = j + 1
-                if k < n and (text[k] == u'+' or text[k] == u'-'):
-                    k += 1
-                if k < n and (u'0' <= text[k] <= u'9'):
-                    j = k
-                    while j < n and (u'0' <= text[j] <= u'9'):
-                        j += 1
-            lit = text[i:j]
-            if j < n and _ident_char(text[j]):
-                raise ConditionSyntaxError(f"malformed number {text[i:j + 1]!r}", i)
-            try:
-                if u'.' in lit or u'e' in lit or u'E' in lit:
-                    value = float(lit)
-                else:
-                    value = int(lit)
-            except ValueError:
-                raise ConditionSyntaxError(f"malformed number {lit!r}", i) from None
-            out.append((T_NUM, value, i))
-            i = j
-            continue
-        if c == u"'" or c == u'"':
-            q = c
-            j = i + 1
-            buf = []
-            while True:
-                if j >= n:
-                    raise ConditionSyntaxError("unterminated string", i)
-                c = text[j]
-                if c == q:
-                    j += 1
-                    break
-                if c == u'\\':
-                    if j + 1 >= n:
-                        raise ConditionSyntaxError("unterminated string", i)
-                    e = text[j + 1]
-                    if e == u'n':
-                        buf.append(u'\n')
-                    elif e == u't':
-                        buf.append(u'\t')
-                    elif e == u'\\' or e == u"'" or e == u'"':
-                        buf.append(e)
-                    else:
-                        raise ConditionSyntaxError(f"unknown escape \\{e}", j)
-                    j += 2
-                    continue
-                buf.append(c)
-                j += 1
-            out.append((T_STR, u''.join(buf), i))
-            i = j
-            continue
-        if c == u'=' or c == u'!' or c == u'<' or c == u'>':
-            if i + 1 < n and text[i + 1] == u'=':
-                out.append((T_OP, text[i:i + 2], i))
-                i += 2
-                continue
-            if c == u'<' or c == u'>':
-                out.append((T_OP, text[i], i))
-                i += 1
-                continue
-            if c == u'=':
-                raise ConditionSyntaxError("'=' is not an operator, use '=='", i)
-            raise ConditionSyntaxError("'!' is not an operator, use 'not' or '!='", i)
-        if c == u'(':
-            out.append((T_LP, c, i))
-        elif c == u')':
-            out.append((T_RP, c, i))
-        elif c == u'[':
-            out.append((T_LB, c, i))
-        elif c == u']':
-            out.append((T_RB, c, i))
-        elif c == u',':
-            out.append((T_COMMA, c, i))
-        elif c == u'-':
-            out.append((T_MINUS, c, i))
-        else:
-            raise ConditionSyntaxError(f"unexpected character {c!r}", i)
-        i += 1
-    out.append((T_EOF, None, n))
-    return out
+        buf.append(c)
+        j += 1
+    return u''.join(buf)
 
 
 # ---------------------------------------------------------------- parser
-
-_CMP_OPS = {"==": OP_EQ, "!=": OP_NE, "<": OP_LT, "<=": OP_LE, ">": OP_GT, ">=": OP_GE}
 
 _CONST = object()   # marks a folded constant on the parser's value side
 
@@ -229,8 +198,12 @@ cdef class CondBuilder:
     cdef dict _ref_ids
     cdef dict _const_ids
     cdef dict _cache             # condition text -> condition index
+    # tokenizer output
+    cdef Tok* _tk
+    cdef Py_ssize_t _tk_cap
+    cdef str _text
+    cdef list _vals
     # parser state
-    cdef list _toks
     cdef Py_ssize_t _p
     cdef list _out
 
@@ -244,6 +217,9 @@ cdef class CondBuilder:
         self._const_ids = {}
         self._cache = {}
 
+    def __dealloc__(self):
+        free(self._tk)
+
     def add(self, str text) -> int:
         """Compile ``text``; return its condition index, or -1 for a trivially true one."""
         stripped = text.strip()
@@ -252,15 +228,15 @@ cdef class CondBuilder:
         cached = self._cache.get(stripped)
         if cached is not None:
             return cached
-        self._toks = _tokenize(stripped)
+        self._tokenize(stripped)
         self._p = 0
         self._out = []
         kind = self._expr(0)
         if kind is not None:
             self._emit_const(kind)
-        tok = self._toks[self._p]
-        if tok[0] != T_EOF:
-            raise ConditionSyntaxError(f"unexpected {tok[1]!r}", tok[2])
+        cdef Tok* tok = &self._tk[self._p]
+        if tok.kind != T_EOF:
+            raise ConditionSyntaxError(f"unexpected {self._tokval(tok)!r}", tok.pos)
         self._out.append(OP_END)
         self.code.extend(self._out)
         self.offsets.append(len(self.code))
@@ -268,15 +244,179 @@ cdef class CondBuilder:
         self._cache[stripped] = index
         return index
 
+    # ---- tokenizer: fills self._tk with (kind, sub, pos, end), ending with T_EOF
+
+    cdef int _tokenize(self, str text) except -1:
+        cdef Py_ssize_t i = 0, n = len(text), j, k, t = 0
+        cdef Py_UCS4 c, q, e
+        cdef int kind = PyUnicode_KIND(text)
+        cdef void* d = PyUnicode_DATA(text)
+        cdef Tok* tk
+        cdef int kw
+        cdef bint esc
+        cdef list buf
+        cdef object value
+        if n + 1 > self._tk_cap:
+            tk = <Tok*>realloc(self._tk, (n + 1) * sizeof(Tok))
+            if tk == NULL:
+                raise MemoryError()
+            self._tk = tk
+            self._tk_cap = n + 1
+        tk = self._tk
+        self._text = text
+        self._vals = []
+        while i < n:
+            c = PyUnicode_READ(kind, d, i)
+            if c == u' ' or c == u'\t' or c == u'\n' or c == u'\r':
+                i += 1
+                continue
+            tk[t].pos = i
+            if _ident_start(c):
+                j = i
+                while True:
+                    while j < n and _ident_char(PyUnicode_READ(kind, d, j)):
+                        j += 1
+                    # a dot followed by an identifier continues the path
+                    if j + 1 < n and PyUnicode_READ(kind, d, j) == u'.' \
+                            and _ident_start(PyUnicode_READ(kind, d, j + 1)):
+                        j += 1
+                        continue
+                    break
+                kw = _keyword(kind, d, i, j)
+                tk[t].kind = T_KW if kw else T_NAME
+                tk[t].sub = kw
+                tk[t].end = j
+                t += 1
+                i = j
+                continue
+            if _digit(c) or (c == u'.' and i + 1 < n and _digit(PyUnicode_READ(kind, d, i + 1))):
+                j = i
+                while j < n and _digit(PyUnicode_READ(kind, d, j)):
+                    j += 1
+                if j < n and PyUnicode_READ(kind, d, j) == u'.':
+                    j += 1
+                    while j < n and _digit(PyUnicode_READ(kind, d, j)):
+                        j += 1
+                if j < n and (PyUnicode_READ(kind, d, j) == u'e'
+                              or PyUnicode_READ(kind, d, j) == u'E'):
+                    k = j + 1
+                    if k < n and (PyUnicode_READ(kind, d, k) == u'+'
+                                  or PyUnicode_READ(kind, d, k) == u'-'):
+                        k += 1
+                    if k < n and _digit(PyUnicode_READ(kind, d, k)):
+                        j = k
+                        while j < n and _digit(PyUnicode_READ(kind, d, j)):
+                            j += 1
+                lit = text[i:j]
+                if j < n and _ident_char(PyUnicode_READ(kind, d, j)):
+                    raise ConditionSyntaxError(f"malformed number {text[i:j + 1]!r}", i)
+                try:
+                    if u'.' in lit or u'e' in lit or u'E' in lit:
+                        value = float(lit)
+                    else:
+                        value = int(lit)
+                except ValueError:
+                    raise ConditionSyntaxError(f"malformed number {lit!r}", i) from None
+                tk[t].kind = T_NUM
+                tk[t].sub = len(self._vals)
+                self._vals.append(value)
+                tk[t].end = j
+                t += 1
+                i = j
+                continue
+            if c == u"'" or c == u'"':
+                q = c
+                j = i + 1
+                esc = False
+                while True:
+                    if j >= n:
+                        raise ConditionSyntaxError("unterminated string", i)
+                    c = PyUnicode_READ(kind, d, j)
+                    if c == q:
+                        j += 1
+                        break
+                    if c == u'\\':
+                        if j + 1 >= n:
+                            raise ConditionSyntaxError("unterminated string", i)
+                        e = PyUnicode_READ(kind, d, j + 1)
+                        if not (e == u'n' or e == u't' or e == u'\\' or e == u"'"
+                                or e == u'"'):
+                            raise ConditionSyntaxError(f"unknown escape \\{e}", j)
+                        esc = True
+                        j += 2
+                        continue
+                    j += 1
+                if esc:
+                    value = _unescape(text, i + 1, j - 1)
+                else:
+                    value = text[i + 1:j - 1]
+                tk[t].kind = T_STR
+                tk[t].sub = len(self._vals)
+                self._vals.append(value)
+                tk[t].end = j
+                t += 1
+                i = j
+                continue
+            if c == u'=' or c == u'!' or c == u'<' or c == u'>':
+                if i + 1 < n and PyUnicode_READ(kind, d, i + 1) == u'=':
+                    tk[t].kind = T_OP
+                    tk[t].sub = (OP_EQ if c == u'=' else OP_NE if c == u'!'
+                                 else OP_LE if c == u'<' else OP_GE)
+                    tk[t].end = i + 2
+                    t += 1
+                    i += 2
+                    continue
+                if c == u'<' or c == u'>':
+                    tk[t].kind = T_OP
+                    tk[t].sub = OP_LT if c == u'<' else OP_GT
+                    tk[t].end = i + 1
+                    t += 1
+                    i += 1
+                    continue
+                if c == u'=':
+                    raise ConditionSyntaxError("'=' is not an operator, use '=='", i)
+                raise ConditionSyntaxError("'!' is not an operator, use 'not' or '!='", i)
+            if c == u'(':
+                tk[t].kind = T_LP
+            elif c == u')':
+                tk[t].kind = T_RP
+            elif c == u'[':
+                tk[t].kind = T_LB
+            elif c == u']':
+                tk[t].kind = T_RB
+            elif c == u',':
+                tk[t].kind = T_COMMA
+            elif c == u'-':
+                tk[t].kind = T_MINUS
+            else:
+                raise ConditionSyntaxError(f"unexpected character {c!r}", i)
+            tk[t].sub = 0
+            tk[t].end = i + 1
+            t += 1
+            i += 1
+        tk[t].kind = T_EOF
+        tk[t].sub = 0
+        tk[t].pos = n
+        tk[t].end = n
+        return 0
+
+    cdef object _tokval(self, Tok* tok):
+        """The token's value as the error messages show it."""
+        if tok.kind == T_EOF:
+            return None
+        if tok.kind == T_NUM or tok.kind == T_STR:
+            return self._vals[tok.sub]
+        return self._text[tok.pos:tok.end]
+
     # The parser returns a Python value wrapper for folded constants, or None when
     # the value has been emitted. (_Const, value) tuples are folded lazily so that
     # literal lists and negative numbers become one constant.
 
-    cdef tuple _peek(self):
-        return self._toks[self._p]
+    cdef inline Tok* _peek(self) noexcept:
+        return &self._tk[self._p]
 
-    cdef tuple _next(self):
-        tok = self._toks[self._p]
+    cdef inline Tok* _next(self) noexcept:
+        cdef Tok* tok = &self._tk[self._p]
         self._p += 1
         return tok
 
@@ -285,7 +425,19 @@ cdef class CondBuilder:
         self._out.append(self._const_id(folded[1]))
 
     cdef int _const_id(self, object value) except -1:
-        key = canonical_dumps(value)
+        # canonical_dumps of the scalars a condition holds, without the encoder call
+        if value is None:
+            key = "null"
+        elif value is True:
+            key = "true"
+        elif value is False:
+            key = "false"
+        elif type(value) is int:
+            key = repr(value)
+        elif type(value) is str:
+            key = _encode_basestring(value)
+        else:
+            key = canonical_dumps(value)
         # bools and numbers must not collide (json keeps them apart: true vs 1)
         cid = self._const_ids.get(key)
         if cid is None:
@@ -300,16 +452,17 @@ cdef class CondBuilder:
 
     cdef object _expr(self, int depth):
         if depth > MAX_DEPTH:
-            raise ConditionSyntaxError("condition nested too deeply", self._peek()[2])
+            raise ConditionSyntaxError("condition nested too deeply", self._peek().pos)
         return self._or(depth)
 
     cdef object _or(self, int depth):
         cdef list jumps = []
+        cdef Tok* tok
         v = self._and(depth)
         while True:
             tok = self._peek()
-            if tok[0] == T_KW and tok[1] == "or":
-                self._next()
+            if tok.kind == T_KW and tok.sub == KW_OR:
+                self._p += 1
                 self._materialize(v)
                 self._out.append(OP_OR_JUMP)
                 jumps.append(len(self._out))
@@ -327,11 +480,12 @@ cdef class CondBuilder:
 
     cdef object _and(self, int depth):
         cdef list jumps = []
+        cdef Tok* tok
         v = self._not(depth)
         while True:
             tok = self._peek()
-            if tok[0] == T_KW and tok[1] == "and":
-                self._next()
+            if tok.kind == T_KW and tok.sub == KW_AND:
+                self._p += 1
                 self._materialize(v)
                 self._out.append(OP_AND_JUMP)
                 jumps.append(len(self._out))
@@ -348,11 +502,11 @@ cdef class CondBuilder:
         return v
 
     cdef object _not(self, int depth):
-        tok = self._peek()
-        if tok[0] == T_KW and tok[1] == "not":
-            self._next()
+        cdef Tok* tok = self._peek()
+        if tok.kind == T_KW and tok.sub == KW_NOT:
+            self._p += 1
             if depth + 1 > MAX_DEPTH:
-                raise ConditionSyntaxError("condition nested too deeply", tok[2])
+                raise ConditionSyntaxError("condition nested too deeply", tok.pos)
             v = self._not(depth + 1)
             self._materialize(v)
             self._out.append(OP_NOT)
@@ -361,22 +515,22 @@ cdef class CondBuilder:
 
     cdef object _cmp(self, int depth):
         left = self._unary(depth)
-        tok = self._peek()
+        cdef Tok* tok = self._peek()
+        cdef Tok* nxt
         cdef int op = -1
         cdef bint negate = False
-        if tok[0] == T_OP:
-            op = _CMP_OPS[tok[1]]
-            self._next()
-        elif tok[0] == T_KW and tok[1] == "in":
+        if tok.kind == T_OP:
+            op = tok.sub
+            self._p += 1
+        elif tok.kind == T_KW and tok.sub == KW_IN:
             op = OP_IN
-            self._next()
-        elif tok[0] == T_KW and tok[1] == "not":
-            nxt = self._toks[self._p + 1]
-            if nxt[0] == T_KW and nxt[1] == "in":
+            self._p += 1
+        elif tok.kind == T_KW and tok.sub == KW_NOT:
+            nxt = &self._tk[self._p + 1]
+            if nxt.kind == T_KW and nxt.sub == KW_IN:
                 op = OP_IN
                 negate = True
-                self._next()
-                self._next()
+                self._p += 2
         if op < 0:
             return left
         self._materialize(left)
@@ -386,74 +540,76 @@ cdef class CondBuilder:
         if negate:
             self._out.append(OP_NOT)
         tok = self._peek()
-        if tok[0] == T_OP or (tok[0] == T_KW and tok[1] == "in"):
+        if tok.kind == T_OP or (tok.kind == T_KW and tok.sub == KW_IN):
             raise ConditionSyntaxError(
-                "comparisons do not chain; use 'and' between them", tok[2])
+                "comparisons do not chain; use 'and' between them", tok.pos)
         return None
 
     cdef object _unary(self, int depth):
-        tok = self._peek()
-        if tok[0] == T_MINUS:
-            self._next()
+        cdef Tok* tok = self._peek()
+        if tok.kind == T_MINUS:
+            self._p += 1
             if depth + 1 > MAX_DEPTH:
-                raise ConditionSyntaxError("condition nested too deeply", tok[2])
+                raise ConditionSyntaxError("condition nested too deeply", tok.pos)
             v = self._unary(depth + 1)
             if v is not None:
                 value = v[1]
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ConditionSyntaxError("'-' applies to numbers only", tok[2])
+                    raise ConditionSyntaxError("'-' applies to numbers only", tok.pos)
                 return (_CONST, -value)
             self._out.append(OP_NEG)
             return None
         return self._primary(depth)
 
     cdef object _primary(self, int depth):
-        tok = self._next()
-        kind = tok[0]
+        cdef Tok* tok = self._next()
+        cdef Tok* close
+        cdef int kind = tok.kind
         if kind == T_NUM or kind == T_STR:
-            return (_CONST, tok[1])
+            return (_CONST, self._vals[tok.sub])
         if kind == T_KW:
-            word = tok[1]
-            if word == "true":
+            if tok.sub == KW_TRUE:
                 return (_CONST, True)
-            if word == "false":
+            if tok.sub == KW_FALSE:
                 return (_CONST, False)
-            if word == "null":
+            if tok.sub == KW_NULL:
                 return (_CONST, None)
-            raise ConditionSyntaxError(f"expected an operand, found {word!r}", tok[2])
+            raise ConditionSyntaxError(f"expected an operand, found {self._tokval(tok)!r}",
+                                       tok.pos)
         if kind == T_NAME:
             self._out.append(OP_LOAD)
-            self._out.append(self._ref(tok[1], tok[2]))
+            self._out.append(self._ref(self._text[tok.pos:tok.end], tok.pos))
             return None
         if kind == T_LP:
             v = self._expr(depth + 1)
             close = self._next()
-            if close[0] != T_RP:
-                raise ConditionSyntaxError("expected ')'", close[2])
+            if close.kind != T_RP:
+                raise ConditionSyntaxError("expected ')'", close.pos)
             return v
         if kind == T_LB:
-            return self._list(depth + 1, tok[2])
+            return self._list(depth + 1, tok.pos)
         if kind == T_EOF:
-            raise ConditionSyntaxError("expected an operand, found the end", tok[2])
-        raise ConditionSyntaxError(f"expected an operand, found {tok[1]!r}", tok[2])
+            raise ConditionSyntaxError("expected an operand, found the end", tok.pos)
+        raise ConditionSyntaxError(f"expected an operand, found {self._tokval(tok)!r}",
+                                   tok.pos)
 
     cdef object _list(self, int depth, Py_ssize_t pos):
         if depth > MAX_DEPTH:
             raise ConditionSyntaxError("condition nested too deeply", pos)
         cdef list items = []
         cdef Py_ssize_t mark = len(self._out)
-        tok = self._peek()
-        if tok[0] == T_RB:
-            self._next()
+        cdef Tok* tok = self._peek()
+        if tok.kind == T_RB:
+            self._p += 1
             return (_CONST, [])
         while True:
             items.append((len(self._out), self._expr(depth)))
             tok = self._next()
-            if tok[0] == T_COMMA:
+            if tok.kind == T_COMMA:
                 continue
-            if tok[0] == T_RB:
+            if tok.kind == T_RB:
                 break
-            raise ConditionSyntaxError("expected ',' or ']'", tok[2])
+            raise ConditionSyntaxError("expected ',' or ']'", tok.pos)
         if len(items) > MAX_STACK:
             raise ConditionSyntaxError("list too long", pos)
         if all(v is not None for _, v in items):
