@@ -11,8 +11,9 @@ import re
 PREFIX = "sfc"
 SCOPES = f"{PREFIX}:scopes"   # set of known scopes (global, never used inside a script)
 
-# A scope names a hash tag: braces would end the tag early, so they are refused.
-_SCOPE_RE = re.compile(r"^[A-Za-z0-9_.\-/@]{1,128}$")
+# A scope names a hash tag (braces would end the tag early) and one MQTT topic level
+# (no '/', '+' or '#'), so only these characters are allowed.
+_SCOPE_RE = re.compile(r"^[A-Za-z0-9_.\-@]{1,128}$")
 MAX_JOB_ID = 256
 
 
@@ -23,7 +24,7 @@ class InvalidName(ValueError):
 def check_scope(scope: str) -> str:
     if not isinstance(scope, str) or not _SCOPE_RE.match(scope):
         raise InvalidName(f"invalid scope {scope!r}: 1-128 characters of letters, digits and "
-                        "'_.-/@'")
+                        "'_.-@'")
     return scope
 
 

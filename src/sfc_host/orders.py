@@ -132,6 +132,9 @@ class Orders:
             if cur is not None and cur.get("state") != "EndState":
                 raise OrderError(INVALID_JOB_ORDER_STATUS,
                                  f"job order {job!r} exists ({cur.get('state')})")
+            if cur is not None:
+                # A cleared id stored again must not show the response of its last run.
+                await self.store.client.delete(self.store.keys(scope).response(job))
             new = JOB_ORDER.fire(JOB_ORDER.initial_name, trigger)
             entries = implied_entries(trigger, "InitialState", new)
             token = uuid.uuid4().hex[:16]
