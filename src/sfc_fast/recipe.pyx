@@ -13,6 +13,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy, memset, strlen
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
+from cpython.list cimport PyList_GET_SIZE
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8, Py_UNICODE_ISSPACE
 from cpython.mem cimport PyMem_Free
@@ -44,6 +45,8 @@ QUALIFIERS = {"N": Q_N, "P": Q_P, "P1": Q_P1, "P0": Q_P0, "S": Q_S, "R": Q_R,
 QUALIFIER_NAMES = {v: k for k, v in QUALIFIERS.items()}
 INTERACTIONS = {"push_command": I_PUSH, "pull_event": I_PULL}
 INTERACTION_NAMES = {v: k for k, v in INTERACTIONS.items()}
+cdef dict _QUAL = QUALIFIERS
+cdef dict _INTER = INTERACTIONS
 BRANCH_TYPES = {"selection": B_SELECTION, "simultaneous": B_SIMULTANEOUS}
 BRANCH_TYPE_NAMES = {v: k for k, v in BRANCH_TYPES.items()}
 TRANSITION_KINDS = {TK_STEP: "step", TK_ENTRY: "entry", TK_EXIT: "exit",
@@ -150,6 +153,26 @@ cdef inline bint _is_str(object v) noexcept:
     return isinstance(v, str)
 
 
+cdef inline object _get(object d, str key, object default=None):
+    """d.get(key, default), without the method call for a plain dict."""
+    cdef PyObject* v
+    if type(d) is dict:
+        v = PyDict_GetItem(d, key)
+        return default if v == NULL else <object>v
+    return d.get(key, default)
+
+
+cdef inline bint _blank(object v):
+    """not v.strip(), without the method call for a plain str."""
+    cdef Py_UCS4 c
+    if type(v) is not str:
+        return not v.strip()
+    for c in <str>v:
+        if not Py_UNICODE_ISSPACE(c):
+            return False
+    return True
+
+
 def schema_minor(dataschema) -> int:
     """0 for v1.0.0, 1 for v1.1.0; RecipeError for anything else."""
     if not isinstance(dataschema, str):
@@ -209,6 +232,8 @@ def canonical_json(obj) -> bytes:
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
+    PyObject* PyDict_SetDefault(object d, object key, object default)
+    Py_ssize_t PyDict_GET_SIZE(object d)
     char* PyOS_double_to_string(double val, char format_code, int precision, int flags,
                                 int* ptype) except NULL
     int Py_DTSF_ADD_DOT_0
@@ -533,14 +558,15 @@ cdef class _Compiler:
         self.problems.append(Problem(code, path, message))
 
     cdef int sid(self, str s) except -2:
-        cdef PyObject* found = PyDict_GetItem(self.string_ids, s)
-        cdef int i
-        if found != NULL:
-            return <int><object>found
-        i = len(self.strings)
-        self.strings.append(s)
-        self.string_ids[s] = i
-        return i
+        # one hash lookup: insert the next id unless s has one (the dict grows)
+        cdef Py_ssize_t n = PyList_GET_SIZE(self.strings)
+        cdef PyObject* found = PyDict_SetDefault(self.string_ids, s, n)
+        if found == NULL:
+            return -2
+        if PyDict_GET_SIZE(self.string_ids) > n:
+            self.strings.append(s)
+            return <int>n
+        return <int><object>found
 
     cdef list _list(self, dict obj, str key, str path, bint required):
         v = obj.get(key)
@@ -579,7 +605,7 @@ cdef class _Compiler:
 
     cdef object _name(self, dict obj, str base, Py_ssize_t idx, str what):
         v = obj.get("Name")
-        if not _is_str(v) or not v.strip():
+        if not _is_str(v) or _blank(v):
             self.err("SFC013", _at(base, idx, ".Name"), f"{what} needs a non-empty Name (text)")
             return None
         if len(v) > MAX_FIELD_CHARS:
@@ -665,7 +691,7 @@ cdef class _Compiler:
                 continue
             self._unknown_keys(st, _STEP_KEYS, "$.Steps", i)
             name = self._name(st, "$.Steps", i, "a step")
-            ini = st.get("Initial", False)
+            ini = _get(st, "Initial", False)
             if not isinstance(ini, bool):
                 self.err("SFC013", _at("$.Steps", i, ".Initial"), "Initial must be true or false")
                 ini = False
@@ -707,7 +733,7 @@ cdef class _Compiler:
             else:
                 self._unknown_keys(br, _BRANCH_KEYS, "$.Branches", bi)
                 name = self._name(br, "$.Branches", bi, "a branch")
-                btype = br.get("Type")
+                btype = _get(br, "Type")
                 if not _is_str(btype) or btype not in BRANCH_TYPES:
                     self.err("SFC020", _at("$.Branches", bi, ".Type"),
                              f"unknown branch type {str(btype)[:80]!r}; "
@@ -729,7 +755,7 @@ cdef class _Compiler:
             if not isinstance(br, dict):
                 br_path_off.append(len(path_branch))
                 continue
-            paths = br.get("Branches")
+            paths = _get(br, "Branches")
             if not isinstance(paths, list):
                 self.err("SFC013", _at("$.Branches", bi, ".Branches"),
                          "Branches must be a list of step lists")
@@ -826,7 +852,7 @@ cdef class _Compiler:
                 elif _bad_name_char(name):
                     self.err("SFC004", _at("$.Actions", ai, ".Name"),
                              f"action name {name!r} contains whitespace or control characters")
-            step = a.get("Step")
+            step = _get(a, "Step")
             sidx = -1
             if not _is_str(step):
                 self.err("SFC013", _at("$.Actions", ai, ".Step"), "Step is required (a step name)")
@@ -836,8 +862,8 @@ cdef class _Compiler:
                     self.err("SFC003", _at("$.Actions", ai, ".Step"), f"unknown step {step!r}")
                 else:
                     sidx = found
-            q = a.get("Qualifier")
-            found = QUALIFIERS.get(q) if _is_str(q) else None
+            q = _get(a, "Qualifier")
+            found = _QUAL.get(q) if _is_str(q) else None
             if found is None:
                 self.err("SFC006", _at("$.Actions", ai, ".Qualifier"),
                          f"unknown qualifier {str(q)[:40]!r}; use one of "
@@ -845,8 +871,8 @@ cdef class _Compiler:
                 qc = -1
             else:
                 qc = found
-            inter = a.get("Interaction")
-            found = INTERACTIONS.get(inter) if _is_str(inter) else None
+            inter = _get(a, "Interaction")
+            found = _INTER.get(inter) if _is_str(inter) else None
             if found is None:
                 self.err("SFC007", _at("$.Actions", ai, ".Interaction"),
                          f"unknown interaction {str(inter)[:40]!r}; use push_command or "
@@ -854,10 +880,10 @@ cdef class _Compiler:
                 ic = -1
             else:
                 ic = found
-            a_types.append(self._text(a.get("TypeId"), "$.Actions", ai, ".TypeId", "TypeId"))
+            a_types.append(self._text(_get(a, "TypeId"), "$.Actions", ai, ".TypeId", "TypeId"))
             found = self._seconds(a, "TimeoutSeconds", "$.Actions", ai, "SFC005", False)
             timeout = 0 if found is None else found
-            params = a.get("Parameters")
+            params = _get(a, "Parameters")
             ptext = None
             if params is not None:
                 if not isinstance(params, dict):
@@ -935,7 +961,7 @@ cdef class _Compiler:
             self._unknown_keys(tr, _TRANSITION_KEYS, "$.Transitions", ti)
             src = self._end(tr, "Source", ti, node_of)
             dst = self._end(tr, "Target", ti, node_of)
-            cond_text = tr.get("Condition")
+            cond_text = _get(tr, "Condition")
             cidx = -1
             if not _is_str(cond_text):
                 self.err("SFC013", _at("$.Transitions", ti, ".Condition"),
@@ -952,7 +978,7 @@ cdef class _Compiler:
                 except ConditionSyntaxError as e:
                     self.err("SFC011", _at("$.Transitions", ti, ".Condition"),
                              f"{e.message} at position {e.position} in {cond_text[:200]!r}")
-            prio = tr.get("Priority", 0)
+            prio = _get(tr, "Priority", 0)
             if not _is_int(prio) or not (-1_000_000 <= prio <= 1_000_000):
                 self.err("SFC013", _at("$.Transitions", ti, ".Priority"),
                          "Priority must be a whole number between -1000000 and 1000000")
