@@ -166,8 +166,9 @@ class MqttLink:
     async def _run(self) -> None:
         fails = 0
         while not self._closing:
+            client = self._client()
             try:
-                async with self._client() as client:
+                async with client:
                     for _, as_, _ in self._subs:
                         await client.subscribe(as_, qos=self.config.mqtt_qos)
                     self.connects += 1
@@ -189,6 +190,7 @@ class MqttLink:
             except asyncio.CancelledError:
                 raise
             except aiomqtt.MqttError as e:
+                _retrieve(client)
                 self.connected.clear()
                 delay = BACKOFF_S[min(fails, len(BACKOFF_S) - 1)]
                 fails += 1
@@ -265,6 +267,14 @@ class MqttLink:
             except Exception:
                 self.metrics.inc("mqtt_handler_errors")
                 log.exception("handling a message on %s failed", topic)
+
+
+def _retrieve(client: aiomqtt.Client) -> None:
+    # aiomqtt keeps the disconnection's error in a future nobody awaits after the
+    # context exits; reading it keeps asyncio from printing it as never retrieved.
+    fut = getattr(client, "_disconnected", None)
+    if isinstance(fut, asyncio.Future) and fut.done() and not fut.cancelled():
+        fut.exception()
 
 
 def payload_bytes(message: aiomqtt.Message) -> bytes:
