@@ -8,11 +8,12 @@ The graph is one immutable bytes blob with int32/int64 tables inside; the
 """
 
 cimport cython
-from libc.stdint cimport int32_t, int64_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy, memset, strlen
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_Next
+from cpython.set cimport PySet_Contains
 from cpython.list cimport PyList_GET_SIZE
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8, Py_UNICODE_ISSPACE
@@ -230,6 +231,16 @@ def canonical_json(obj) -> bytes:
 
 # ---------------------------------------------------------------- flat canonical JSON
 
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX < 0x030d0000 && defined(CYTHON_COMPILING_IN_CPYTHON) && CYTHON_COMPILING_IN_CPYTHON
+    #define sfc_dict_presized(n) _PyDict_NewPresized(n)
+    #else
+    #define sfc_dict_presized(n) PyDict_New()
+    #endif
+    """
+    dict sfc_dict_presized(Py_ssize_t n)
+
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
     PyObject* PyDict_SetDefault(object d, object key, object default)
@@ -250,6 +261,14 @@ cdef enum:
     FLAT_BUF = 4096
 
 cdef char* _HEX = b"0123456789abcdef"
+
+# A direct-mapped cache of float reprs (bit pattern -> text), FC_SIZE entries.
+cdef enum:
+    FC_SIZE = 64
+    FC_TEXT = 32
+cdef uint64_t _fc_bits[FC_SIZE]
+cdef char _fc_text[FC_SIZE][FC_TEXT]
+cdef Py_ssize_t _fc_len[FC_SIZE]
 
 
 cdef Py_ssize_t _put_str(char* w, Py_ssize_t at, const char* s, Py_ssize_t n) noexcept:
@@ -301,7 +320,7 @@ cdef object _flat_canonical(dict d):
     """canonical_dumps(d) for a flat object with ASCII text keys and str/int/float/bool/
     None values of the exact built-in types; None when anything else is in it (the
     caller then takes the general path, which also reports errors)."""
-    cdef Py_ssize_t n = len(d), i, k, at, m
+    cdef Py_ssize_t n = len(d), i, k, at, m, h
     cdef _Item items[FLAT_MAX_KEYS]
     cdef _Item tmp
     cdef char buf[FLAT_BUF]
@@ -310,6 +329,7 @@ cdef object _flat_canonical(dict d):
     cdef long long iv
     cdef int overflow
     cdef double fv
+    cdef uint64_t bits
     cdef object key, value
     if n > FLAT_MAX_KEYS:
         return None
@@ -358,13 +378,24 @@ cdef object _flat_canonical(dict d):
             fv = value
             if not isfinite(fv):
                 return None
-            num = PyOS_double_to_string(fv, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
-            m = strlen(num)
-            if at + m + 2 > FLAT_BUF:
+            # float repr (shortest round-trip digits) is the costly part; the
+            # parameters of a recipe repeat a few values, so remember recent ones
+            memcpy(&bits, &fv, 8)
+            h = <Py_ssize_t>((bits * <uint64_t>0x9E3779B97F4A7C15) >> (64 - 6))
+            if _fc_len[h] == 0 or _fc_bits[h] != bits:
+                num = PyOS_double_to_string(fv, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+                m = strlen(num)
+                if m >= FC_TEXT:
+                    PyMem_Free(num)
+                    return None
+                memcpy(_fc_text[h], num, m)
                 PyMem_Free(num)
+                _fc_bits[h] = bits
+                _fc_len[h] = m
+            m = _fc_len[h]
+            if at + m + 2 > FLAT_BUF:
                 return None
-            memcpy(buf + at, num, m)
-            PyMem_Free(num)
+            memcpy(buf + at, _fc_text[h], m)
             at += m
         elif type(value) is str:
             if not PyUnicode_IS_ASCII(value):
@@ -592,6 +623,16 @@ cdef class _Compiler:
             self.err("SFC013", _at(base, idx, ".Description"),
                      f"Description must be text of at most {MAX_FIELD_CHARS} characters")
         path = None
+        cdef Py_ssize_t pos = 0
+        cdef PyObject* kp
+        cdef PyObject* vp
+        if type(obj) is dict:
+            # the common case: every key allowed, checked without a Python iterator
+            while PyDict_Next(obj, &pos, &kp, &vp):
+                if not PySet_Contains(allowed, <object>kp):
+                    break
+            else:
+                return 0
         for k in obj:
             if k not in allowed:
                 if isinstance(k, str) and k in V110_FIELDS:
@@ -672,6 +713,12 @@ cdef class _Compiler:
         cdef list trans_in = self._list(obj, "Transitions", "$", True)
         cdef list acts_in = self._list(obj, "Actions", "$", True)
         cdef list brs_in = self._list(obj, "Branches", "$", False)
+        # room for the strings of a recipe this size (names, type ids, parameters,
+        # conditions), so the id table is not rehashed as it grows
+        if not self.string_ids:
+            self.string_ids = sfc_dict_presized(
+                min(3 * len(acts_in) + len(steps_in) + len(brs_in) + len(trans_in) + 64,
+                    1 << 20))
         cdef I32Vec* t = self.t
         cdef I64Vec* t64 = self.t64
         cdef Py_ssize_t i, k, ai, ti, bi, pi, lo, hi, n
