@@ -11,6 +11,8 @@ a recipe author: there is no ``eval`` and no attribute access.
 from libc.stdint cimport int32_t
 from cpython.object cimport PyObject_IsTrue
 from cpython.list cimport PyList_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
 from libc.stdlib cimport free, realloc
 
 import json
@@ -645,36 +647,46 @@ cdef class CondBuilder:
         return None
 
     cdef int _ref(self, str path, Py_ssize_t pos) except -1:
-        segs = path.split(".")
+        cdef list segs = path.split(".")
+        cdef Py_ssize_t n = PyList_GET_SIZE(segs), k
+        cdef PyObject* found
         head = segs[0]
-        if len(segs) == 1:
+        if n == 1:
             key = (REF_BARE, -1, (head,))
         elif head == "job":
-            for s in segs[1:]:
-                if s.startswith("_"):
-                    raise ConditionSyntaxError(f"unknown reserved field {s!r}", pos)
+            for k in range(1, n):
+                if _reserved(segs[k]):
+                    raise ConditionSyntaxError(f"unknown reserved field {segs[k]!r}", pos)
             key = (REF_JOB, -1, tuple(segs[1:]))
-        elif head in self._actions:
-            act = self._actions[head]
+        else:
+            found = PyDict_GetItem(self._actions, head)
+            if found == NULL:
+                raise ConditionSyntaxError(
+                    f"unknown action {head!r} in {path!r} (use a bare name or job.{head})",
+                    pos)
+            act = <object>found
             second = segs[1]
             if second == "_round" or second == "_outcome":
-                if len(segs) > 2:
+                if n > 2:
                     raise ConditionSyntaxError(f"{second} has no fields", pos)
                 key = (REF_ROUND if second == "_round" else REF_OUTCOME, act, ())
             else:
-                for s in segs[1:]:
-                    if s.startswith("_"):
-                        raise ConditionSyntaxError(f"unknown reserved field {s!r}", pos)
+                for k in range(1, n):
+                    if _reserved(segs[k]):
+                        raise ConditionSyntaxError(f"unknown reserved field {segs[k]!r}", pos)
                 key = (REF_RESULT, act, tuple(segs[1:]))
-        else:
-            raise ConditionSyntaxError(
-                f"unknown action {head!r} in {path!r} (use a bare name or job.{head})", pos)
-        rid = self._ref_ids.get(key)
-        if rid is None:
-            rid = len(self.refs)
-            self.refs.append(key)
-            self._ref_ids[key] = rid
+        found = PyDict_GetItem(self._ref_ids, key)
+        if found != NULL:
+            return <int><object>found
+        rid = len(self.refs)
+        self.refs.append(key)
+        self._ref_ids[key] = rid
         return rid
+
+
+cdef inline bint _reserved(str seg):
+    """seg.startswith("_")"""
+    return len(seg) > 0 and seg[0] == u'_'
 
 
 # ---------------------------------------------------------------- values
