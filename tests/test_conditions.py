@@ -109,3 +109,62 @@ def test_graph_evaluates_a_compiled_transition() -> None:
     assert g.evaluate(0, results={"a0": {"torque": 81}}, rounds={"a0": 1})
     assert not g.evaluate(0, results={"a0": {"torque": 81}}, rounds={"a0": 3})
     assert not g.evaluate(0)
+
+
+# Messages and positions as the first (tuple-per-token) parser gave them; the
+# tokenizer over the string buffer must keep every one.
+SYNTAX_ERRORS = [
+    ("'\\q'", 'unknown escape \\q', 1),
+    ("'abc", 'unterminated string', 0),
+    ('a = b', "'=' is not an operator, use '=='", 2),
+    ('a ! b', "'!' is not an operator, use 'not' or '!='", 2),
+    ('a < b < c', "comparisons do not chain; use 'and' between them", 6),
+    ('a in b in c', "comparisons do not chain; use 'and' between them", 7),
+    ('(a', "expected ')'", 2),
+    ('a)', "unexpected ')'", 1),
+    ('[a, ]', "expected an operand, found ']'", 4),
+    ('[1 2]', "expected ',' or ']'", 3),
+    ("-'x'", "'-' applies to numbers only", 0),
+    ('- true', "'-' applies to numbers only", 0),
+    ('1x', "malformed number '1x'", 0),
+    ('1.2.3', 'unexpected 0.3', 3),
+    ('1e', "malformed number '1e'", 0),
+    ('12abc', "malformed number '12a'", 0),
+    ('x and', 'expected an operand, found the end', 5),
+    ('or x', "expected an operand, found 'or'", 0),
+    ('not', 'expected an operand, found the end', 3),
+    ('not in x', "expected an operand, found 'in'", 4),
+    ('a not b', "unexpected 'not'", 2),
+    ('@', "unexpected character '@'", 0),
+    ('é == 1', "unexpected character 'é'", 0),
+    ('a..b', "unexpected character '.'", 1),
+    ('a._round.x', '_round has no fields', 0),
+    ('job._x', "unknown reserved field '_x'", 0),
+    ('zz.y == 1', "unknown action 'zz' in 'zz.y' (use a bare name or job.zz)", 0),
+    ("a.x == 'é😀", 'unterminated string', 7),
+    ('x == 1 )', "unexpected ')'", 7),
+]
+
+
+@pytest.mark.parametrize(("text", "message", "position"), SYNTAX_ERRORS)
+def test_syntax_error_messages_and_positions(text: str, message: str, position: int) -> None:
+    with pytest.raises(ConditionSyntaxError) as ei:
+        disassemble(text, ["a"])
+    assert (ei.value.message, ei.value.position) == (message, position)
+
+
+@pytest.mark.parametrize(("text", "code"), [
+    ('andx or notin', ['LOAD bare:-1:andx', 'OR_JUMP 7', 'LOAD bare:-1:notin', 'BOOL', 'END']),
+    ('in_ in [1, \'a\\\'b\\n\', "q\\\\"]',
+     ['LOAD bare:-1:in_', 'CONST [1,"a\'b\\n","q\\\\"]', 'IN', 'END']),
+    ('a.x >= -2.5e3 and not a._outcome',
+     ['LOAD result:0:x', 'CONST -2500.0', 'GE', 'AND_JUMP 11', 'LOAD outcome:0:', 'NOT',
+      'BOOL', 'END']),
+    ('true == TRUE', ['CONST true', 'LOAD bare:-1:TRUE', 'EQ', 'END']),
+    ('x not in [a.y, -1]',
+     ['LOAD bare:-1:x', 'LOAD result:0:y', 'CONST -1', 'LIST 2', 'IN', 'NOT', 'END']),
+    ('.5 < 1.', ['CONST 0.5', 'CONST 1.0', 'LT', 'END']),
+    ('nullx != null', ['LOAD bare:-1:nullx', 'CONST null', 'NE', 'END']),
+])
+def test_keywords_only_as_whole_words_and_literals_as_before(text: str, code: list) -> None:
+    assert disassemble(text, ["a"]) == code
