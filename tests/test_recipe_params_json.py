@@ -124,3 +124,19 @@ def test_repeated_floats_keep_their_own_text(values) -> None:
     blob = g.to_bytes()
     for v in values:
         assert _canonical({"v": v, "w": -v}).encode() in blob
+
+
+@pytest.mark.parametrize("n", [4080, 4085, 4088, 4090, 4094, 4095, 4096, 4100])
+def test_objects_near_the_writer_buffer_size(n: int) -> None:
+    for filler in ("x", "\x01"):
+        for params in ({"a": filler * (n // len(filler) // (6 if filler == "\x01" else 1))},
+                       {"a": "x" * (n - 20), "b": 1.5, "c": 12345678901234},
+                       {f"k{i:03d}": "y" * (n // 32) for i in range(32)}):
+            assert _stored_params(params) == _canonical(params)
+
+
+def test_escaped_text_that_fills_the_writer_buffer_exactly() -> None:
+    # '{"abcd":' is 8 characters, 681 escaped controls are 6 each, plus 2 quotes: 4096
+    for params in ({"abcd": "\x01" * 681}, {"abcd": "\x01" * 681, "b": None},
+                   {"abcd": "\x01" * 680 + "x"}, {"abcd": "\x01" * 682}):
+        assert _stored_params(params) == _canonical(params)

@@ -323,7 +323,7 @@ cdef object _flat_canonical(dict d):
     cdef Py_ssize_t n = len(d), i, k, at, m, h
     cdef _Item items[FLAT_MAX_KEYS]
     cdef _Item tmp
-    cdef char buf[FLAT_BUF]
+    cdef char buf[FLAT_BUF + 8]    # a separator or the closing brace may land at FLAT_BUF
     cdef char* num
     cdef const char* u
     cdef long long iv
