@@ -57,3 +57,15 @@ def test_same_attributes_as_paho_for_what_we_receive(user: list, ct: str | None,
 def test_garbage_gets_the_same_answer_as_paho(buf: bytes) -> None:
     slow, fast = _both(buf)
     assert fast == slow
+
+
+def test_properties_share_tables_but_not_values() -> None:
+    paho_fast.install()
+    a = Properties(PacketTypes.PUBLISH)
+    b = Properties(PacketTypes.PUBLISH)
+    a.ContentType = "x"
+    a.UserProperty = [("k", "v")]
+    assert not hasattr(b, "ContentType") and not hasattr(b, "UserProperty")
+    assert a.names is b.names                       # the shared, never-changed table
+    c = Properties(PacketTypes.PUBACK)
+    assert c.packetType == PacketTypes.PUBACK and c.pack() == b"\x00"

@@ -56,6 +56,8 @@ from sfc_host.work import Recipes, Unusable
 if TYPE_CHECKING:
     from sfc_host.host import Host
 
+INDEX_INTERVAL_S = 0.1
+
 log = logging.getLogger("sfc_host.mes")
 
 SOURCE = "sfc-host"
@@ -354,7 +356,9 @@ class MesControl:
         try:
             while scope in self._index_dirty:
                 self._index_dirty.discard(scope)
-                await asyncio.sleep(0)     # let a burst of changes land first
+                # The index is the scope's whole map: publish it at most every
+                # INDEX_INTERVAL_S, so a burst of changes costs one map, not one each.
+                await asyncio.sleep(INDEX_INTERVAL_S)
                 seq_raw, flat = await self._read_index(
                     keys=[self._key(scope, "state-seq"), self._key(scope, "state-index")])
                 seq = int(seq_raw)

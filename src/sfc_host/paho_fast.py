@@ -7,7 +7,8 @@ receiving an answer. This decoder handles the properties a PUBLISH carries, with
 same checks (lengths within the property block, UTF-8, no U+0000, U+FEFF or
 surrogates, no repeated single-valued property) and the same attributes as paho; a
 packet with anything else, or anything it would refuse, goes to paho's own code, so
-errors stay paho's. ``install()`` is called when the MQTT link is imported.
+errors stay paho's. Properties objects share paho's (never changed) lookup tables
+instead of building them anew. ``install()`` is called when the MQTT link is imported.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 _original_unpack = Properties.unpack
+_original_init = Properties.__init__
+_blank: dict[int, dict[str, Any]] = {}
 _BAD_CHARS = re.compile("[\x00\ufeff]")
 _STRINGS = {0x03: "ContentType", 0x08: "ResponseTopic"}
 
@@ -110,5 +113,17 @@ def fast_unpack(self: Properties, buffer: Any) -> tuple[Properties, int]:
     return self, end
 
 
+def fast_init(self: Properties, packetType: int) -> None:
+    """paho rebuilds its name and type tables for every Properties object (one per
+    PUBACK received); they are never changed after, so instances share one copy."""
+    d = _blank.get(packetType)
+    if d is None:
+        _original_init(self, packetType)
+        _blank[packetType] = dict(self.__dict__)
+        return
+    self.__dict__.update(d)
+
+
 def install() -> None:
     Properties.unpack = fast_unpack  # type: ignore[method-assign]
+    Properties.__init__ = fast_init  # type: ignore[method-assign]
