@@ -121,6 +121,8 @@ async def main(args: argparse.Namespace) -> None:
                 p99 = m.quantile("answer_to_command_seconds", 0.99) * 1000
                 print(f"paced at {args.rate:,} actions/s ({paced_n} jobs): answer to next "
                       f"command p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+                if os.environ.get("BENCH_DEBUG"):
+                    print(app.metrics.snapshot())
         finally:
             station.terminate()
             station.wait(5)

@@ -63,7 +63,7 @@ class HostConfig:
     mqtt_key_file: str = ""
     mqtt_shared_group: str = "sfc"       # $share/{group}/… so several hosts split the load
     mqtt_qos: int = 1
-    mqtt_queue_size: int = 10_000        # outgoing messages waiting; a full queue is counted
+    mqtt_queue_size: int = 100_000       # outgoing messages waiting; a full queue is counted
     mqtt_max_payload: int = 1 << 20      # bytes; a larger message is refused (logged, counted)
     mes_prefix: str = "mes"
     equipment_prefix: str = "equipment"

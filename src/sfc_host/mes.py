@@ -308,7 +308,7 @@ class MesControl:
             if body is not None:
                 props.ContentType = "application/json"
         payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
-        self.link.publish_nowait(topic, payload, props, retain=True)
+        self.link.publish_nowait(topic, payload, props, retain=True, status=True)
 
     async def on_change(self, scope: str, job: str, old: str, new: str,
                         order: dict[str, str]) -> None:
@@ -328,9 +328,9 @@ class MesControl:
         try:
             if self.link.v5:
                 payload, props = encode_binary(ev)
-                self.link.publish_nowait(f"{base}/events", payload, props)
+                self.link.publish_nowait(f"{base}/events", payload, props, status=True)
             else:
-                self.link.publish_nowait(f"{base}/events", encode_structured(ev))
+                self.link.publish_nowait(f"{base}/events", encode_structured(ev), status=True)
         except CloudEventError as e:
             log.warning("status event of %s/%s could not be encoded: %s", scope, job, e)
         if not seq:

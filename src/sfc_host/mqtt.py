@@ -129,10 +129,15 @@ class MqttLink:
     # ---- sending
 
     def publish_nowait(self, topic: str, payload: bytes, properties: Properties | None = None,
-                       *, qos: int | None = None, retain: bool = False) -> bool:
-        """Queue a message; False (counted) when the queue is full."""
-        if len(self._queue) >= self.config.mqtt_queue_size:
-            self.metrics.inc("mqtt_queue_full")
+                       *, qos: int | None = None, retain: bool = False,
+                       status: bool = False) -> bool:
+        """Queue a message; False (counted) when the queue is full. A ``status`` message
+        (MES status events and retained state) is refused from 80 % of the queue on, so
+        a burst of them never crowds out equipment commands and replies."""
+        n = len(self._queue)
+        size = self.config.mqtt_queue_size
+        if n >= size or (status and n >= size * 4 // 5):
+            self.metrics.inc("mqtt_status_dropped" if status else "mqtt_queue_full")
             return False
         self._queue.append(Outgoing(topic, payload, properties,
                                     self.config.mqtt_qos if qos is None else qos, retain))
