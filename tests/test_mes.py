@@ -60,6 +60,7 @@ def _event(msg: aiomqtt.Message) -> dict[str, Any]:
         ev["data"] = json.loads(payload) if payload else None
     if p is not None and hasattr(p, "CorrelationData"):
         ev["CorrelationData"] = p.CorrelationData
+    ev["_content_type"] = ct
     return ev
 
 
@@ -391,6 +392,23 @@ def test_structured_mode_on_mqtt_311(redis_url: str, mqtt_url: str) -> None:
                 await wait_until(lambda: mes.retained.get(f"mes/{S}/order/M1") == b"", 5,
                                  "order deleted")
                 assert mes.states("M1")[-1] == "EndState"
+        finally:
+            await app.aclose()
+    run(main())
+
+
+def test_structured_replies_on_mqtt_5_when_binary_is_off(redis_url: str, mqtt_url: str) -> None:
+    async def main() -> None:
+        app = await start_app(redis_url, mqtt_url, mqtt_binary=False)
+        try:
+            async with Mes(mqtt_url) as mes:
+                rid = await mes.send(JC + "Store.v2", order("B1"))
+                rep = await wait_until(lambda: mes.replies.get(rid), 10, "reply")
+                # structured: the attributes came in the JSON body, and the MQTT 5
+                # correlation data still comes back
+                assert rep["specversion"] == "1.0" and rep["data"]["ReturnStatus"] == NO_ERROR
+                assert rep["CorrelationData"] == rid.encode()
+                assert rep["_content_type"] == "application/cloudevents+json"
         finally:
             await app.aclose()
     run(main())

@@ -41,6 +41,7 @@ from sfc_host.cloudevents import (
     decode,
     encode_binary,
     encode_structured,
+    structured_properties,
 )
 from sfc_host.keys import check_job, check_scope
 from sfc_host.mqtt import MqttLink, payload_bytes
@@ -289,14 +290,19 @@ class MesControl:
         ev.correlation_data = req.correlation_data
         topic = req.response_topic or f"{self.prefix}/{scope}/replies"
         try:
-            if self.link.v5:
-                payload, props = encode_binary(ev)
-                self.link.publish_nowait(topic, payload, props)
-            else:
-                self.link.publish_nowait(topic, encode_structured(ev))
+            payload, props = self._encode(ev)
+            self.link.publish_nowait(topic, payload, props)
         except (CloudEventError, ValueError) as e:
             self.metrics.inc("bad_mes_replies")
             log.warning("reply to %s could not be encoded: %s", req.id, e)
+
+    def _encode(self, ev: CloudEvent) -> tuple[bytes, Properties | None]:
+        """Binary mode on MQTT 5 unless ``mqtt_binary`` is off; structured otherwise."""
+        if self.link.v5 and self.link.config.mqtt_binary:
+            return encode_binary(ev)
+        if self.link.v5:
+            return encode_structured(ev), structured_properties(ev)
+        return encode_structured(ev), None
 
     # ---- state publishing (Orders.on_change)
 
@@ -326,11 +332,8 @@ class MesControl:
                               "Time": _now(), "Reason": reason})
         base = f"{self.prefix}/{scope}"
         try:
-            if self.link.v5:
-                payload, props = encode_binary(ev)
-                self.link.publish_nowait(f"{base}/events", payload, props, status=True)
-            else:
-                self.link.publish_nowait(f"{base}/events", encode_structured(ev), status=True)
+            payload, props = self._encode(ev)
+            self.link.publish_nowait(f"{base}/events", payload, props, status=True)
         except CloudEventError as e:
             log.warning("status event of %s/%s could not be encoded: %s", scope, job, e)
         if not seq:
