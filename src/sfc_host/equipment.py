@@ -15,11 +15,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from sfc_fast import Command, open_command, sent_markers
+from sfc_fast import Command, open_command
 from sfc_fast.events import NotHeld
 from sfc_host.jobs import Fresh, Item, Settler
 from sfc_host.metrics import Metrics
-from sfc_host.store import Store
+from sfc_host.store import Store, started_at
 
 log = logging.getLogger("sfc_host.equipment")
 
@@ -74,17 +74,58 @@ class Dispatcher:
 
     async def send_fresh(self, fresh: Sequence[Fresh]) -> None:
         """Send commands this host just made (their entries are pending on it), then
-        write their markers and ack their entries in one pipeline."""
+        write their markers and ack their entries in one call."""
+        acks: dict[str, list[bytes]] = {}
+        for f in fresh:
+            acks.setdefault(f.scope, []).append(f.entry_id)
+        await self._send(fresh, acks)
+
+    async def dispatch(self, entries: Sequence[tuple[str, str, str, str]]) -> None:
+        """Send the commands of ``(scope, job, action, command_id)`` entries read from
+        the stream (the caller acks them): only a command that is still the action's
+        open one, read from the job's state now."""
+        if not entries:
+            return
+        wanted: dict[str, list[str]] = {}
+        for scope, job, _, _ in entries:
+            jobs = wanted.setdefault(scope, [])
+            if job not in jobs:
+                jobs.append(job)
+        rows = await self.store.load(wanted)
+        items: list[Fresh] = []
+        seen: set[tuple[str, str]] = set()
+        for scope, job, action, cid in entries:
+            row = rows[scope][1][job]
+            if row.state is None or row.fingerprint is None or (scope, cid) in seen:
+                self.metrics.inc("dispatch_skipped")
+                continue
+            graph = await self.store.graph(scope, row.fingerprint)
+            if graph is None:
+                self.metrics.inc("dispatch_skipped")
+                log.error("job %s/%s: recipe %s is not stored; %s not sent", scope, job,
+                          row.fingerprint, cid)
+                continue
+            cmd = open_command(graph, row.state, action)
+            if cmd is None or cmd.command_id != cid:
+                self.metrics.inc("dispatch_skipped")   # settled, superseded or ended
+                continue
+            seen.add((scope, cid))
+            items.append(Fresh(scope, job, cmd, b"", row.markers.get(f"sent:{action}".encode()),
+                               row.markers.get(f"sent:{action}:hold".encode()),
+                               started_at(row.state)))
+        await self._send(items, {})
+
+    async def _send(self, items: Sequence[Fresh], acks: dict[str, list[bytes]]) -> None:
+        """The one sending path: skip what the marker says went out, answer a hold of
+        work that never went out as not held, queue the rest, then write the markers of
+        what was queued (and ack ``acks``)."""
         to_send: list[Command] = []
         sent: list[Fresh] = []
-        acks: dict[str, list[bytes]] = {}
         not_held: list[Item] = []
-        for f in fresh:
+        for f in items:
             cmd = f.command
             cid = cmd.command_id
-            acks.setdefault(f.scope, []).append(f.entry_id)
-            value = f"{f.started}:{cid}".encode()
-            if (f.hold_marker if cmd.hold else f.sent_marker) == value:
+            if (f.hold_marker if cmd.hold else f.sent_marker) == f"{f.started}:{cid}".encode():
                 self.metrics.inc("dispatch_already_sent")
                 continue
             if cmd.hold and f.sent_marker != f"{f.started}:{cid[:-5]}".encode():
@@ -107,64 +148,7 @@ class Dispatcher:
                 else:
                     self.metrics.inc("queue_full")
             self.metrics.inc("commands_sent", n)
-        await self.store.write_markers(marks, acks)
-        if not_held:
-            await self.settler.settle(not_held)
-
-    async def dispatch(self, entries: Sequence[tuple[str, str, str, str]]) -> None:
-        """Send the commands of ``(scope, job, action, command_id)`` entries."""
-        if not entries:
-            return
-        wanted: dict[str, list[str]] = {}
-        for scope, job, _, _ in entries:
-            jobs = wanted.setdefault(scope, [])
-            if job not in jobs:
-                jobs.append(job)
-        rows = await self.store.load(wanted)
-        to_send: list[Command] = []
-        marks: list[tuple[str, str, str, str]] = []   # scope, job, field, value
-        not_held: list[Item] = []
-        seen: set[tuple[str, str]] = set()
-        for scope, job, action, cid in entries:
-            row = rows[scope][1][job]
-            if row.state is None or row.fingerprint is None or (scope, cid) in seen:
-                self.metrics.inc("dispatch_skipped")
-                continue
-            graph = await self.store.graph(scope, row.fingerprint)
-            if graph is None:
-                self.metrics.inc("dispatch_skipped")
-                log.error("job %s/%s: recipe %s is not stored; %s not sent", scope, job,
-                          row.fingerprint, cid)
-                continue
-            cmd = open_command(graph, row.state, action)
-            if cmd is None or cmd.command_id != cid:
-                self.metrics.inc("dispatch_skipped")   # settled, superseded or ended
-                continue
-            started = sent_markers(graph, row.state)[0]
-            field = f"sent:{action}:hold" if cmd.hold else f"sent:{action}"
-            value = f"{started}:{cid}"
-            if row.markers.get(field.encode()) == value.encode():
-                self.metrics.inc("dispatch_already_sent")
-                continue
-            seen.add((scope, cid))
-            if cmd.hold:
-                work = cid[:-5]
-                if row.markers.get(f"sent:{action}".encode()) != f"{started}:{work}".encode():
-                    not_held.append(Item(scope, job, [NotHeld(cid)]))
-                    self.metrics.inc("hold_answered_not_held")
-                    continue
-            to_send.append(cmd)
-            marks.append((scope, job, field, value))
-        if to_send:
-            queued = await self.sink.send(to_send)
-            by_scope: dict[str, list[tuple[str, str, str]]] = {}
-            for (scope, job, field, value), ok in zip(marks, queued, strict=True):
-                if ok:
-                    by_scope.setdefault(scope, []).append((job, field, value))
-                else:
-                    self.metrics.inc("queue_full")
-            n = sum(len(v) for v in by_scope.values())
-            self.metrics.inc("commands_sent", n)
-            await self.store.write_markers(by_scope)
+        if marks or acks:
+            await self.store.write_markers(marks, acks)
         if not_held:
             await self.settler.settle(not_held)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sfc_fast import Graph, evolve, job_index, open_command, sent_markers, state_to_json
-from sfc_fast.events import BaseEvent, Event, Start, Tick
+from sfc_fast.events import BaseEvent, Event, Shift, Start, Tick
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.store import JobRow, Record, Store, started_at
@@ -62,7 +62,8 @@ class Item:
 
 
 class Fresh:
-    """A command this host just made, with what its compare-and-set reported."""
+    """A command to send, with its job's sent markers and run start: one this host just
+    made (the markers from its compare-and-set) or one a dispatch entry names."""
 
     __slots__ = ("command", "entry_id", "hold_marker", "job", "scope", "sent_marker",
                  "started")
@@ -81,8 +82,6 @@ class Fresh:
 def tick_events(gap_ms: int) -> EventsFn:
     """A sweep's tick: an outage shift first (when the sweep saw one), then the tick,
     naming the commands that never went out (no matching sent marker)."""
-    from sfc_fast.events import Shift
-
     def make(row: JobRow, graph: Graph, state: bytes | None) -> list[BaseEvent]:
         if state is None:
             return []

@@ -52,6 +52,7 @@ from sfc_host.orders import (
     UNKNOWN_JOB_ORDER_ID,
     OrderError,
 )
+from sfc_host.orders import top_state as _top
 from sfc_host.work import Recipes, Unusable
 
 if TYPE_CHECKING:
@@ -101,10 +102,6 @@ return {redis.call('GET', KEYS[1]) or '0', redis.call('HGETALL', KEYS[2])}
 
 class Invalid(Exception):
     """A request that is well-formed as a CloudEvent but not as a job control request."""
-
-
-def _top(state: str) -> str:
-    return state.split("_", 1)[0]
 
 
 def _now() -> str:

@@ -47,8 +47,12 @@ class OrderError(Exception):
         self.status = status
 
 
-def _top(state: str) -> str:
+def top_state(state: str) -> str:
+    """The top-level job order state (``Interrupted`` of ``Interrupted_Suspended``)."""
     return state.split("_", 1)[0]
+
+
+_top = top_state
 
 
 def implied_entries(trigger: str, old: str, new: str) -> list[str]:

@@ -18,6 +18,7 @@ from sfc_host.equipment import Dispatcher
 from sfc_host.jobs import APPLIED, CONFLICT, ERROR, Item, Settler, tick_events
 from sfc_host.metrics import Metrics
 from sfc_host.orders import Orders
+from sfc_host.orders import top_state as _top
 from sfc_host.store import Store
 from sfc_host.stream import Entry, InvalidEntry, Raw, parse_entry
 from sfc_host.workmaster import resolve_schema
@@ -30,10 +31,6 @@ MAX_EVENT_CANDIDATES = 64
 
 class Unusable(Exception):
     """The job's recipe cannot be used: the job is aborted with this reason."""
-
-
-def _top(state: str) -> str:
-    return state.split("_", 1)[0]
 
 
 def _wm_id(order: dict[str, str] | None) -> str | None:
