@@ -61,6 +61,16 @@ async def wait_until(pred: Callable[[], Any], timeout: float = 10.0,
         await asyncio.sleep(0.01)
 
 
+async def quiet(host: Host) -> bool:
+    """Every served scope's work stream handled: nothing pending, and trimmed empty."""
+    for k in host.streams.scopes.values():
+        if (await host.client.xpending(k.work, host.config.group))["pending"]:
+            return False
+        if await host.client.xlen(k.work):
+            return False
+    return True
+
+
 Answer = Callable[[Command], "dict[str, Any] | str | bool | None"]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hosts import Station, flush, quick_config, torque_ok, wait_until, work_master
+from hosts import Station, flush, quick_config, quiet, torque_ok, wait_until, work_master
 
 from sfc_fast.events import Completed, Held
 from sfc_host.equipment import InProcessSink
@@ -53,15 +53,6 @@ async def order_state(host: Host, job: str) -> str | None:
 async def status(host: Host, job: str) -> str | None:
     v = await host.inspect(S, job)
     return v["status"] if v else None
-
-
-async def quiet(host: Host) -> bool:
-    for k in host.streams.scopes.values():
-        if (await host.client.xpending(k.work, host.config.group))["pending"]:
-            return False
-        if await host.client.xlen(k.work):
-            return False
-    return True
 
 
 def test_pull_event_goes_to_the_oldest_wait_and_unmatched_are_counted(redis_url: str) -> None:

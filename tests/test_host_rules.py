@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from hosts import Station, flush, quick_config, torque_ok, wait_until, work_master
+from hosts import Station, flush, quick_config, quiet, torque_ok, wait_until, work_master
 
 from sfc_host.host import Host
 from sfc_host.keys import ScopeKeys
@@ -79,7 +79,7 @@ def test_start_twice_is_absorbed(redis_url: str) -> None:
             v1 = (await host.inspect(S, "J1"))["version"]
             await host.client.xadd(K.work, {"k": "start", "j": "J1"})
             await host.client.xadd(K.work, {"k": "start", "j": "J1"})
-            await wait_until(lambda: _no_pending(host), what="entries handled")
+            await wait_until(lambda: quiet(host), what="entries handled")
             await asyncio.sleep(0.1)
             view = await host.inspect(S, "J1")
             assert view["version"] == v1 and view["status"] == "running"
@@ -87,15 +87,6 @@ def test_start_twice_is_absorbed(redis_url: str) -> None:
         finally:
             await host.aclose()
     run(main())
-
-
-async def _no_pending(host: Host) -> bool:
-    for k in host.streams.scopes.values():
-        if (await host.client.xpending(k.work, host.config.group))["pending"]:
-            return False
-        if await host.client.xlen(k.work):
-            return False
-    return True
 
 
 def test_restored_job_id_replaces_the_ended_job(redis_url: str) -> None:
@@ -168,7 +159,7 @@ def test_garbled_entries_are_acked_and_counted(redis_url: str) -> None:
                 await host.client.xadd(K.work, f)
             await wait_until(lambda: host.metrics["invalid_entries"] == len(bad),
                              what="all counted")
-            await wait_until(lambda: _no_pending(host), what="all acked")
+            await wait_until(lambda: quiet(host), what="all acked")
             # The host keeps serving.
             await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
             await wait_until(lambda: _is(host, "J1", "Ended_Completed"), what="job done")
@@ -183,7 +174,7 @@ def test_entry_that_raises_stays_pending_then_goes_to_the_dead_stream(redis_url:
         try:
             await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
             await wait_until(lambda: _is(host, "J1", "Running"), what="running")
-            await wait_until(lambda: _no_pending(host), what="quiet")
+            await wait_until(lambda: quiet(host), what="quiet")
             # A state that cannot be decoded: every handler of the job raises.
             await host.client.hset(K.job("J1"), "s", b"garbage")
             eid = await host.client.xadd(K.work, {"k": "tick", "j": "J1"})
@@ -227,7 +218,7 @@ def test_tick_that_writes_nothing_puts_the_job_back(redis_url: str) -> None:
         try:
             await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
             await wait_until(lambda: st.commands, what="command")
-            await wait_until(lambda: _no_pending(host), what="quiet")
+            await wait_until(lambda: quiet(host), what="quiet")
             deadline = await host.client.zscore(K.due, "J1")
             assert deadline is not None
             version = (await host.inspect(S, "J1"))["version"]
@@ -255,7 +246,7 @@ def test_outage_moves_deadlines_instead_of_timing_out(redis_url: str) -> None:
             gap = 25_000
             await host.client.set(K.heartbeat, now - gap)
             await wait_until(lambda: host.metrics["outages"] >= 1, what="outage seen")
-            await wait_until(lambda: _no_pending(host), what="quiet")
+            await wait_until(lambda: quiet(host), what="quiet")
             view = await host.inspect(S, "J1")
             assert view["status"] == "running"          # no timeout
             a = view["actions"]["load_part"]
