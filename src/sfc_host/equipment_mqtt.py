@@ -114,23 +114,29 @@ class EquipmentIn:
         link.subscribe(f"{self.prefix}/+/responses", self.on_answer)
         link.subscribe(f"{self.prefix}/+/events", self.on_event)
 
-    def _decode(self, message: aiomqtt.Message, what: str) -> CloudEvent | None:
+    def _receive(self, message: aiomqtt.Message, leaf: str,
+                 what: str) -> tuple[str, CloudEvent] | None:
+        """The scope (from the topic) and the CloudEvent of a message, or None (logged
+        and counted as ``bad_{what}``)."""
+        topic = message.topic.value
+        scope = _scope_of(topic, self.prefix, leaf)
+        if scope is None:
+            self.metrics.inc(f"bad_{what}")
+            log.warning("%s on %s: not a scope's %s topic", what, topic, leaf)
+            return None
         try:
-            return decode(payload_bytes(message), message.properties, max_bytes=self.max_bytes)
+            ev = decode(payload_bytes(message), message.properties, max_bytes=self.max_bytes)
         except CloudEventError as e:
             self.metrics.inc(f"bad_{what}")
-            log.warning("%s on %s refused: %s", what, message.topic.value, e)
+            log.warning("%s on %s refused: %s", what, topic, e)
             return None
+        return scope, ev
 
     def on_answer(self, message: aiomqtt.Message) -> None:
-        scope = _scope_of(message.topic.value, self.prefix, "responses")
-        if scope is None:
-            self.metrics.inc("bad_answers")
-            log.warning("answer on %s: not a scope's response topic", message.topic.value)
+        got = self._receive(message, "responses", "answers")
+        if got is None:
             return
-        ev = self._decode(message, "answers")
-        if ev is None:
-            return
+        scope, ev = got
         event = answer_event(ev)
         if isinstance(event, str):
             self.metrics.inc("bad_answers")
@@ -138,31 +144,22 @@ class EquipmentIn:
             return
         self.metrics.inc("answers_received")
         if len(self.arrived) < 100_000:
-            self.arrived[_job(event)] = time.perf_counter()
+            self.arrived[job_of_command(event.command_id)] = time.perf_counter()
         self.host.answer(scope, event)
 
     async def on_event(self, message: aiomqtt.Message) -> None:
-        scope = _scope_of(message.topic.value, self.prefix, "events")
-        if scope is None:
-            self.metrics.inc("bad_events")
-            log.warning("event on %s: not a scope's event topic", message.topic.value)
+        got = self._receive(message, "events", "events")
+        if got is None:
             return
-        ev = self._decode(message, "events")
-        if ev is None:
-            return
-        data = ev.data if isinstance(ev.data, dict) else None
-        if ev.data is not None and data is None:
+        scope, ev = got
+        if ev.data is not None and not isinstance(ev.data, dict):
             self.metrics.inc("bad_events")
             log.warning("event %s on %s refused: data is not an object", ev.id,
                         message.topic.value)
             return
         self.metrics.inc("events_received")
         await self.host.queue_event(scope, ev.type, ev.subject,
-                                    ev.extensions.get("correlationid"), data)
-
-
-def _job(event: Any) -> str:
-    return job_of_command(event.command_id)
+                                    ev.extensions.get("correlationid"), ev.data)
 
 
 def answer_event(ev: CloudEvent) -> BaseEvent | str:

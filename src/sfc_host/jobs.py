@@ -179,13 +179,13 @@ class Settler:
             if not now:
                 now = self.store.clock.now_ms() if self.store.clock.synced else \
                     await self.store.now_ms()
-            cached = to_load.get(s, ())
+            loaded_now = set(to_load.get(s, ()))
             for job, its in jobs.items():
                 planned = await self._plan(s, now, byjob[job], its)
                 # Nothing applied: only a state just read proves that; one from the
                 # cache may be behind, so the job is read and evolved again.
                 if ((planned is None or planned[0].state is None) and first
-                        and job not in cached and all(it.outcome != ERROR for it in its)):
+                        and job not in loaded_now and all(it.outcome != ERROR for it in its)):
                     stale.extend(its)
                     continue
                 if planned is not None:
