@@ -1,5 +1,7 @@
 """A whole host instance: the Redis side (``Host``) wired to MQTT (equipment commands,
-answers and events). ``sfc-host run`` and the demo start one of these.
+answers and events), the MES job control, metrics and, with ``scripts_dir``, the script
+engine (its own MQTT connection; ``api.jobs`` is this host's job control).
+``sfc-host run`` and the demo start one of these.
 
     async with App(HostConfig.load("host.toml")) as app:
         await app.wait_closed()
@@ -8,13 +10,21 @@ answers and events). ``sfc-host run`` and the demo start one of these.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING
 
-from sfc_host.config import HostConfig
+from sfc_host.config import ConfigError, HostConfig
 from sfc_host.equipment_mqtt import EquipmentIn, MqttSink
 from sfc_host.host import Host
 from sfc_host.mes import MesControl
 from sfc_host.metrics import Metrics, MetricsServer
 from sfc_host.mqtt import MqttLink
+
+if TYPE_CHECKING:
+    from sfc_host.engine.manager import Engine
+
+log = logging.getLogger("sfc_host.app")
 
 
 class App:
@@ -28,11 +38,29 @@ class App:
         self.mes = MesControl(self.host, self.link)
         self._closed = asyncio.Event()
         self.metrics_server: MetricsServer | None = None
+        self.engine: Engine | None = None
+        self.script_link: MqttLink | None = None
+        if config.scripts_dir:
+            from sfc_host.engine.manager import Engine
+            from sfc_host.engine.missions import RedisMissionStore
+            from sfc_host.script_host import ScriptJobs, ScriptLink
+
+            self.script_link = MqttLink(config, self.metrics, fan_out=True,
+                                        client_id=f"{self.link.client_id}-scripts")
+            # one hash tag on a cluster: a record and the index change in one transaction
+            prefix = "{sfc:engine}:" if config.redis_cluster else "sfc:engine:"
+            missions = RedisMissionStore(self.host.client, prefix=prefix)
+            self.engine = Engine(config.scripts_dir, store=missions,
+                                 mqtt=ScriptLink(self.script_link), jobs=ScriptJobs(self.mes))
 
     async def start(self, connect_timeout_s: float = 10.0) -> App:
         await self.link.start()
         await self.link.wait_connected(connect_timeout_s)
         await self.host.start()
+        if self.engine is not None and self.script_link is not None:
+            await self.script_link.start()
+            await self.script_link.wait_connected(connect_timeout_s)
+            await self._start_engine(self.engine)
         if self.config.metrics_port > 0:
             self.metrics_server = MetricsServer(self.metrics, self.config.metrics_host,
                                                 self.config.metrics_port,
@@ -40,9 +68,33 @@ class App:
             await self.metrics_server.start()
         return self
 
+    async def _start_engine(self, engine: Engine) -> None:
+        problems = await engine.build()
+        if problems:
+            raise ConfigError("scripts_dir: the scripts do not build: " + "; ".join(
+                f"{p.file}:{p.line}: {p.message}" for p in problems))
+        await engine.start()
+        for spec in self.config.missions:
+            name, _, raw = spec.partition("=")
+            try:
+                args = json.loads(raw) if raw else {}
+            except ValueError as e:
+                raise ConfigError(f"missions: {spec!r}: arguments are not JSON ({e})") from None
+            if not isinstance(args, dict):
+                raise ConfigError(f"missions: {spec!r}: arguments must be a JSON object")
+            inst = await engine.start_mission(name, **args)
+            log.info("mission %s (%s) started", inst.id, name)
+
     async def aclose(self) -> None:
         if self.metrics_server is not None:
             await self.metrics_server.aclose()
+        if self.engine is not None:
+            try:
+                await self.engine.stop()
+            except Exception:
+                log.exception("the script engine did not stop cleanly")
+        if self.script_link is not None:
+            await self.script_link.aclose()
         await self.host.aclose()
         await self.mes.aclose()
         await self.link.aclose()

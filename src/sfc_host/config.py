@@ -68,6 +68,9 @@ class HostConfig:
     mes_prefix: str = "mes"
     equipment_prefix: str = "equipment"
     max_job_orders: int = 10_000         # live job orders a scope accepts
+    # Script engine (Tasks and Missions run inside the host, with its MQTT and job control)
+    scripts_dir: str = ""                # a scripts folder; "" = no engine
+    missions: list[str] = field(default_factory=list)  # started at start: NAME or NAME=JSON
     # Metrics
     metrics_port: int = 0                # Prometheus endpoint; 0 = off
     metrics_host: str = "127.0.0.1"
@@ -94,8 +97,10 @@ class HostConfig:
                 raise ConfigError(f"setting {f.name}: expected a string, got {v!r}")
             if f.type == "int" and v < 0:
                 raise ConfigError(f"setting {f.name}: must not be negative, got {v}")
-        if not isinstance(self.scopes, list) or not all(isinstance(s, str) for s in self.scopes):
-            raise ConfigError(f"setting scopes: expected a list of strings, got {self.scopes!r}")
+        for name in ("scopes", "missions"):
+            v = getattr(self, name)
+            if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+                raise ConfigError(f"setting {name}: expected a list of strings, got {v!r}")
         for name in ("read_count", "sweep_interval_ms", "sweep_limit", "answer_batch",
                      "cas_rounds", "max_deliveries", "graph_cache_size", "redis_pool_size",
                      "answer_workers"):

@@ -190,10 +190,10 @@ class MesControl:
         if t.startswith(JOB_CONTROL) and t.endswith(".v2"):
             method = t[len(JOB_CONTROL):-3]
             if method in METHODS:
-                return await self._job_control(scope, method, data)
+                return await self.job_control(scope, method, data)
         elif t == BY_ID:
             job = _job_id(data.get("JobOrderID"))
-            view = (await self._views(scope, [job]))[0]
+            view = (await self.views(scope, [job]))[0]
             if view is None:
                 raise OrderError(UNKNOWN_JOB_ORDER_ID, f"no job order {job!r} in {scope!r}")
             return NO_ERROR, view
@@ -203,7 +203,7 @@ class MesControl:
             return await self._work_master(scope, ev, data)
         raise Invalid(f"unknown request type {t!r}")
 
-    async def _job_control(self, scope: str, method: str,
+    async def job_control(self, scope: str, method: str,
                            data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         orders = self.host.orders
         comment = data.get("Comment")
@@ -227,7 +227,7 @@ class MesControl:
         state = await orders.trigger(scope, job, method, reason=reason)
         return NO_ERROR, {"JobOrderID": job, "JobState": state}
 
-    async def _views(self, scope: str, jobs: list[str]) -> list[dict[str, Any] | None]:
+    async def views(self, scope: str, jobs: list[str]) -> list[dict[str, Any] | None]:
         """Per job: order, state and job response (None: no such order), one pipeline."""
         k = self.host.store.keys(scope)
         pipe = self.host.client.pipeline(transaction=False)
@@ -255,7 +255,7 @@ class MesControl:
         index = await self.host.client.hgetall(self._key(scope, "state-index"))
         jobs = sorted(j.decode() for j, s in index.items()
                       if s.decode() == want or _top(s.decode()) == want)[:MAX_BY_STATE]
-        return [v for v in await self._views(scope, jobs) if v is not None]
+        return [v for v in await self.views(scope, jobs) if v is not None]
 
     async def _work_master(self, scope: str, ev: CloudEvent,
                            data: dict[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -5,8 +5,9 @@ Outgoing messages wait in a bounded queue; ``publish_nowait`` says whether one w
 queued (a full queue is counted; for a command the action's deadline sends it again).
 Up to ``IN_FLIGHT`` publishes are awaited at once; a publish that fails with the
 connection goes back to the front of the queue and out again after the reconnect.
-Incoming messages go to the handler of the first matching filter; a handler's fault is
-logged and counted, never raised into the loop.
+Incoming messages go to the handler of the first matching filter (the host's link,
+whose filters do not overlap) or, with ``fan_out`` (the script engine's link), to every
+matching subscription once; a handler's fault is logged and counted, never raised.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from sfc_host import paho_fast
@@ -65,7 +67,8 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
 
 
 class MqttLink:
-    def __init__(self, config: HostConfig, metrics: Metrics, *, client_id: str = "") -> None:
+    def __init__(self, config: HostConfig, metrics: Metrics, *, client_id: str = "",
+                 fan_out: bool = False) -> None:
         self.config = config
         self.metrics = metrics
         self.client_id = client_id or config.mqtt_client_id or f"sfc-{config.consumer_name}"
@@ -86,15 +89,55 @@ class MqttLink:
         self._handler_slots = asyncio.Semaphore(MAX_HANDLER_TASKS)
         self._handler_tasks: set[asyncio.Task[None]] = set()
         self.connects = 0
+        self._live: aiomqtt.Client | None = None     # the connected client, if any
+        # fan_out (the script engine's link): a message goes to every subscription it
+        # matches, once each. On MQTT 5 the broker sends one copy per matching
+        # subscription, told apart by subscription identifiers; on 3.1.1 one copy.
+        self.fan_out = fan_out
+        self._sub_ids: dict[str, int] = {}
 
     # ---- setup
 
-    def subscribe(self, topic_filter: str, handler: Handler, *, shared: bool = True) -> None:
-        """Call before ``start``. Shared: ``$share/{group}/{filter}``, so each message
-        goes to one of the hosts."""
+    def subscribe(self, topic_filter: str, handler: Handler, *,
+                  shared: bool = True) -> Callable[[], None]:
+        """Shared: ``$share/{group}/{filter}``, so each message goes to one of the hosts.
+        Before ``start`` or at any time after (scripts subscribe while they run); every
+        reconnect subscribes again. Returns a function that ends the subscription."""
         group = self.config.mqtt_shared_group
         as_ = f"$share/{group}/{topic_filter}" if shared and group else topic_filter
-        self._subs.append((topic_filter, as_, handler))
+        entry = (topic_filter, as_, handler)
+        self._subs.append(entry)
+        if self.fan_out and as_ not in self._sub_ids:
+            self._sub_ids[as_] = len(self._sub_ids) + 1
+        if self._live is not None and sum(1 for s in self._subs if s[1] == as_) == 1:
+            self._later(self._subscribe(self._live, as_), as_)
+
+        def unsubscribe() -> None:
+            if entry not in self._subs:
+                return
+            self._subs.remove(entry)
+            if self._live is not None and not any(s[1] == as_ for s in self._subs):
+                self._later(self._live.unsubscribe(as_), as_)
+        return unsubscribe
+
+    async def _subscribe(self, client: aiomqtt.Client, as_: str) -> None:
+        props = None
+        if self.v5 and as_ in self._sub_ids:
+            props = Properties(PacketTypes.SUBSCRIBE)
+            props.SubscriptionIdentifier = self._sub_ids[as_]
+        await client.subscribe(as_, qos=self.config.mqtt_qos, properties=props)
+
+    def _later(self, aw: Awaitable[Any], what: str) -> None:
+        # a (un)subscribe on the live connection; if the connection drops first, the
+        # reconnect subscribes from _subs anyway
+        async def run() -> None:
+            try:
+                await aw
+            except Exception as e:
+                log.warning("MQTT (un)subscribe %s failed: %s", what, e)
+        t = asyncio.get_running_loop().create_task(run())
+        self._handler_tasks.add(t)
+        t.add_done_callback(self._handler_tasks.discard)
 
     async def start(self) -> MqttLink:
         self._task = asyncio.create_task(self._run(), name="sfc-mqtt")
@@ -174,8 +217,9 @@ class MqttLink:
             client = self._client()
             try:
                 async with client:
-                    for _, as_, _ in self._subs:
-                        await client.subscribe(as_, qos=self.config.mqtt_qos)
+                    self._live = client      # from here subscribe() goes straight out
+                    for as_ in dict.fromkeys(s[1] for s in self._subs):
+                        await self._subscribe(client, as_)
                     self.connects += 1
                     if fails or self.connects > 1:
                         log.info("MQTT connected again to %s:%d", self.host, self.port)
@@ -186,6 +230,7 @@ class MqttLink:
                         async for message in client.messages:
                             self._dispatch(message)
                     finally:
+                        self._live = None
                         self.connected.clear()
                         for w in writers:
                             w.cancel()
@@ -247,10 +292,28 @@ class MqttLink:
 
     def _dispatch(self, message: aiomqtt.Message) -> None:
         topic = message.topic.value
+        if self.fan_out:
+            self._fan_out(message, topic)
+            return
         handler = next((h for f, _, h in self._subs if topic_matches(f, topic)), None)
         if handler is None:
             self.metrics.inc("mqtt_unrouted")
             return
+        self._handle(handler, message, topic)
+
+    def _fan_out(self, message: aiomqtt.Message, topic: str) -> None:
+        ids = getattr(message.properties, "SubscriptionIdentifier", None) if self.v5 else None
+        if ids is not None and not isinstance(ids, list):
+            ids = [ids]
+        sub_ids = self._sub_ids
+        handlers = [h for f, as_, h in self._subs
+                    if (sub_ids.get(as_) in ids if ids else topic_matches(f, topic))]
+        if not handlers:
+            self.metrics.inc("mqtt_unrouted")
+        for h in handlers:
+            self._handle(h, message, topic)
+
+    def _handle(self, handler: Handler, message: aiomqtt.Message, topic: str) -> None:
         self.metrics.inc("mqtt_received")
         try:
             res = handler(message)

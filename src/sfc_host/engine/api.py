@@ -130,17 +130,33 @@ class ScriptLog:
 
 # ---- MQTT -----------------------------------------------------------------------------
 
-Handler = Callable[[str, bytes], Any]
+# handler(topic, payload) or handler(topic, payload, properties): the properties as a
+# flat dict (MQTT 5 user properties by name, and ContentType, ResponseTopic,
+# CorrelationData when present), so a script can read binary-mode CloudEvents.
+Handler = Callable[..., Any]
+Props = dict[str, Any]
+
+
+def wants_properties(handler: Handler) -> bool:
+    """Whether a handler takes a third positional parameter (the properties)."""
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 class MqttLink(Protocol):
     """What the engine needs from an MQTT link (the host's link implements it)."""
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 0,
-                      retain: bool = False) -> None: ...
+                      retain: bool = False, properties: Props | None = None) -> None: ...
 
     def subscribe(self, topic_filter: str, handler: Handler) -> Callable[[], None]:
-        """Deliver matching messages to ``handler(topic, payload)``; returns unsubscribe."""
+        """Deliver matching messages to ``handler(topic, payload[, properties])``;
+        returns unsubscribe."""
         ...
 
 
@@ -166,25 +182,27 @@ class LocalBus:
 
     def __init__(self) -> None:
         self._subs: list[tuple[str, Handler]] = []
-        self.retained: dict[str, bytes] = {}
+        self.retained: dict[str, tuple[bytes, Props]] = {}
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 0,
-                      retain: bool = False) -> None:
+                      retain: bool = False, properties: Props | None = None) -> None:
+        props = dict(properties or {})
         if retain:
             if payload:
-                self.retained[topic] = payload
+                self.retained[topic] = (payload, props)
             else:
                 self.retained.pop(topic, None)
         for flt, handler in list(self._subs):
             if topic_matches(flt, topic):
-                await _deliver(handler, topic, payload)
+                await _deliver(handler, topic, payload, props)
 
     def subscribe(self, topic_filter: str, handler: Handler) -> Callable[[], None]:
         entry = (topic_filter, handler)
         self._subs.append(entry)
-        for topic, payload in list(self.retained.items()):
+        for topic, (payload, props) in list(self.retained.items()):
             if topic_matches(topic_filter, topic):
-                asyncio.get_running_loop().create_task(_deliver(handler, topic, payload))
+                asyncio.get_running_loop().create_task(
+                    _deliver(handler, topic, payload, props))
 
         def unsubscribe() -> None:
             if entry in self._subs:
@@ -192,9 +210,10 @@ class LocalBus:
         return unsubscribe
 
 
-async def _deliver(handler: Handler, topic: str, payload: bytes) -> None:
+async def _deliver(handler: Handler, topic: str, payload: bytes, props: Props) -> None:
     try:
-        r = handler(topic, payload)
+        r = handler(topic, payload, props) if wants_properties(handler) else \
+            handler(topic, payload)
         if inspect.isawaitable(r):
             await r
     except Exception:
@@ -222,9 +241,11 @@ class ScriptMqtt:
         self._engine = engine
         self._unsubs: list[Callable[[], None]] = []
 
-    def publish(self, topic: str, payload: Any, *, qos: int = 0,
-                retain: bool = False) -> asyncio.Future[None] | concurrent.futures.Future[None]:
-        coro = self._engine.mqtt.publish(topic, _to_bytes(payload), qos=qos, retain=retain)
+    def publish(self, topic: str, payload: Any, *, qos: int = 0, retain: bool = False,
+                properties: Props | None = None,
+                ) -> asyncio.Future[None] | concurrent.futures.Future[None]:
+        coro = self._engine.mqtt.publish(topic, _to_bytes(payload), qos=qos, retain=retain,
+                                         properties=properties)
         return self._engine.run_on_loop(coro)
 
     def subscribe(self, topic_filter: str, handler: Handler) -> Callable[[], None]:
@@ -250,9 +271,10 @@ class JobAPI(Protocol):
     async def submit(self, job_order: dict[str, Any], *, scope: str,
                      start: bool = True) -> str: ...
     async def query(self, job_id: str, *, scope: str) -> dict[str, Any] | None: ...
-    async def pause(self, job_id: str, *, scope: str) -> None: ...
-    async def resume(self, job_id: str, *, scope: str) -> None: ...
-    async def abort(self, job_id: str, *, scope: str) -> None: ...
+    async def pause(self, job_id: str, *, scope: str, reason: str = "") -> str: ...
+    async def resume(self, job_id: str, *, scope: str, reason: str = "") -> str: ...
+    async def stop(self, job_id: str, *, scope: str, reason: str = "") -> str: ...
+    async def abort(self, job_id: str, *, scope: str, reason: str = "") -> str: ...
 
 
 class JobsNotConnected:
@@ -269,13 +291,16 @@ class JobsNotConnected:
     async def query(self, job_id: str, *, scope: str) -> dict[str, Any] | None:
         raise self._refuse("query")
 
-    async def pause(self, job_id: str, *, scope: str) -> None:
+    async def pause(self, job_id: str, *, scope: str, reason: str = "") -> str:
         raise self._refuse("pause")
 
-    async def resume(self, job_id: str, *, scope: str) -> None:
+    async def resume(self, job_id: str, *, scope: str, reason: str = "") -> str:
         raise self._refuse("resume")
 
-    async def abort(self, job_id: str, *, scope: str) -> None:
+    async def stop(self, job_id: str, *, scope: str, reason: str = "") -> str:
+        raise self._refuse("stop")
+
+    async def abort(self, job_id: str, *, scope: str, reason: str = "") -> str:
         raise self._refuse("abort")
 
 

@@ -1,0 +1,184 @@
+"""The script engine inside a host (``scripts_dir``): scripts talk to the real broker
+through their own connection (``api.mqtt``, binary CloudEvents readable through the
+properties) and drive job orders through the host's job control (``api.jobs``).
+Real redis-server and mosquitto."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hosts import flush, quick_config, wait_until, work_master
+
+from sfc_host.app import App
+from sfc_host.config import ConfigError
+from sfc_host.engine.api import JobsNotConnected, ScriptAPIError
+
+S = "line1"
+
+# A station as a Mission: it answers every command (binary CloudEvents: the command id
+# is a user property) on the fixed response topic, a tightening in tolerance.
+STATION = '''
+import asyncio
+from sfc_host.engine import Variable, mission
+
+seen = Variable("seen", [])
+
+@mission
+async def station(api):
+    def on_command(topic, payload, props):
+        scope = topic.split("/")[1]
+        api.vars["seen"] = api.vars["seen"] + [props.get("id")]
+        result = {"torque": 85} if props.get("type", "").endswith("tighten.v1") else {}
+        api.mqtt.publish(f"equipment/{scope}/responses",
+                         {"Outcome": "completed", "Result": result},
+                         properties={"specversion": "1.0", "id": "a-" + props["id"],
+                                     "source": "station", "type": "answer",
+                                     "causationid": props["id"],
+                                     "ContentType": "application/json"})
+    api.mqtt.subscribe("equipment/+/commands", on_command)
+    while True:
+        await asyncio.sleep(0.5)
+        yield
+'''
+
+# Jobs from a Mission: submit, watch, and the refusals as ScriptAPIError.
+JOBS = '''
+import asyncio
+from sfc_host.engine import Variable, mission
+from sfc_host.engine.api import ScriptAPIError
+
+report = Variable("report", {})
+
+@mission
+async def orders(api, n, scope):
+    ids = [await api.jobs.submit({"ID": f"S{i}", "WorkMasterID": "wm"}, scope=scope)
+           for i in range(n)]
+    out = {"ids": ids}
+    try:
+        await api.jobs.submit({"ID": "S0", "WorkMasterID": "wm"}, scope=scope)
+    except ScriptAPIError as e:
+        out["again"] = str(e)
+    try:
+        await api.jobs.pause("nope", scope=scope)
+    except ScriptAPIError as e:
+        out["unknown"] = str(e)
+    while True:
+        views = [await api.jobs.query(j, scope=scope) for j in ids]
+        if all(v["JobState"].startswith("Ended") for v in views):
+            break
+        await asyncio.sleep(0.05)
+        yield
+    out["states"] = [v["JobState"] for v in views]
+    out["responses"] = [v["JobResponse"] is not None for v in views]
+    out["missing"] = await api.jobs.query("nope", scope=scope)
+    api.vars["report"] = out
+'''
+
+# Two overlapping subscriptions of scripts: each sees a message once.
+FANOUT = '''
+import asyncio
+from sfc_host.engine import Variable, mission
+
+got = Variable("got", [])
+
+@mission
+async def listen(api):
+    api.mqtt.subscribe("cell/#", lambda t, p: api.vars.set("got", api.vars["got"] + ["all"]))
+    api.mqtt.subscribe("cell/a", lambda t, p: api.vars.set("got", api.vars["got"] + ["a"]))
+    while True:
+        await asyncio.sleep(0.5)
+        yield
+'''
+
+
+def write(tmp: Path, **scripts: str) -> Path:
+    d = tmp / "scripts"
+    d.mkdir(exist_ok=True)
+    for name, text in scripts.items():
+        (d / f"{name}.py").write_text(textwrap.dedent(text))
+    return d
+
+
+async def start(redis_url: str, mqtt_url: str, scripts: Path, **kw: Any) -> App:
+    await flush(redis_url)
+    app = App(quick_config(redis_url, mqtt_url=mqtt_url, scripts_dir=str(scripts), **kw))
+    await app.host.store.put_work_master(S, work_master("tighten_rework", "wm"))
+    await app.host.add_scope(S)
+    await app.start()
+    return app
+
+
+def test_mission_station_and_job_api(redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """api.jobs submits and queries through the host's job control; a Mission answers
+    the host's binary CloudEvent commands through api.mqtt; every job completes."""
+    scripts = write(tmp_path, station=STATION, jobs=JOBS)
+
+    async def main() -> None:
+        app = await start(redis_url, mqtt_url, scripts, missions=["station"])
+        try:
+            assert app.engine is not None and app.engine.state == "Running"
+            assert not isinstance(app.engine.jobs, JobsNotConnected)
+            inst = await app.engine.start_mission("orders", n=5, scope=S)
+            assert await inst.join(timeout=30) == "Completed"
+            rep = app.engine.vars["report"]
+            assert rep["ids"] == [f"S{i}" for i in range(5)]
+            assert rep["states"] == ["Ended_Completed"] * 5
+            assert rep["responses"] == [True] * 5
+            assert rep["missing"] is None
+            assert "api.jobs.submit" in rep["again"]
+            assert "api.jobs.pause: UnknownJobOrderId" in rep["unknown"]
+            assert any(i and i.startswith("S0:tighten") for i in app.engine.vars["seen"])
+        finally:
+            await app.aclose()
+        assert app.engine.state == "Ready"
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.mark.parametrize("version", [5, 3])
+def test_overlapping_script_subscriptions_deliver_once(redis_url: str, mqtt_url: str,
+                                                       tmp_path: Path, version: int) -> None:
+    """MQTT 5 brokers send one copy per matching subscription (told apart by
+    subscription identifiers), 3.1.1 brokers one copy: either way each script
+    subscription sees the message once."""
+    scripts = write(tmp_path, listen=FANOUT)
+
+    async def main() -> None:
+        app = await start(redis_url, mqtt_url, scripts, missions=["listen"],
+                          mqtt_version=version)
+        try:
+            assert app.engine is not None
+            await asyncio.sleep(0.3)        # the live subscriptions reach the broker
+            app.link.publish_nowait("cell/a", b"x")
+            app.link.publish_nowait("cell/b", b"y")
+            await wait_until(lambda: len(app.engine.vars["got"]) >= 3, 5, "deliveries")
+            await asyncio.sleep(0.3)
+            assert sorted(app.engine.vars["got"]) == ["a", "all", "all"]
+        finally:
+            await app.aclose()
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_scripts_that_do_not_build_stop_the_start(redis_url: str, mqtt_url: str,
+                                                  tmp_path: Path) -> None:
+    scripts = write(tmp_path, broken="def oops(:\n")
+
+    async def main() -> None:
+        await flush(redis_url)
+        app = App(quick_config(redis_url, mqtt_url=mqtt_url, scripts_dir=str(scripts)))
+        try:
+            with pytest.raises(ConfigError, match=r"broken\.py:1"):
+                await app.start()
+        finally:
+            await app.aclose()
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_engine_without_host_refuses_jobs() -> None:
+    async def main() -> None:
+        with pytest.raises(ScriptAPIError, match="not connected to job control"):
+            await JobsNotConnected().stop("J1", scope=S)
+    asyncio.run(main())
