@@ -1,0 +1,305 @@
+"""An MES-side client of the host's job control over MQTT (the ``sfc-host job`` commands,
+the demo and tests use it).
+
+A request is a CloudEvent on ``{mes}/{scope}/commands`` with a response topic private to
+this client and the request id as correlation data; the host's reply carries the
+request id as ``causationid``, which is how replies find their request (on MQTT 3.1.1
+there is no response topic: replies come on ``{mes}/{scope}/replies``, shared with
+other clients, and the same id picks ours). Many requests may be in flight at once.
+
+    async with MesClient(HostConfig.load("host.toml")) as mes:
+        reply = await mes.submit("line1", {"ID": "J1", "WorkMasterID": "wm"})
+        if not reply.ok:
+            print(" ".join(reply.status_names))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+import aiomqtt
+
+from sfc_host import orders
+from sfc_host.cloudevents import (
+    CloudEvent,
+    CloudEventError,
+    decode,
+    encode_binary,
+    encode_structured,
+    new,
+    structured_properties,
+)
+from sfc_host.config import HostConfig
+from sfc_host.keys import check_scope
+from sfc_host.mes import BY_ID, BY_STATE, JOB_CONTROL, METHODS, WORK_MASTER
+from sfc_host.mqtt import payload_bytes
+
+__all__ = ["MesClient", "MesError", "NoReply", "Reply", "status_names"]
+
+SOURCE = "sfc-host-cli"
+
+# OPC UA ISA-95 job control method return status: a bit map (bit 0 = no error); the
+# names are those of the constants, as the docs' reply table shows them.
+STATUS_BITS = {v.bit_length() - 1: name for name, v in (
+    ("NO_ERROR", orders.NO_ERROR), ("UNKNOWN_JOB_ORDER_ID", orders.UNKNOWN_JOB_ORDER_ID),
+    ("INVALID_JOB_ORDER_STATUS", orders.INVALID_JOB_ORDER_STATUS),
+    ("UNABLE_TO_ACCEPT_JOB_ORDER", orders.UNABLE_TO_ACCEPT_JOB_ORDER),
+    ("INVALID_REQUEST", orders.INVALID_REQUEST))}
+# The top states RequestJobResponseByJobOrderState matches (sub-states included).
+TOP_STATES = ("NotAllowedToStart", "AllowedToStart", "Running", "Interrupted", "Ended",
+              "Aborted")
+
+
+class MesError(Exception):
+    """The broker cannot be reached or the request cannot be sent."""
+
+
+class NoReply(MesError):
+    """No reply within the timeout (no host serves the scope, or it is overloaded)."""
+
+
+def status_names(status: int) -> list[str]:
+    """The names of the bits set in a return status (``BIT_n`` for one not named)."""
+    if status <= 0:
+        return [f"INVALID_STATUS_{status}"]
+    return [STATUS_BITS.get(b, f"BIT_{b}") for b in range(status.bit_length())
+            if status >> b & 1]
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    data: dict[str, Any] = field(default_factory=dict)   # without ReturnStatus
+    event: CloudEvent | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 1
+
+    @property
+    def status_names(self) -> list[str]:
+        return status_names(self.status)
+
+    @property
+    def message(self) -> str:
+        m = self.data.get("Message")
+        return m if isinstance(m, str) else ""
+
+
+def tls_context(config: HostConfig) -> ssl.SSLContext | None:
+    """The TLS context of an ``mqtts://`` URL, with the config's CA and client cert."""
+    if urlparse(config.mqtt_url).scheme not in ("mqtts", "ssl"):
+        return None
+    ctx = ssl.create_default_context(cafile=config.mqtt_ca_file or None)
+    if config.mqtt_cert_file:
+        ctx.load_cert_chain(config.mqtt_cert_file, config.mqtt_key_file or None)
+    return ctx
+
+
+class MesClient:
+    def __init__(self, config: HostConfig, *, timeout_s: float = 10.0,
+                 client_id: str = "") -> None:
+        u = urlparse(config.mqtt_url)
+        if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
+            raise ValueError(f"mqtt_url {config.mqtt_url!r}: use mqtt://host:port or "
+                             "mqtts://host:port")
+        self.config = config
+        self.timeout_s = timeout_s
+        self.host = u.hostname or "127.0.0.1"
+        self.port = u.port or (8883 if u.scheme in ("mqtts", "ssl") else 1883)
+        self.v5 = config.mqtt_version == 5
+        self.prefix = config.mes_prefix
+        self.client_id = client_id or f"sfc-cli-{uuid.uuid4().hex[:12]}"
+        self._client: aiomqtt.Client | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._waiting: dict[str, asyncio.Future[Reply]] = {}
+        self._subscribed: set[str] = set()
+        self._retained: dict[str, asyncio.Future[bytes]] = {}
+
+    # ---- connection
+
+    async def __aenter__(self) -> MesClient:
+        c = self.config
+        client = aiomqtt.Client(
+            self.host, self.port, identifier=self.client_id,
+            username=c.mqtt_username or None, password=c.mqtt_password or None,
+            protocol=aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311,
+            tls_context=tls_context(c), timeout=self.timeout_s, keepalive=30)
+        try:
+            await client.__aenter__()
+        except (aiomqtt.MqttError, OSError, ssl.SSLError) as e:
+            raise MesError(f"cannot reach the MQTT broker at {self.host}:{self.port} "
+                           f"({e})") from None
+        self._client = client
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+            self._reader = None
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.__aexit__(None, None, None)
+            self._client = None
+
+    def _inbox(self, scope: str) -> str:
+        # MQTT 5: a topic of this client only, under the scope's tree (broker ACLs that
+        # allow {mes}/{scope}/# allow it); 3.1.1 has no response topic.
+        if self.v5:
+            return f"{self.prefix}/{scope}/replies/{self.client_id}"
+        return f"{self.prefix}/{scope}/replies"
+
+    async def _subscribe(self, topic: str) -> None:
+        if topic in self._subscribed:
+            return
+        assert self._client is not None
+        await self._client.subscribe(topic, qos=1)
+        self._subscribed.add(topic)
+
+    async def _read(self) -> None:
+        assert self._client is not None
+        try:
+            async for msg in self._client.messages:
+                topic = msg.topic.value
+                fut = self._retained.get(topic)
+                if fut is not None:
+                    if not fut.done():
+                        fut.set_result(payload_bytes(msg))
+                    continue
+                self._on_reply(msg)
+        except aiomqtt.MqttError as e:
+            err = MesError(f"lost the connection to the MQTT broker ({e})")
+            for f in self._waiting.values():
+                if not f.done():
+                    f.set_exception(err)
+
+    def _on_reply(self, msg: aiomqtt.Message) -> None:
+        try:
+            ev = decode(payload_bytes(msg), msg.properties,
+                        max_bytes=self.config.mqtt_max_payload)
+        except CloudEventError:
+            return      # not a reply of ours (a shared replies topic on 3.1.1)
+        fut = self._waiting.get(ev.causationid or "")
+        if fut is None or fut.done():
+            return
+        data = dict(ev.data) if isinstance(ev.data, dict) else {}
+        status = data.pop("ReturnStatus", None)
+        if not isinstance(status, int) or isinstance(status, bool):
+            status = 0
+        fut.set_result(Reply(status, data, ev))
+
+    # ---- requests
+
+    async def request(self, scope: str, type_: str, data: Any, *,
+                      extensions: dict[str, str] | None = None,
+                      timeout_s: float | None = None) -> Reply:
+        """Send one request to ``scope`` and wait for its reply; ``NoReply`` after the
+        timeout."""
+        check_scope(scope)
+        if self._client is None:
+            raise MesError("the client is not connected")
+        inbox = self._inbox(scope)
+        await self._subscribe(inbox)
+        ev = new(type_, SOURCE, data, extensions=extensions or {})
+        ev.extensions.setdefault("correlationid", ev.id)
+        if self.v5:
+            ev.response_topic = inbox
+            ev.correlation_data = ev.id.encode()
+        if self.v5 and self.config.mqtt_binary:
+            payload, props = encode_binary(ev)
+        elif self.v5:
+            payload, props = encode_structured(ev), structured_properties(ev)
+        else:
+            payload, props = encode_structured(ev), None
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiting[ev.id] = fut
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            try:
+                await self._client.publish(f"{self.prefix}/{scope}/commands", payload, qos=1,
+                                           properties=props)
+            except aiomqtt.MqttError as e:
+                raise MesError(f"cannot send to the MQTT broker ({e})") from None
+            try:
+                return await asyncio.wait_for(fut, wait)
+            except TimeoutError:
+                raise NoReply(f"no reply from a host for scope {scope!r} within {wait:g} s "
+                              "(is a host running?)") from None
+        finally:
+            self._waiting.pop(ev.id, None)
+
+    async def control(self, scope: str, method: str, job: str, comment: str = "") -> Reply:
+        """A job control method on a stored order (Start, Pause, Resume, Stop, Abort…)."""
+        if method not in METHODS:
+            raise ValueError(f"unknown job control method {method!r}")
+        data: dict[str, Any] = {"JobOrderID": job}
+        if comment:
+            data["Comment"] = comment
+        return await self.request(scope, f"{JOB_CONTROL}{method}.v2", data)
+
+    async def submit(self, scope: str, order: dict[str, Any], *, start: bool = True,
+                     comment: str = "") -> Reply:
+        """StoreAndStart (or Store) of a job order ``{ID, WorkMasterID, …}``."""
+        data: dict[str, Any] = {"JobOrder": order}
+        if comment:
+            data["Comment"] = comment
+        method = "StoreAndStart" if start else "Store"
+        return await self.request(scope, f"{JOB_CONTROL}{method}.v2", data)
+
+    async def by_id(self, scope: str, job: str) -> Reply:
+        return await self.request(scope, BY_ID, {"JobOrderID": job})
+
+    async def by_state(self, scope: str, state: str) -> Reply:
+        return await self.request(scope, BY_STATE, {"JobOrderState": state})
+
+    async def all_orders(self, scope: str) -> tuple[Reply | None, list[dict[str, Any]]]:
+        """Every order of the scope (one ByJobOrderState request per top state, at once),
+        sorted by id; the first refusal instead, if any."""
+        replies = await asyncio.gather(*(self.by_state(scope, s) for s in TOP_STATES))
+        rows: list[dict[str, Any]] = []
+        for r in replies:
+            if not r.ok:
+                return r, []
+            got = r.data.get("JobResponses")
+            rows += [x for x in got if isinstance(x, dict)] if isinstance(got, list) else []
+        return None, sorted(rows, key=lambda x: str(x.get("JobOrderID")))
+
+    async def put_work_master(self, scope: str, work_master: dict[str, Any]) -> Reply:
+        return await self.request(scope, WORK_MASTER, work_master)
+
+    async def state_index(self, scope: str, wait_s: float = 1.0) -> dict[str, Any] | None:
+        """The retained ``{mes}/{scope}/state-index`` (``{Seq, States}``), or None when the
+        broker holds none (nothing arrives within ``wait_s``)."""
+        check_scope(scope)
+        if self._client is None:
+            raise MesError("the client is not connected")
+        topic = f"{self.prefix}/{scope}/state-index"
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._retained[topic] = fut
+        try:
+            await self._client.subscribe(topic, qos=1)
+            raw = await asyncio.wait_for(fut, wait_s)
+        except TimeoutError:
+            return None
+        finally:
+            self._retained.pop(topic, None)
+            with contextlib.suppress(aiomqtt.MqttError):
+                await self._client.unsubscribe(topic)
+        try:
+            doc = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None

@@ -1,0 +1,612 @@
+"""Operator commands: ``sfc-host job …`` (an MES client over MQTT), ``sfc-host inspect``
+(one job, read from Redis) and ``sfc-host top`` (every scope, live).
+
+Settings are the host's (``--config FILE``, ``SFC_*`` variables, then ``--mqtt`` /
+``--redis``), so an operator points the tools at a deployment with the file its hosts
+use. A user mistake (a bad argument or setting, an unknown job, a server that cannot be
+reached, no host answering) is one line on stderr and exit 2; a request the host
+refuses is its return status name(s) and message on one line, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sfc_fast import JOB_ORDER
+from sfc_host.config import ConfigError, HostConfig
+from sfc_host.inspect import NotFound
+from sfc_host.keys import check_job, check_scope
+from sfc_host.mes_client import MesClient, MesError, Reply
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+
+CONTROL = {"start": "Start", "pause": "Pause", "resume": "Resume", "stop": "Stop",
+           "abort": "Abort"}
+
+
+class UsageError(Exception):
+    """A user mistake: one line, exit 2."""
+
+
+# ---- registration
+
+
+def _common(p: argparse.ArgumentParser, *, mqtt: bool, redis: bool, scope: bool = True,
+            scope_required: bool = True) -> None:
+    p.add_argument("--config", metavar="FILE", help="the hosts' TOML settings")
+    if mqtt:
+        p.add_argument("--mqtt", metavar="URL", help="MQTT broker URL (overrides the config)")
+        p.add_argument("--timeout", type=_positive, default=10.0, metavar="SECONDS",
+                       help="how long to wait for the host's reply (default 10)")
+    if redis:
+        p.add_argument("--redis", metavar="URL", help="Redis URL (overrides the config)")
+    if scope:
+        p.add_argument("--scope", metavar="SCOPE",
+                       help="the scope (default: the config's only scope)"
+                       if scope_required else "the scope")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return v
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    job = sub.add_parser("job", help="submit and control job orders (MES over MQTT)")
+    jsub = job.add_subparsers(dest="job_command", metavar="ACTION", parser_class=type(job))
+    jsub.required = True
+
+    p = jsub.add_parser("submit", help="store a job order and start it")
+    p.add_argument("work_master", nargs="?", metavar="WORK_MASTER", help="Work Master id")
+    p.add_argument("--order", metavar="FILE", help="a job order JSON file ({ID?, WorkMasterID,"
+                   " Parameters?, …}) instead of, or with, WORK_MASTER")
+    p.add_argument("--id", metavar="JOB", help="job order id (default: generated)")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a job parameter; VALUE is JSON if it parses, else a string")
+    p.add_argument("--no-start", action="store_true", help="Store only (start later)")
+    p.add_argument("--comment", default="", help="the request's Comment")
+    _common(p, mqtt=True, redis=False)
+    p.set_defaults(func=cmd_submit)
+
+    p = jsub.add_parser("list", help="list job orders with their states")
+    p.add_argument("--state", metavar="STATE",
+                   help="only this state or top state (Running, Ended, Ended_Completed …)")
+    p.add_argument("--index", action="store_true",
+                   help="read the retained state index (id and state only; one message)")
+    _common(p, mqtt=True, redis=False)
+    p.set_defaults(func=cmd_list)
+
+    p = jsub.add_parser("show", help="one job order, its state and its job response")
+    p.add_argument("job", metavar="JOB")
+    _common(p, mqtt=True, redis=False)
+    p.set_defaults(func=cmd_show)
+
+    for name, method in CONTROL.items():
+        p = jsub.add_parser(name, help=f"{method} a job order")
+        p.add_argument("job", metavar="JOB")
+        p.add_argument("--comment", default="", help="the request's Comment (the reason)")
+        _common(p, mqtt=True, redis=False)
+        p.set_defaults(func=cmd_control, method=method)
+
+    p = sub.add_parser("inspect", help="one job as stored in Redis (state, deadlines, holds)")
+    p.add_argument("job", metavar="JOB")
+    _common(p, mqtt=False, redis=True)
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("top", help="a live view of scopes, jobs and rates")
+    p.add_argument("--scope", action="append", metavar="SCOPE",
+                   help="only these scopes (default: every known scope)")
+    p.add_argument("--interval", type=_positive, default=2.0, metavar="SECONDS",
+                   help="time between frames (default 2)")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--frames", type=int, default=0, metavar="N",
+                   help="print N frames and exit (rates from the second on)")
+    p.add_argument("--metrics", metavar="URL",
+                   help="a host's metrics endpoint (default: the config's metrics_port)")
+    _common(p, mqtt=False, redis=True, scope=False)
+    p.set_defaults(func=cmd_top)
+
+
+# ---- shared plumbing
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _error(msg: str) -> int:
+    print(f"sfc-host: error: {_one_line(msg)}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _config(args: argparse.Namespace) -> HostConfig:
+    return HostConfig.load(args.config, mqtt_url=getattr(args, "mqtt", None),
+                           redis_url=getattr(args, "redis", None))
+
+
+def _scope(args: argparse.Namespace, cfg: HostConfig) -> str:
+    if args.scope:
+        return check_scope(args.scope)
+    if len(cfg.scopes) == 1:
+        return check_scope(cfg.scopes[0])
+    raise UsageError("--scope is required (the config names "
+                     f"{len(cfg.scopes) or 'no'} scopes)")
+
+
+def _guarded(args: argparse.Namespace, body: Callable[[HostConfig], Awaitable[int]]) -> int:
+    """Run ``body`` with the settings; every user mistake becomes one line and exit 2."""
+    from redis.exceptions import RedisError
+
+    try:
+        cfg = _config(args)
+        return asyncio.run(body(cfg))
+    except (UsageError, ConfigError, MesError, NotFound) as e:
+        return _error(str(e))
+    except RedisError as e:
+        url = getattr(args, "redis", None) or "the configured Redis"
+        return _error(f"Redis at {url}: {e}")
+    except OSError as e:
+        return _error(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
+    except ValueError as e:   # bad names and URLs (InvalidName is one)
+        return _error(str(e))
+
+
+def _refused(args: argparse.Namespace, reply: Reply) -> int:
+    names = "|".join(reply.status_names)
+    if args.json:
+        print(json.dumps({"ReturnStatus": reply.status, "ReturnStatusNames": reply.status_names,
+                          **reply.data}))
+    msg = f": {reply.message}" if reply.message else ""
+    print(f"sfc-host: {names}{msg}".replace("\n", " "), file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    t = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Left-aligned columns, two spaces apart; None shows as '-'."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r]
+                                           for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in cells)
+
+
+# ---- job …
+
+
+def _param(text: str) -> tuple[str, Any]:
+    name, eq, raw = text.partition("=")
+    if not eq or not name:
+        raise UsageError(f"--param {text!r}: expected NAME=VALUE")
+    try:
+        return name, json.loads(raw)
+    except ValueError:
+        return name, raw
+
+
+def build_order(args: argparse.Namespace) -> dict[str, Any]:
+    """The job order of ``job submit``: from ``--order FILE`` and/or WORK_MASTER, with
+    ``--id`` and ``--param`` on top."""
+    order: dict[str, Any] = {}
+    if args.order:
+        try:
+            order = json.loads(Path(args.order).read_text())
+        except OSError as e:
+            raise UsageError(f"cannot read {args.order}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise UsageError(f"{args.order} is not JSON: {e}") from None
+        if not isinstance(order, dict):
+            raise UsageError(f"{args.order}: a job order is a JSON object")
+    if args.work_master:
+        order["WorkMasterID"] = args.work_master
+    wm = order.get("WorkMasterID")
+    if not isinstance(wm, str) or not wm:
+        raise UsageError("name a Work Master (WORK_MASTER or WorkMasterID in --order)")
+    if args.id:
+        order["ID"] = args.id
+    order.setdefault("ID", f"{wm[:200]}-{uuid.uuid4().hex[:8]}")
+    check_job(order["ID"])
+    params = dict(_param(p) for p in args.param)
+    if params:
+        have = order.get("Parameters")
+        if isinstance(have, list):   # ISA-95 style [{ID, Value}]
+            order["Parameters"] = [*have, *({"ID": k, "Value": v} for k, v in params.items())]
+        elif have is None or isinstance(have, dict):
+            order["Parameters"] = {**(have or {}), **params}
+        else:
+            raise UsageError("the job order's Parameters is neither an object nor a list")
+    return order
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    async def body(cfg: HostConfig) -> int:
+        scope = _scope(args, cfg)
+        order = build_order(args)
+        async with MesClient(cfg, timeout_s=args.timeout) as mes:
+            reply = await mes.submit(scope, order, start=not args.no_start,
+                                     comment=args.comment)
+        if not reply.ok:
+            return _refused(args, reply)
+        if args.json:
+            print(json.dumps({"ReturnStatus": reply.status, **reply.data}))
+        else:
+            print(f"{reply.data.get('JobOrderID')}: {reply.data.get('JobState')} "
+                  f"(scope {scope}, Work Master {order['WorkMasterID']})")
+        return EXIT_OK
+    return _guarded(args, body)
+
+
+def _check_state(state: str) -> str:
+    if state not in JOB_ORDER.states or state in ("InitialState", "EndState"):
+        known = ", ".join(s for s in JOB_ORDER.states if s not in ("InitialState", "EndState"))
+        raise UsageError(f"unknown job order state {state!r} (one of {known})")
+    return state
+
+
+def _order_row(r: dict[str, Any]) -> list[Any]:
+    order = r.get("JobOrder") if isinstance(r.get("JobOrder"), dict) else {}
+    resp = r.get("JobResponse") if isinstance(r.get("JobResponse"), dict) else {}
+    return [r.get("JobOrderID"), r.get("JobState"), order.get("WorkMasterID"),
+            resp.get("StartTime"), resp.get("EndTime"), r.get("Reason")]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    async def body(cfg: HostConfig) -> int:
+        scope = _scope(args, cfg)
+        if args.state:
+            _check_state(args.state)
+        async with MesClient(cfg, timeout_s=args.timeout) as mes:
+            if args.index:
+                return _print_index(args, scope, await mes.state_index(scope))
+            if args.state:
+                reply = await mes.by_state(scope, args.state)
+                refused = None if reply.ok else reply
+                got = reply.data.get("JobResponses")
+                rows = got if isinstance(got, list) else []
+            else:
+                refused, rows = await mes.all_orders(scope)
+        if refused is not None:
+            return _refused(args, refused)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return EXIT_OK
+        if not rows:
+            print(f"no job orders{' in ' + args.state if args.state else ''} in scope {scope}")
+            return EXIT_OK
+        print(table(["JOB", "STATE", "WORK MASTER", "STARTED", "ENDED", "REASON"],
+                    [_order_row(r) for r in rows]))
+        return EXIT_OK
+    return _guarded(args, body)
+
+
+def _print_index(args: argparse.Namespace, scope: str, index: dict[str, Any] | None) -> int:
+    states = index.get("States") if index else None
+    states = states if isinstance(states, dict) else {}
+    if args.state:
+        states = {j: s for j, s in states.items()
+                  if s == args.state or str(s).split("_", 1)[0] == args.state}
+    if args.json:
+        print(json.dumps({"Seq": (index or {}).get("Seq"), "States": states}, indent=2))
+    elif not states:
+        print(f"no job orders in the state index of scope {scope}")
+    else:
+        print(table(["JOB", "STATE"], sorted(states.items())))
+        print(f"(state index Seq {(index or {}).get('Seq')})")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    async def body(cfg: HostConfig) -> int:
+        scope = _scope(args, cfg)
+        job = check_job(args.job)
+        async with MesClient(cfg, timeout_s=args.timeout) as mes:
+            reply = await mes.by_id(scope, job)
+        if not reply.ok:
+            return _refused(args, reply)
+        if args.json:
+            print(json.dumps(reply.data, indent=2))
+            return EXIT_OK
+        print(_show_text(scope, reply.data))
+        return EXIT_OK
+    return _guarded(args, body)
+
+
+def _show_text(scope: str, d: dict[str, Any]) -> str:
+    order = d.get("JobOrder") if isinstance(d.get("JobOrder"), dict) else {}
+    resp = d.get("JobResponse") if isinstance(d.get("JobResponse"), dict) else None
+    lines = [("job", d.get("JobOrderID")), ("scope", scope), ("state", d.get("JobState")),
+             ("work master", order.get("WorkMasterID")), ("reason", d.get("Reason") or "-")]
+    params = order.get("Parameters")
+    if params:
+        lines.append(("parameters", json.dumps(params)))
+    rest = {k: v for k, v in order.items() if k not in ("ID", "WorkMasterID", "Parameters")}
+    if rest:
+        lines.append(("order", json.dumps(rest)))
+    if resp is None:
+        lines.append(("response", "none yet"))
+    else:
+        lines += [("started", resp.get("StartTime")), ("ended", resp.get("EndTime")),
+                  ("response", resp.get("JobState"))]
+        for item in resp.get("JobResponseData") or []:
+            if isinstance(item, dict):
+                lines.append(("result", f"{item.get('ID')} = {json.dumps(item.get('Value'))}"))
+    w = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k.ljust(w)}  {'-' if v is None else v}" for k, v in lines)
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    async def body(cfg: HostConfig) -> int:
+        scope = _scope(args, cfg)
+        job = check_job(args.job)
+        async with MesClient(cfg, timeout_s=args.timeout) as mes:
+            reply = await mes.control(scope, args.method, job, args.comment)
+        if not reply.ok:
+            return _refused(args, reply)
+        if args.json:
+            print(json.dumps({"ReturnStatus": reply.status, **reply.data}))
+        else:
+            print(f"{job}: {reply.data.get('JobState')}")
+        return EXIT_OK
+    return _guarded(args, body)
+
+
+# ---- inspect
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from sfc_host.host import connect
+    from sfc_host.inspect import read_job
+
+    async def body(cfg: HostConfig) -> int:
+        scope = _scope(args, cfg)
+        job = check_job(args.job)
+        client = connect(cfg)
+        try:
+            view = await read_job(client, scope, job)
+        finally:
+            await client.aclose()
+        print(json.dumps(view, indent=2) if args.json else inspect_text(view))
+        return EXIT_OK
+    return _guarded(args, body)
+
+
+def _in(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"in {s:.1f} s" if s >= 0 else f"{-s:.1f} s ago"
+
+
+def _due(ms: int | None, v: dict[str, Any], *, held: bool = True) -> str:
+    """Seconds to a deadline. While a job is held its work deadlines stand still (the
+    release moves them by the hold's length): it shows the time left at release. A
+    hold command's own deadline runs during the hold (``held=False``)."""
+    if ms is None:
+        return "-"
+    held_ms = (v.get("state") or {}).get("held_ms") if held else None
+    if held_ms is not None:
+        return f"{(ms - held_ms) / 1000:.1f} s left at release"
+    return _in((ms - v["server_ms"]) / 1000)
+
+
+def _sent(marker: str | None, command_id: str | None, started_ms: int) -> str:
+    """Whether the open command went out (its sent marker names it, in this run)."""
+    if command_id is None:
+        return "-"
+    return "yes" if marker == f"{started_ms}:{command_id}" else "no"
+
+
+def inspect_text(v: dict[str, Any]) -> str:
+    st = v.get("state")
+    due = f"{iso(v['due_ms'])} ({_in(v['due_in_s'])})" if v["due_ms"] is not None else "-"
+    lines = [
+        f"job {v['job']} in scope {v['scope']} (server time {iso(v['server_ms'])})",
+        f"status         {v['status'] or 'not started'}"
+        + (f" ({v['state_error']})" if v["state_error"] else ""),
+        f"order state    {v['order_state'] or '-'} (version {v['order_version']})",
+        f"reason         {v['order_reason'] or (st or {}).get('reason') or '-'}",
+        f"next deadline  {due}",
+    ]
+    if st is None:
+        return "\n".join(lines)
+    held = st["held_ms"]
+    rounds = ", ".join(f"{k} {n}" for k, n in sorted(st["step_rounds"].items())) or "-"
+    lines += [
+        f"started        {iso(st['started_ms'])}",
+        f"active steps   {', '.join(st['active_steps']) or '-'}",
+        "held           " + (f"since {iso(held)} ({st['held_for_s']:.1f} s)"
+                             if held is not None else "no"),
+        f"step rounds    {rounds}",
+        f"commands       {st['commands_issued']} issued",
+    ]
+    acts = st["actions"]
+    open_rows = []
+    for name in st["open_actions"]:
+        a = acts[name]
+        hold = a.get("hold")
+        if hold:
+            hold = " ".join(x for x in (hold, a.get("hold_command_id"),
+                                        _due(a.get("hold_deadline_ms"), v, held=False))
+                            if x and x != "-")
+        open_rows.append([name, a["step"], a["phase"], a["attempt"], a["round"],
+                          a["command_id"], iso(a["deadline_ms"]), _due(a["deadline_ms"], v),
+                          _sent(v["markers"].get(name), a["command_id"], st["started_ms"]),
+                          hold])
+    if open_rows:
+        lines.append("open actions:")
+        lines += ["  " + ln for ln in table(
+            ["ACTION", "STEP", "PHASE", "ATTEMPT", "ROUND", "COMMAND ID", "DEADLINE", "DUE",
+             "SENT", "HOLD"], open_rows).splitlines()]
+    else:
+        lines.append("open actions:  none")
+    done = [f"{n} {a['outcome']}" for n, a in sorted(acts.items())
+            if n not in st["open_actions"] and a["outcome"]]
+    if done:
+        lines.append(f"settled        {', '.join(done)}")
+    return "\n".join(lines)
+
+
+# ---- top
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    try:
+        return _guarded(args, lambda cfg: _top(args, cfg))
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+COLUMNS = ("NotAllowedToStart", "AllowedToStart", "Running", "Interrupted", "Ended", "Aborted")
+HEADERS = ["SCOPE", "STORED", "READY", "RUNNING", "HELD", "ENDED", "ABORTED", "ACTIVE", "DUE",
+           "DUE NOW", "STREAM", "PENDING", "DEAD", "HB AGE", "DONE/S", "ORDER CHG/S",
+           "ENTRIES/S"]
+RATE_COUNTERS = ("commands_sent", "answers_applied", "mes_requests", "entries", "dead_entries")
+
+
+async def _top(args: argparse.Namespace, cfg: HostConfig) -> int:
+    from sfc_host.host import connect
+    from sfc_host.inspect import scope_sample, scopes
+
+    if args.frames < 0:
+        raise UsageError("--frames must not be negative")
+    wanted = [check_scope(s) for s in args.scope or []]
+    frames = 1 if args.once else args.frames
+    metrics_url = args.metrics or (f"http://{cfg.metrics_host}:{cfg.metrics_port}/metrics"
+                                   if cfg.metrics_port else None)
+    live = sys.stdout.isatty() and not args.json
+    client = connect(cfg)
+    prev: dict[str, Any] | None = None
+    n = 0
+    try:
+        while True:
+            names = wanted or await scopes(client)
+            sample = await scope_sample(client, names, cfg.group)
+            sample["metrics"] = await fetch_metrics(metrics_url) if metrics_url else None
+            sample["mono"] = time.monotonic()
+            if args.json:
+                print(json.dumps(_with_rates(sample, prev)), flush=True)
+            else:
+                text = render_frame(sample, prev, metrics_url, cfg.group)
+                # a terminal gets the frame in place; a pipe gets frames one after another
+                sys.stdout.write(("\x1b[H\x1b[2J" if live else "") + text + "\n")
+                if not live and frames != 1:
+                    sys.stdout.write("\n")
+                sys.stdout.flush()
+            n += 1
+            if frames and n >= frames:
+                return EXIT_OK
+            prev = sample
+            await asyncio.sleep(args.interval)
+    finally:
+        await client.aclose()
+
+
+def _rate(now: int | None, before: int | None, secs: float) -> float | None:
+    if now is None or before is None or secs <= 0:
+        return None
+    return max(0, now - before) / secs
+
+
+def _with_rates(sample: dict[str, Any], prev: dict[str, Any] | None) -> dict[str, Any]:
+    """Per scope ``rates`` (completions, order changes and stream entries a second),
+    from the counters of the previous frame; None on the first frame."""
+    before = {s["scope"]: s for s in (prev or {}).get("scopes", [])}
+    secs = sample["mono"] - prev["mono"] if prev else 0.0
+    for s in sample["scopes"]:
+        p = before.get(s["scope"], {})
+        s["rates"] = {"completed": _rate(s["completed"], p.get("completed"), secs),
+                      "order_changes": _rate(s["seq"], p.get("seq"), secs),
+                      "entries": _rate(s["entries_added"], p.get("entries_added"), secs)}
+    m, pm = sample.get("metrics"), (prev or {}).get("metrics")
+    if isinstance(m, dict):
+        m["rates"] = {k: _rate(m.get(k), (pm or {}).get(k) if isinstance(pm, dict) else None,
+                               secs) for k in RATE_COUNTERS}
+    return sample
+
+
+def _f(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.1f}"
+
+
+def render_frame(sample: dict[str, Any], prev: dict[str, Any] | None,
+                 metrics_url: str | None, group: str) -> str:
+    sample = _with_rates(sample, prev)
+    rows = []
+    for s in sample["scopes"]:
+        hb = s["heartbeat_age_ms"]
+        r = s["rates"]
+        rows.append([s["scope"], *(s["by_state"].get(c, 0) for c in COLUMNS), s["active"],
+                     s["due"], s["due_now"], s["stream"], s["pending"], s["dead"],
+                     "-" if hb is None else f"{hb / 1000:.1f}s", _f(r["completed"]),
+                     _f(r["order_changes"]), _f(r["entries"])])
+    head = (f"sfc-host top  {iso(sample['server_ms'])}  {len(rows)} scope"
+            f"{'' if len(rows) == 1 else 's'}  group {group}")
+    body = table(HEADERS, rows) if rows else "no scopes known"
+    lines = [head, "", body]
+    m = sample.get("metrics")
+    if metrics_url:
+        if isinstance(m, dict):
+            mr = m.get("rates", {})
+            parts = [f"{k.replace('_', ' ')} {m.get(k, 0)} ({_f(mr.get(k))}/s)"
+                     for k in RATE_COUNTERS]
+            lines += ["", f"host metrics {metrics_url}: " + ", ".join(parts)]
+        else:
+            lines += ["", f"host metrics {metrics_url}: {m}"]
+    return "\n".join(lines)
+
+
+async def fetch_metrics(url: str, timeout_s: float = 2.0) -> dict[str, int] | str:
+    """The host's counters (``sfc_*_total``, summed over labels) by their short name, or
+    why they could not be read (the view goes on without them)."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    if u.scheme != "http" or not u.hostname:
+        return f"unusable URL {url!r} (http://host:port/metrics)"
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(u.hostname, u.port or 80), timeout_s)
+        writer.write(f"GET {u.path or '/metrics'} HTTP/1.1\r\nHost: {u.hostname}\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(), timeout_s)
+        writer.close()
+    except (OSError, TimeoutError) as e:
+        return f"unreachable ({_one_line(str(e)) or type(e).__name__})"
+    head, _, text = raw.decode("utf-8", "replace").partition("\r\n\r\n")
+    if " 200 " not in head.split("\r\n", 1)[0] + " ":
+        return f"answered {head.splitlines()[0] if head else 'nothing'}"
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith("sfc_"):
+            continue
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        if not name.endswith("_total"):
+            continue
+        try:
+            out[name[4:-6]] = out.get(name[4:-6], 0) + int(float(value))
+        except ValueError:
+            continue
+    return out

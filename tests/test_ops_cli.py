@@ -1,0 +1,464 @@
+"""The operator commands against a real host: ``job …`` over MQTT (mosquitto), ``inspect``
+and ``top`` over Redis (redis-server). The host (``App``) and a simulated station run on
+an event loop in a thread of their own; the commands run through ``cli.main`` in the
+test's thread, as an operator's shell would run them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from hosts import quick_config, work_master
+from mqtt_station import MqttStation
+from servers import free_port
+
+from sfc_host.app import App
+from sfc_host.cli import main
+from sfc_host.mes_client import status_names
+
+TIGHTEN = "com.example.cell.tighten.v1"
+PAINT = "com.example.booth.paint.v1"
+PAINT_HOLD = "com.example.booth.paint.hold.v1"
+
+
+def answer(cmd: dict[str, Any]) -> dict[str, Any] | None:
+    """Every command completes at once, except the tightening of a ``slow-`` job and
+    any painting, which are never answered (the job stays Running with an open
+    command); a paint hold command is answered ``held``."""
+    if cmd["type"] == TIGHTEN:
+        if str(cmd["correlationid"]).startswith("slow-"):
+            return None
+        return {"Outcome": "completed", "Result": {"torque": 85}}
+    if cmd["type"] == PAINT:
+        return None
+    if cmd["type"] == PAINT_HOLD:
+        return {"Outcome": "held"}
+    return {}
+
+
+class HostThread:
+    """An ``App`` and an ``MqttStation`` on a loop in a thread."""
+
+    def __init__(self, redis_url: str, mqtt_url: str, scope: str) -> None:
+        self.scope = scope
+        self.metrics_port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.app = App(quick_config(redis_url, mqtt_url=mqtt_url, scopes=[scope],
+                                    metrics_port=self.metrics_port, consumer="ops-test"))
+        self.station = MqttStation(mqtt_url, answer)
+        self.call(self._start())
+
+    async def _start(self) -> None:
+        store = self.app.host.store
+        await store.put_work_master(self.scope, work_master("tighten_rework", "wm"))
+        await store.put_work_master(self.scope, work_master("paint_hold_restart", "paint"))
+        await self.app.start()
+        await self.station.__aenter__()
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.call(self.station.__aexit__(None, None, None))
+        self.call(self.app.aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    def order_state(self, job: str) -> str | None:
+        o = self.call(self.app.host.orders.get(self.scope, job))
+        return o["state"] if o else None
+
+    def wait_state(self, job: str, want: str, timeout: float = 15) -> None:
+        end = time.monotonic() + timeout
+        while (got := self.order_state(job)) != want:
+            assert time.monotonic() < end, f"{job}: {got}, not {want}"
+            time.sleep(0.02)
+
+    def wait_open(self, job: str, action: str, timeout: float = 15) -> None:
+        """Until ``job``'s ``action`` has a command out."""
+        end = time.monotonic() + timeout
+        while not any(str(c["id"]).startswith(f"{job}:{action}#")
+                      for c in self.station.commands):
+            assert time.monotonic() < end, f"{job}: no {action} command"
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def host(redis_url: str, mqtt_url: str) -> Iterator[HostThread]:
+    # a scope of its own: the broker keeps retained topics across the session's tests
+    h = HostThread(redis_url, mqtt_url, f"ops-{uuid.uuid4().hex[:8]}")
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def conf(host: HostThread, redis_url: str, mqtt_url: str, tmp_path: Path) -> str:
+    """The config an operator would use: the hosts' file, naming the one scope."""
+    p = tmp_path / "host.toml"
+    p.write_text(f'[host]\nredis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\n'
+                 f'scopes = ["{host.scope}"]\nmetrics_port = {host.metrics_port}\n')
+    return str(p)
+
+
+def sfc(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:    # argparse's usage errors
+        rc = int(e.code or 0)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return rc, out, err
+
+
+def one_line_error(rc: int, err: str, *words: str) -> None:
+    assert rc == 2, err
+    assert err.count("\n") == 1 and err.startswith("sfc-host"), err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def rows_of(out: str) -> dict[str, list[str]]:
+    """A printed table by its first column."""
+    return {ln.split()[0]: ln.split() for ln in out.splitlines()[1:] if ln.strip()}
+
+
+# ---- job …
+
+
+def test_status_names_from_the_bits() -> None:
+    assert status_names(1) == ["NO_ERROR"]
+    assert status_names(8) == ["INVALID_JOB_ORDER_STATUS"]
+    assert status_names(2 ** 32 | 16) == ["UNABLE_TO_ACCEPT_JOB_ORDER", "INVALID_REQUEST"]
+    assert status_names(4) == ["BIT_2"]
+    assert status_names(0) == ["INVALID_STATUS_0"]
+
+
+def test_job_submit_show_and_list(host: HostThread, conf: str, capsys) -> None:
+    rc, out, err = sfc(capsys, "job", "submit", "wm", "--config", conf, "--id", "J1",
+                       "-p", "program=7", "-p", "note=first part")
+    assert rc == 0, err
+    assert out.strip() == f"J1: AllowedToStart_Ready (scope {host.scope}, Work Master wm)"
+    host.wait_state("J1", "Ended_Completed")
+    stored = json.loads(host.call(host.app.host.orders.get(host.scope, "J1"))["order"])
+    assert stored["Parameters"] == {"program": 7, "note": "first part"}
+
+    rc, out, _ = sfc(capsys, "job", "show", "J1", "--config", conf)
+    assert rc == 0
+    lines = dict(ln.split(None, 1) for ln in out.splitlines()
+                 if ln.split(None, 1)[0] in ("job", "state", "result", "parameters"))
+    assert lines["job"] == "J1" and lines["state"] == "Ended_Completed"
+    assert "tighten.torque = 85" in out and '"program": 7' in lines["parameters"]
+    assert "started" in out and "ended" in out
+    rc, out, _ = sfc(capsys, "job", "show", "J1", "--config", conf, "--json")
+    doc = json.loads(out)
+    assert doc["JobState"] == "Ended_Completed"
+    assert {"ID": "tighten.torque", "Value": 85} in doc["JobResponse"]["JobResponseData"]
+
+    # a job order file, stored only, with a generated id, then started
+    f = Path(conf).parent / "order.json"
+    f.write_text(json.dumps({"WorkMasterID": "wm", "Priority": 3,
+                             "Parameters": [{"ID": "program", "Value": 5}]}))
+    rc, out, err = sfc(capsys, "job", "submit", "--order", str(f), "--no-start",
+                       "-p", "lot=[1,2]", "--config", conf, "--json")
+    assert rc == 0, err
+    sub = json.loads(out)
+    job = sub["JobOrderID"]
+    assert job.startswith("wm-") and sub["JobState"] == "NotAllowedToStart_Ready"
+    stored = json.loads(host.call(host.app.host.orders.get(host.scope, job))["order"])
+    assert stored["Priority"] == 3
+    assert stored["Parameters"] == [{"ID": "program", "Value": 5}, {"ID": "lot", "Value": [1, 2]}]
+
+    rc, out, _ = sfc(capsys, "job", "list", "--config", conf)
+    assert rc == 0
+    assert out.splitlines()[0].split()[:3] == ["JOB", "STATE", "WORK"]
+    rows = rows_of(out)
+    assert rows["J1"][1] == "Ended_Completed" and rows["J1"][2] == "wm"
+    assert rows[job][1] == "NotAllowedToStart_Ready"
+    rc, out, _ = sfc(capsys, "job", "list", "--state", "Ended", "--config", conf, "--json")
+    assert [r["JobOrderID"] for r in json.loads(out)] == ["J1"]
+    rc, out, _ = sfc(capsys, "job", "list", "--state", "Running", "--config", conf)
+    assert rc == 0 and out.strip() == f"no job orders in Running in scope {host.scope}"
+
+    rc, out, err = sfc(capsys, "job", "start", job, "--config", conf)
+    assert rc == 0, err
+    assert out.strip() == f"{job}: AllowedToStart_Ready"
+    host.wait_state(job, "Ended_Completed")
+
+    # the retained state index: one message with every id
+    end = time.monotonic() + 5
+    while True:
+        rc, out, _ = sfc(capsys, "job", "list", "--index", "--config", conf, "--json")
+        idx = json.loads(out)
+        if idx["States"].get(job) == "Ended_Completed" or time.monotonic() > end:
+            break
+    assert idx["States"]["J1"] == "Ended_Completed" and idx["States"][job] == "Ended_Completed"
+    assert idx["Seq"] >= 6
+    rc, out, _ = sfc(capsys, "job", "list", "--index", "--config", conf)
+    assert rows_of(out.rsplit("\n(", 1)[0])["J1"] == ["J1", "Ended_Completed"]
+    assert out.strip().endswith(f"(state index Seq {idx['Seq']})")
+
+
+def test_job_control_and_refusals(host: HostThread, conf: str, capsys) -> None:
+    rc, _, err = sfc(capsys, "job", "submit", "wm", "--id", "slow-1", "--config", conf)
+    assert rc == 0, err
+    host.wait_open("slow-1", "tighten")
+    host.wait_state("slow-1", "Running")
+    for cmd, state in (("pause", "Interrupted_Suspended"), ("resume", "Running"),
+                       ("stop", "Ended_Completed")):
+        rc, out, err = sfc(capsys, "job", cmd, "slow-1", "--config", conf)
+        assert rc == 0, err
+        assert out.strip() == f"slow-1: {state}"
+    sfc(capsys, "job", "submit", "wm", "--id", "slow-2", "--config", conf)
+    host.wait_state("slow-2", "Running")
+    rc, out, _ = sfc(capsys, "job", "abort", "slow-2", "--comment", "bad part", "--config",
+                     conf, "--json")
+    assert rc == 0 and json.loads(out) == {"ReturnStatus": 1, "JobOrderID": "slow-2",
+                                           "JobState": "Aborted"}
+    rc, out, _ = sfc(capsys, "job", "show", "slow-2", "--config", conf)
+    assert "bad part" in out
+
+    # refusals by the host: the status names and the message on one line, exit 1
+    rc, out, err = sfc(capsys, "job", "pause", "slow-2", "--config", conf)
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("sfc-host: INVALID_JOB_ORDER_STATUS: Pause is not allowed in Aborted")
+    rc, out, err = sfc(capsys, "job", "show", "nope", "--config", conf, "--json")
+    assert rc == 1 and json.loads(out)["ReturnStatusNames"] == ["UNKNOWN_JOB_ORDER_ID"]
+    assert err.startswith("sfc-host: UNKNOWN_JOB_ORDER_ID: no job order 'nope'")
+    rc, _, err = sfc(capsys, "job", "submit", "no-such-wm", "--config", conf)
+    assert rc == 1 and err.startswith("sfc-host: UNABLE_TO_ACCEPT_JOB_ORDER: Work Master")
+    rc, _, err = sfc(capsys, "job", "submit", "wm", "--id", "slow-1", "--config", conf)
+    assert rc == 1 and "INVALID_JOB_ORDER_STATUS: job order 'slow-1' exists" in err
+    rc, _, err = sfc(capsys, "job", "resume", "slow-1", "--config", conf)
+    assert rc == 1 and "INVALID_JOB_ORDER_STATUS" in err
+
+
+def test_job_user_mistakes_are_one_line_and_exit_2(host: HostThread, conf: str,
+                                                    tmp_path: Path, capsys) -> None:
+    rc, _, err = sfc(capsys, "job", "submit", "--config", conf)
+    one_line_error(rc, err, "name a Work Master")
+    rc, _, err = sfc(capsys, "job", "submit", "wm", "-p", "novalue", "--config", conf)
+    one_line_error(rc, err, "--param 'novalue': expected NAME=VALUE")
+    rc, _, err = sfc(capsys, "job", "submit", "--order", str(tmp_path / "none.json"),
+                     "--config", conf)
+    one_line_error(rc, err, "cannot read")
+    rc, _, err = sfc(capsys, "job", "submit", "wm", "--id", "a{b}", "--config", conf)
+    one_line_error(rc, err, "invalid job id")
+    rc, _, err = sfc(capsys, "job", "pause", "x#1", "--config", conf)
+    one_line_error(rc, err, "invalid job id")
+    rc, _, err = sfc(capsys, "job", "list", "--state", "Sleeping", "--config", conf)
+    one_line_error(rc, err, "unknown job order state 'Sleeping'")
+    rc, _, err = sfc(capsys, "job", "show", "J1", "--config", conf, "--scope", "a/b")
+    one_line_error(rc, err, "invalid scope")
+    rc, _, err = sfc(capsys, "job", "show", "J1", "--config", conf, "--timeout", "-1")
+    one_line_error(rc, err, "must be positive")
+    rc, _, err = sfc(capsys, "job", "fly", "J1")
+    one_line_error(rc, err, "invalid choice: 'fly'")
+    # no scope given and none in the config
+    bare = tmp_path / "bare.toml"
+    bare.write_text(f'mqtt_url = "mqtt://127.0.0.1:{free_port()}"\n')
+    rc, _, err = sfc(capsys, "job", "list", "--config", str(bare))
+    one_line_error(rc, err, "--scope is required")
+    # a bad setting, an unreachable broker, no host answering
+    bad = tmp_path / "bad.toml"
+    bad.write_text("mqtt_qos = 'high'\n")
+    rc, _, err = sfc(capsys, "job", "list", "--config", str(bad), "--scope", "s")
+    one_line_error(rc, err, "setting mqtt_qos")
+    rc, _, err = sfc(capsys, "job", "list", "--config", str(bare), "--scope", "s")
+    one_line_error(rc, err, "cannot reach the MQTT broker")
+    silent = tmp_path / "silent.toml"
+    silent.write_text(Path(conf).read_text().replace("[host]", '[host]\nmes_prefix = "nobody"'))
+    rc, _, err = sfc(capsys, "job", "show", "J1", "--config", str(silent), "--timeout", "0.5")
+    one_line_error(rc, err, "no reply from a host", "within 0.5 s")
+
+
+def test_job_errors_in_a_real_process_have_no_traceback(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "sfc_host", "job", "list", "--scope", "s",
+                        "--mqtt", f"mqtt://127.0.0.1:{free_port()}"],
+                       capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "SFC_MES_PREFIX": "mes"})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "cannot reach the MQTT broker" in r.stderr
+
+
+# ---- inspect
+
+
+def test_inspect_running_held_and_ended(host: HostThread, conf: str, capsys) -> None:
+    sfc(capsys, "job", "submit", "wm", "--id", "slow-3", "--config", conf)
+    host.wait_open("slow-3", "tighten")
+    host.wait_state("slow-3", "Running")
+    rc, out, err = sfc(capsys, "inspect", "slow-3", "--config", conf)
+    assert rc == 0, err
+    fields = {ln[:15].strip(): ln[15:].strip() for ln in out.splitlines()[1:]
+              if ln[:1] != " " and not ln.startswith("open")}
+    assert out.splitlines()[0].startswith(f"job slow-3 in scope {host.scope} (server time 20")
+    assert fields["status"] == "running" and fields["order state"].startswith("Running")
+    assert fields["active steps"] == "Tighten" and fields["held"] == "no"
+    assert fields["next deadline"].endswith(" s)") and "(in " in fields["next deadline"]
+    assert fields["settled"] == "load_part completed"
+    row = rows_of("\n".join(ln.strip() for ln in out.split("open actions:\n")[1].splitlines()
+                            if ln.startswith("  ")))["tighten"]
+    assert row[1:5] == ["Tighten", "open", "1", "1"]
+    assert row[5] == "slow-3:tighten#2"
+    assert "in" in row and row[-1] == "-"          # due in some seconds; no hold
+
+    rc, out, _ = sfc(capsys, "inspect", "slow-3", "--config", conf, "--json")
+    v = json.loads(out)
+    t = v["state"]["actions"]["tighten"]
+    assert v["status"] == "running" and v["state"]["open_actions"] == ["tighten"]
+    assert 0 < t["deadline_in_s"] <= 30 and t["deadline_ms"] == v["due_ms"]
+    assert v["markers"]["tighten"].endswith(":slow-3:tighten#2")
+
+    # paused: held since the hold, the command still open (its deadline waits)
+    assert sfc(capsys, "job", "pause", "slow-3", "--config", conf)[0] == 0
+    end = time.monotonic() + 10
+    while (v := json.loads(sfc(capsys, "inspect", "slow-3", "--config", conf, "--json")[1])
+           )["status"] != "held":
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    assert v["order_state"] == "Interrupted_Suspended" and v["state"]["held_ms"] > 0
+    rc, out, _ = sfc(capsys, "inspect", "slow-3", "--config", conf)
+    assert "status         held" in out and "held           since 20" in out
+
+    # ended: aborted with the reason; no open actions, no deadline
+    sfc(capsys, "job", "abort", "slow-3", "--comment", "scrap", "--config", conf)
+    end = time.monotonic() + 10
+    while (v := json.loads(sfc(capsys, "inspect", "slow-3", "--config", conf, "--json")[1])
+           )["status"] == "held":
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    assert v["order_state"] == "Aborted" and v["status"] == "aborted"
+    rc, out, _ = sfc(capsys, "inspect", "slow-3", "--config", conf)
+    assert "open actions:  none" in out and "reason         scrap" in out
+    assert "next deadline  -" in out
+
+    # stored, not started: the order only
+    sfc(capsys, "job", "submit", "wm", "--id", "stored-1", "--no-start", "--config", conf)
+    rc, out, _ = sfc(capsys, "inspect", "stored-1", "--config", conf)
+    assert rc == 0 and "status         not started" in out
+    assert "order state    NotAllowedToStart_Ready" in out
+
+
+def test_inspect_shows_equipment_hold_ids(host: HostThread, conf: str, capsys) -> None:
+    sfc(capsys, "job", "submit", "paint", "--id", "paint-1", "--config", conf)
+    host.wait_open("paint-1", "paint")
+    assert sfc(capsys, "job", "pause", "paint-1", "--config", conf)[0] == 0
+    end = time.monotonic() + 10
+    while (v := json.loads(sfc(capsys, "inspect", "paint-1", "--config", conf, "--json")[1])
+           )["state"]["actions"]["paint"].get("hold") != "held":
+        assert time.monotonic() < end, v["state"]["actions"]["paint"]
+        time.sleep(0.05)
+    paint = v["state"]["actions"]["paint"]
+    assert paint["hold_command_id"] == f"{paint['command_id']}:hold"
+    out = sfc(capsys, "inspect", "paint-1", "--config", conf)[1]
+    rows = rows_of("\n".join(ln.strip() for ln in out.split("open actions:\n")[1].splitlines()
+                             if ln.startswith("  ")))
+    assert rows["paint"][5] == paint["command_id"]
+    assert rows["paint"][-2:] == ["held", paint["hold_command_id"]]
+    # held work has no deadline (only a restart gets it going); it went out before
+    assert rows["paint"][6:9] == ["-", "-", "yes"]
+    # the pull event it waits for has no command; its deadline stands still while held
+    assert rows["booth_ready"][2] == "open" and rows["booth_ready"][5] == "-"
+    assert " ".join(rows["booth_ready"][7:12]).endswith("s left at release")
+    sfc(capsys, "job", "abort", "paint-1", "--config", conf)
+
+
+def test_inspect_user_mistakes(host: HostThread, conf: str, capsys) -> None:
+    rc, _, err = sfc(capsys, "inspect", "ghost", "--config", conf)
+    one_line_error(rc, err, f"no job 'ghost' in scope '{host.scope}'")
+    rc, _, err = sfc(capsys, "inspect", "a}b", "--config", conf)
+    one_line_error(rc, err, "invalid job id")
+    rc, _, err = sfc(capsys, "inspect", "J1", "--config", conf, "--redis",
+                     f"redis://127.0.0.1:{free_port()}/0")
+    one_line_error(rc, err, "Redis at redis://127.0.0.1:")
+    rc, _, err = sfc(capsys, "inspect", "--config", conf)
+    one_line_error(rc, err, "the following arguments are required: JOB")
+
+
+# ---- top
+
+
+def test_top_once_frames_and_json(host: HostThread, conf: str, redis_url: str,
+                                  capsys) -> None:
+    for i in range(3):
+        sfc(capsys, "job", "submit", "wm", "--id", f"top-{i}", "--config", conf)
+    sfc(capsys, "job", "submit", "wm", "--id", "slow-top", "--config", conf)
+    host.wait_state("top-2", "Ended_Completed")
+    host.wait_state("slow-top", "Running")
+    sfc(capsys, "job", "pause", "slow-top", "--config", conf)
+    c = redis.Redis.from_url(redis_url)
+    index = {k.decode(): v.decode() for k, v in
+             c.hgetall(f"sfc:{{{host.scope}}}:state-index").items()}
+    c.close()
+    by = {top: sum(1 for s in index.values() if s.split("_")[0] == top)
+          for top in ("NotAllowedToStart", "Running", "Interrupted", "Ended", "Aborted")}
+
+    rc, out, err = sfc(capsys, "top", "--once", "--config", conf, "--scope", host.scope)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("sfc-host top  20") and "1 scope  group sfc-host" in lines[0]
+    head = lines[2].split()
+    assert head[:7] == ["SCOPE", "STORED", "READY", "RUNNING", "HELD", "ENDED", "ABORTED"]
+    row = lines[3].split()
+    assert row[0] == host.scope
+    assert [int(x) for x in (row[1], row[3], row[4], row[5], row[6])] == [
+        by["NotAllowedToStart"], by["Running"], by["Interrupted"], by["Ended"], by["Aborted"]]
+    assert by["Interrupted"] == 1 and by["Ended"] >= 3
+    assert row[-3:] == ["-", "-", "-"]          # no rates from one frame
+    assert lines[-1].startswith(f"host metrics http://127.0.0.1:{host.metrics_port}/metrics: "
+                                "commands sent ")
+
+    # two frames with completions in between: the second has rates
+    def finish_more() -> None:
+        time.sleep(0.3)
+        for i in range(3, 6):   # straight to the host: this thread's output is not ours
+            host.call(host.app.host.orders.store_order(
+                host.scope, {"ID": f"top-{i}", "WorkMasterID": "wm"}, start=True))
+    t = threading.Thread(target=finish_more)
+    t.start()
+    rc, out, _ = sfc(capsys, "top", "--frames", "2", "--interval", "1.5", "--config", conf,
+                     "--scope", host.scope, "--json")
+    t.join()
+    first, second = (json.loads(x) for x in out.splitlines())
+    s1, s2 = first["scopes"][0], second["scopes"][0]
+    assert s1["rates"]["completed"] is None
+    assert s2["completed"] > s1["completed"] and s2["rates"]["completed"] > 0
+    assert s2["rates"]["order_changes"] > 0 and s2["rates"]["entries"] > 0
+    assert second["metrics"]["commands_sent"] > 0
+    assert second["metrics"]["rates"]["commands_sent"] > 0
+
+    # every known scope by default
+    rc, out, _ = sfc(capsys, "top", "--once", "--config", conf)
+    assert host.scope in rows_of("\n".join(out.splitlines()[2:]).split("\n\n")[0])
+
+
+def test_top_user_mistakes(host: HostThread, conf: str, capsys) -> None:
+    rc, _, err = sfc(capsys, "top", "--once", "--config", conf, "--scope", "bad/scope")
+    one_line_error(rc, err, "invalid scope")
+    rc, _, err = sfc(capsys, "top", "--frames", "-1", "--config", conf)
+    one_line_error(rc, err, "--frames must not be negative")
+    rc, _, err = sfc(capsys, "top", "--interval", "0", "--config", conf)
+    one_line_error(rc, err, "must be positive")
+    rc, _, err = sfc(capsys, "top", "--once", "--config", conf, "--redis",
+                     f"redis://127.0.0.1:{free_port()}/0")
+    one_line_error(rc, err, "Redis at")
+    # an unreachable metrics endpoint is shown, not fatal
+    port = free_port()
+    rc, out, _ = sfc(capsys, "top", "--once", "--config", conf, "--scope", host.scope,
+                     "--metrics", f"http://127.0.0.1:{port}/metrics")
+    assert rc == 0 and f"host metrics http://127.0.0.1:{port}/metrics: unreachable" in out
