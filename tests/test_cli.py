@@ -113,9 +113,10 @@ def test_diagram_labels_conditions_with_priority(capsys) -> None:
     assert '-->|"tighten._round #lt; 3 [1]"|' in out
 
 
-def test_diagram_of_a_bad_recipe_is_exit_1(capsys) -> None:
+def test_diagram_of_a_bad_recipe_is_one_line_and_exit_2(capsys) -> None:
     rc, out, err = run(capsys, "recipe", "diagram", str(REF / "bad_two_initial.json"))
-    assert rc == 1 and out == "" and "SFC001" in err
+    assert rc == 2 and out == "" and "SFC001" in err and "6 problems" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_demo_checks_the_packaged_examples(capsys) -> None:

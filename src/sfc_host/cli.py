@@ -67,19 +67,67 @@ def cmd_recipe_check(args: argparse.Namespace) -> int:
     return worst
 
 
-def cmd_recipe_diagram(args: argparse.Namespace) -> int:
-    from sfc_host.diagram import to_mermaid
+def _diagram_usage(message: str) -> int:
+    print(f"sfc-host: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
+
+def cmd_recipe_diagram(args: argparse.Namespace) -> int:
+    """Mermaid (default) or, with ``--svg``, an SVG picture; with ``--job`` the picture
+    of a running job's recipe, its active and finished steps coloured. Every mistake is
+    one line and exit 2 (a recipe with problems too: ``recipe check`` lists them)."""
+    import asyncio
+    from pathlib import Path
+
+    from sfc_host.diagram import JobNotReadable, read_job, to_mermaid
+
+    if args.job is None and (args.scope is not None or args.config is not None):
+        return _diagram_usage("--scope and --config go with --job")
+    if args.job is not None and args.svg is None:
+        return _diagram_usage("--job needs --svg OUT (the Mermaid output shows no job)")
+    if args.file is None and args.job is None:
+        return _diagram_usage("give a recipe FILE, or --job JOB to draw a job's recipe")
+    graph = None
+    if args.file is not None:
+        try:
+            _, graph = compile_file(args.file, args.dataschema)
+        except UsageError as e:
+            return _diagram_usage(str(e))
+        except RecipeError as e:
+            p = e.problems[0]
+            n = len(e.problems)
+            return _diagram_usage(f"{args.file}: refused, {n} problem{'s' if n != 1 else ''} "
+                                  f"(first: {p.code} {p.path}: {p.message}); "
+                                  "'sfc-host recipe check' lists them")
+    view = None
+    if args.job is not None:
+        from sfc_host.config import ConfigError, HostConfig
+
+        try:
+            cfg = HostConfig.load(args.config)
+            job_graph, view = asyncio.run(read_job(cfg, args.job, args.scope))
+        except (ConfigError, JobNotReadable) as e:
+            return _diagram_usage(str(e))
+        if graph is not None and graph.fingerprint != job_graph.fingerprint:
+            return _diagram_usage(
+                f"{args.file} is not the recipe job {args.job!r} runs (fingerprint "
+                f"{graph.fingerprint[:12]}, the job's {job_graph.fingerprint[:12]}); "
+                "leave FILE out to draw the job's own")
+        graph = job_graph
+    if args.svg is None:
+        sys.stdout.write(to_mermaid(graph))
+        return EXIT_OK
+    from sfc_host.svg import to_svg
+
+    title = Path(args.file).stem if args.file is not None else None
+    text = to_svg(graph, view, title=title)
+    if args.svg == "-":
+        sys.stdout.write(text)
+        return EXIT_OK
     try:
-        _, graph = compile_file(args.file, args.dataschema)
-    except UsageError as e:
-        print(f"sfc-host: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except RecipeError as e:
-        for p in e.problems:
-            print(f"{args.file}: {p.code} {p.path}: {p.message}", file=sys.stderr)
-        return EXIT_PROBLEMS
-    sys.stdout.write(to_mermaid(graph))
+        Path(args.svg).write_text(text, encoding="utf-8")
+    except OSError as e:
+        return _diagram_usage(f"cannot write {args.svg}: {e.strerror or e}")
     return EXIT_OK
 
 
@@ -124,9 +172,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="format of a bare recipe: 1.0.0, 1.1.0 or the full URI")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.set_defaults(func=cmd_recipe_check)
-    diagram = rsub.add_parser("diagram", help="print a Mermaid flowchart of a recipe")
-    diagram.add_argument("file", metavar="FILE")
+    diagram = rsub.add_parser("diagram", help="draw a recipe: a Mermaid flowchart, or an SVG "
+                              "picture (with a running job's steps coloured)")
+    diagram.add_argument("file", metavar="FILE", nargs="?",
+                         help="the recipe (leave out with --job: the job's own recipe)")
     diagram.add_argument("--dataschema", metavar="URI")
+    diagram.add_argument("--svg", metavar="OUT", help="write an SVG picture ('-': stdout)")
+    diagram.add_argument("--job", metavar="JOB", help="colour this job's active and finished "
+                         "steps (read from Redis; needs --svg)")
+    diagram.add_argument("--scope", metavar="S", help="the job's scope (default: the one "
+                         "scope that holds it)")
+    diagram.add_argument("--config", metavar="FILE", help="host settings (TOML) for Redis")
     diagram.set_defaults(func=cmd_recipe_diagram)
 
     demo = sub.add_parser("demo", help="run the demo on an embedded default")
