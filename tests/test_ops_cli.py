@@ -19,12 +19,13 @@ from typing import Any
 
 import pytest
 import redis
-from hosts import quick_config, work_master
+from hosts import Station, quick_config, work_master
 from mqtt_station import MqttStation
-from servers import free_port
+from servers import RedisClusterServer, free_port
+from test_cli import run
 
 from sfc_host.app import App
-from sfc_host.cli import main
+from sfc_host.host import Host
 from sfc_host.mes_client import status_names
 
 TIGHTEN = "com.example.cell.tighten.v1"
@@ -47,15 +48,30 @@ def answer(cmd: dict[str, Any]) -> dict[str, Any] | None:
     return {}
 
 
-class HostThread:
-    """An ``App`` and an ``MqttStation`` on a loop in a thread."""
+class LoopThread:
+    """An event loop in a thread of its own, for servers the commands talk to."""
 
-    def __init__(self, redis_url: str, mqtt_url: str, scope: str) -> None:
-        self.scope = scope
-        self.metrics_port = free_port()
+    def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+class HostThread(LoopThread):
+    """An ``App`` and an ``MqttStation`` on a loop in a thread."""
+
+    def __init__(self, redis_url: str, mqtt_url: str, scope: str) -> None:
+        super().__init__()
+        self.scope = scope
+        self.metrics_port = free_port()
         self.app = App(quick_config(redis_url, mqtt_url=mqtt_url, scopes=[scope],
                                     metrics_port=self.metrics_port, consumer="ops-test"))
         self.station = MqttStation(mqtt_url, answer)
@@ -68,15 +84,10 @@ class HostThread:
         await self.app.start()
         await self.station.__aenter__()
 
-    def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
     def close(self) -> None:
         self.call(self.station.__aexit__(None, None, None))
         self.call(self.app.aclose())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        self.stop()
 
     def order_state(self, job: str) -> str | None:
         o = self.call(self.app.host.orders.get(self.scope, job))
@@ -115,11 +126,7 @@ def conf(host: HostThread, redis_url: str, mqtt_url: str, tmp_path: Path) -> str
 
 
 def sfc(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:    # argparse's usage errors
-        rc = int(e.code or 0)
-    out, err = capsys.readouterr()
+    rc, out, err = run(capsys, *argv)
     assert "Traceback" not in out + err
     return rc, out, err
 
@@ -286,6 +293,48 @@ def test_job_user_mistakes_are_one_line_and_exit_2(host: HostThread, conf: str,
     one_line_error(rc, err, "no reply from a host", "within 0.5 s")
 
 
+def test_job_commands_in_structured_mode(host: HostThread, conf: str, capsys) -> None:
+    f = Path(conf).parent / "structured.toml"
+    f.write_text(Path(conf).read_text().replace("[host]", "[host]\nmqtt_binary = false"))
+    rc, out, err = sfc(capsys, "job", "submit", "wm", "--id", "st-1", "--config", str(f))
+    assert rc == 0, err
+    assert out.startswith("st-1: AllowedToStart_Ready")
+    host.wait_state("st-1", "Ended_Completed")
+    rc, _, err = sfc(capsys, "job", "resume", "st-1", "--config", str(f))
+    assert rc == 1 and err.startswith("sfc-host: INVALID_JOB_ORDER_STATUS: Resume")
+
+
+def test_job_commands_on_mqtt_311(make_redis: Any, mqtt_url: str, tmp_path: Path,
+                                  capsys) -> None:
+    # hosts and client on 3.1.1 (one config): structured events, replies on the shared
+    # {mes}/{scope}/replies; a Redis and an MES prefix of their own, apart from `host`
+    server = make_redis()
+    settings = dict(mqtt_url=mqtt_url, mqtt_version=3, mes_prefix="mes311",
+                    equipment_prefix="eq311", scopes=["v3"])
+    lt = LoopThread()
+
+    async def start() -> App:
+        app = App(quick_config(server.url, **settings))
+        await app.host.store.put_work_master("v3", work_master("tighten_rework", "wm"))
+        return await app.start()
+
+    app = lt.call(start())
+    try:
+        f = tmp_path / "v3.toml"
+        f.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
+        rc, out, err = sfc(capsys, "job", "submit", "wm", "--id", "v3-1", "--no-start",
+                           "--config", str(f))
+        assert rc == 0, err
+        assert out.startswith("v3-1: NotAllowedToStart_Ready (scope v3")
+        rc, out, _ = sfc(capsys, "job", "list", "--config", str(f))
+        assert rows_of(out)["v3-1"][1] == "NotAllowedToStart_Ready"
+        rc, _, err = sfc(capsys, "job", "pause", "v3-1", "--config", str(f))
+        assert rc == 1 and err.startswith("sfc-host: INVALID_JOB_ORDER_STATUS: Pause")
+    finally:
+        lt.call(app.aclose())
+        lt.stop()
+
+
 def test_job_errors_in_a_real_process_have_no_traceback(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "sfc_host", "job", "list", "--scope", "s",
                         "--mqtt", f"mqtt://127.0.0.1:{free_port()}"],
@@ -378,6 +427,47 @@ def test_inspect_shows_equipment_hold_ids(host: HostThread, conf: str, capsys) -
     sfc(capsys, "job", "abort", "paint-1", "--config", conf)
 
 
+def test_inspect_and_top_on_redis_cluster(redis_cluster: RedisClusterServer, tmp_path: Path,
+                                         capsys) -> None:
+    scope = f"opc-{uuid.uuid4().hex[:8]}"
+    station = Station(lambda c: False if c.action == "tighten" else None)
+    lt = LoopThread()
+
+    async def start() -> Host:
+        h = Host(quick_config(redis_cluster.url, redis_cluster=True, scopes=[scope]),
+                 station.sink)
+        station.attach(h)
+        await h.start()
+        await h.store.put_work_master(scope, work_master("tighten_rework", "wm"))
+        await h.orders.store_order(scope, {"ID": "C1", "WorkMasterID": "wm"}, start=True)
+        return h
+
+    h = lt.call(start())
+    try:
+        end = time.monotonic() + 15
+        while "C1:tighten#2" not in station.ids():
+            assert time.monotonic() < end
+            time.sleep(0.02)
+        conf = tmp_path / "cluster.toml"
+        conf.write_text(f'redis_url = "{redis_cluster.url}"\nredis_cluster = true\n')
+        end = time.monotonic() + 10
+        while True:     # the order goes Running through a work entry of its own
+            rc, out, err = sfc(capsys, "inspect", "C1", "--config", str(conf), "--scope", scope)
+            if "order state    Running" in out or time.monotonic() > end:
+                break
+            time.sleep(0.05)
+        assert rc == 0, err
+        assert "status         running" in out and "order state    Running" in out
+        assert "C1:tighten#2" in out
+        rc, out, err = sfc(capsys, "top", "--once", "--config", str(conf), "--scope", scope)
+        assert rc == 0, err
+        row = out.splitlines()[3].split()
+        assert row[0] == scope and row[3] == "1" and row[7] == "1"    # running, active
+    finally:
+        lt.call(h.aclose())
+        lt.stop()
+
+
 def test_inspect_user_mistakes(host: HostThread, conf: str, capsys) -> None:
     rc, _, err = sfc(capsys, "inspect", "ghost", "--config", conf)
     one_line_error(rc, err, f"no job 'ghost' in scope '{host.scope}'")
@@ -445,6 +535,34 @@ def test_top_once_frames_and_json(host: HostThread, conf: str, redis_url: str,
     # every known scope by default
     rc, out, _ = sfc(capsys, "top", "--once", "--config", conf)
     assert host.scope in rows_of("\n".join(out.splitlines()[2:]).split("\n\n")[0])
+
+
+def test_top_live_on_a_terminal_until_ctrl_c(host: HostThread, conf: str) -> None:
+    # a terminal gets each frame drawn in place (home, clear); Ctrl-C ends it with 0
+    import pty
+    import signal
+
+    leader, follower = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "sfc_host", "top", "--config", conf,
+                          "--scope", host.scope, "--interval", "0.2"],
+                         stdout=follower, stderr=subprocess.PIPE, text=True)
+    os.close(follower)
+    seen = b""
+    try:
+        end = time.monotonic() + 20
+        while seen.count(b"\x1b[H\x1b[2J") < 3 and time.monotonic() < end:
+            seen += os.read(leader, 65536)
+        p.send_signal(signal.SIGINT)
+        assert p.wait(15) == 0
+        assert p.stderr is not None and p.stderr.read() == ""
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.close(leader)
+    frames = seen.decode().split("\x1b[H\x1b[2J")[1:]
+    assert len(frames) >= 3 and all(f.startswith("sfc-host top  20") for f in frames)
+    assert host.scope in frames[-1]
 
 
 def test_top_user_mistakes(host: HostThread, conf: str, capsys) -> None:
