@@ -308,14 +308,15 @@ GOOD = str(PACKAGED_RECIPES / "axle_fit_qa.json")
     [GOOD, "--job", "J"],
     [GOOD, "--scope", "cell", "--svg", "-"],
     [GOOD, "--config", "host.toml", "--svg", "-"],
+    [GOOD, "--redis", "redis://127.0.0.1:6379/0", "--svg", "-"],
     [GOOD, "--svg", "/nonexistent/folder/x.svg"],
     ["--job", "a{b", "--svg", "-"],
     ["--job", "J", "--scope", "no/slash", "--svg", "-"],
     ["--job", "J", "--svg", "-", "--config", "/nonexistent/host.toml"],
     [GOOD, "--svg", "-", "--bogus"],
 ], ids=["svg-no-value", "nothing", "missing-file", "bad-recipe", "job-without-svg",
-        "scope-without-job", "config-without-job", "unwritable", "bad-job-id", "bad-scope",
-        "missing-config", "unknown-flag"])
+        "scope-without-job", "config-without-job", "redis-without-job", "unwritable",
+        "bad-job-id", "bad-scope", "missing-config", "unknown-flag"])
 def test_cli_refuses_wrong_arguments_in_one_line(capsys, argv: list[str]) -> None:
     rc, out, err = cli(capsys, "recipe", "diagram", *argv)
     assert rc == 2, err
@@ -326,10 +327,11 @@ def test_cli_refuses_wrong_arguments_in_one_line(capsys, argv: list[str]) -> Non
 def test_cli_unreachable_redis_is_one_line(capsys, tmp_path: Path) -> None:
     cfg = tmp_path / "host.toml"
     cfg.write_text('redis_url = "redis://127.0.0.1:1/0"\n')
-    rc, out, err = cli(capsys, "recipe", "diagram", "--job", "J", "--scope", "cell",
-                       "--svg", "-", "--config", str(cfg))
-    assert rc == 2 and out == ""
-    assert len(err.strip().splitlines()) == 1 and "cannot read from Redis" in err
+    for flags in (["--config", str(cfg)], ["--redis", "redis://127.0.0.1:1/0"]):
+        rc, out, err = cli(capsys, "recipe", "diagram", "--job", "J", "--scope", "cell",
+                           "--svg", "-", *flags)
+        assert rc == 2 and out == ""
+        assert len(err.strip().splitlines()) == 1 and "cannot read from Redis" in err
 
 
 # ---- a running job ----------------------------------------------------------------------

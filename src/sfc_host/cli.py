@@ -81,8 +81,8 @@ def cmd_recipe_diagram(args: argparse.Namespace) -> int:
 
     from sfc_host.diagram import JobNotReadable, read_job, to_mermaid
 
-    if args.job is None and (args.scope is not None or args.config is not None):
-        return _diagram_usage("--scope and --config go with --job")
+    if args.job is None and any(v is not None for v in (args.scope, args.config, args.redis)):
+        return _diagram_usage("--scope, --config and --redis go with --job")
     if args.job is not None and args.svg is None:
         return _diagram_usage("--job needs --svg OUT (the Mermaid output shows no job)")
     if args.file is None and args.job is None:
@@ -104,7 +104,7 @@ def cmd_recipe_diagram(args: argparse.Namespace) -> int:
         from sfc_host.config import ConfigError, HostConfig
 
         try:
-            cfg = HostConfig.load(args.config)
+            cfg = HostConfig.load(args.config, redis_url=args.redis)
             job_graph, view = asyncio.run(read_job(cfg, args.job, args.scope))
         except (ConfigError, JobNotReadable) as e:
             return _diagram_usage(str(e))
@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     diagram.add_argument("--scope", metavar="S", help="the job's scope (default: the one "
                          "scope that holds it)")
     diagram.add_argument("--config", metavar="FILE", help="host settings (TOML) for Redis")
+    diagram.add_argument("--redis", metavar="URL", help="Redis URL (over the config's)")
     diagram.set_defaults(func=cmd_recipe_diagram)
 
     demo = sub.add_parser("demo", help="run the demo on an embedded default")
