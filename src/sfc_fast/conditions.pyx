@@ -13,6 +13,7 @@ from cpython.object cimport PyObject_IsTrue
 from cpython.list cimport PyList_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from libc.stdlib cimport free, realloc
 
 import json
@@ -756,84 +757,111 @@ cdef class CondContext:
         return None
 
 
+cdef inline int _push(PyObject** stack, Py_ssize_t* sp, object v) except -1:
+    if sp[0] >= MAX_STACK:
+        raise ValueError("condition overflows its stack")
+    Py_INCREF(v)
+    stack[sp[0]] = <PyObject*>v
+    sp[0] += 1
+    return 0
+
+
+cdef inline object _pop(PyObject** stack, Py_ssize_t* sp):
+    if sp[0] <= 0:
+        raise ValueError("condition left a malformed stack")
+    sp[0] -= 1
+    cdef object v = <object>stack[sp[0]]
+    Py_DECREF(v)        # the stack's reference passes to v
+    return v
+
+
 cdef object run_condition(const int32_t* code, Py_ssize_t start, Py_ssize_t end,
                           list consts, CondContext ctx):
-    """Run one verified condition; return its value (a Python object)."""
-    cdef list stack = []
+    """Run one verified condition; return its value (a Python object).
+
+    The stack is a C array of references (no list per call); whatever is left on it
+    when the run ends, normally or by an exception, is released in ``finally``."""
+    cdef PyObject* stack[MAX_STACK]
+    cdef Py_ssize_t sp = 0, i
     cdef Py_ssize_t pc = start
     cdef int32_t op
     cdef int o
     cdef Py_ssize_t n
-    while pc < end:
-        op = code[pc]
-        if op == OP_END:
-            break
-        elif op == OP_CONST:
-            stack.append(consts[code[pc + 1]])
-            pc += 2
-        elif op == OP_LOAD:
-            stack.append(ctx.load(code[pc + 1]))
-            pc += 2
-        elif op == OP_EQ or op == OP_NE:
-            b = stack.pop()
-            a = stack.pop()
-            stack.append(values_equal(a, b) == (op == OP_EQ))
-            pc += 1
-        elif OP_LT <= op <= OP_GE:
-            b = stack.pop()
-            a = stack.pop()
-            o = _order(a, b)
-            if o == 2:
-                stack.append(False)
-            elif op == OP_LT:
-                stack.append(o < 0)
-            elif op == OP_LE:
-                stack.append(o <= 0)
-            elif op == OP_GT:
-                stack.append(o > 0)
-            else:
-                stack.append(o >= 0)
-            pc += 1
-        elif op == OP_IN:
-            b = stack.pop()
-            a = stack.pop()
-            stack.append(_contains(a, b))
-            pc += 1
-        elif op == OP_NOT:
-            stack.append(not truthy(stack.pop()))
-            pc += 1
-        elif op == OP_AND_JUMP:
-            if not truthy(stack[PyList_GET_SIZE(stack) - 1]):
-                stack[PyList_GET_SIZE(stack) - 1] = False
-                pc = start + code[pc + 1]
-            else:
-                stack.pop()
+    cdef list items
+    try:
+        while pc < end:
+            op = code[pc]
+            if op == OP_END:
+                break
+            elif op == OP_CONST:
+                _push(stack, &sp, consts[code[pc + 1]])
                 pc += 2
-        elif op == OP_OR_JUMP:
-            if truthy(stack[PyList_GET_SIZE(stack) - 1]):
-                stack[PyList_GET_SIZE(stack) - 1] = True
-                pc = start + code[pc + 1]
-            else:
-                stack.pop()
+            elif op == OP_LOAD:
+                _push(stack, &sp, ctx.load(code[pc + 1]))
                 pc += 2
-        elif op == OP_BOOL:
-            stack.append(truthy(stack.pop()))
-            pc += 1
-        elif op == OP_LIST:
-            n = code[pc + 1]
-            items = stack[PyList_GET_SIZE(stack) - n:]
-            del stack[PyList_GET_SIZE(stack) - n:]
-            stack.append(items)
-            pc += 2
-        elif op == OP_NEG:
-            v = stack.pop()
-            stack.append(-v if _is_number(v) else None)
-            pc += 1
-        else:
-            raise ValueError(f"bad opcode {op}")
-    if PyList_GET_SIZE(stack) != 1:
-        raise ValueError("condition left a malformed stack")
-    return stack[0]
+            elif op == OP_EQ or op == OP_NE:
+                b = _pop(stack, &sp)
+                a = _pop(stack, &sp)
+                _push(stack, &sp, values_equal(a, b) == (op == OP_EQ))
+                pc += 1
+            elif OP_LT <= op <= OP_GE:
+                b = _pop(stack, &sp)
+                a = _pop(stack, &sp)
+                o = _order(a, b)
+                if o == 2:
+                    _push(stack, &sp, False)
+                elif op == OP_LT:
+                    _push(stack, &sp, o < 0)
+                elif op == OP_LE:
+                    _push(stack, &sp, o <= 0)
+                elif op == OP_GT:
+                    _push(stack, &sp, o > 0)
+                else:
+                    _push(stack, &sp, o >= 0)
+                pc += 1
+            elif op == OP_IN:
+                b = _pop(stack, &sp)
+                a = _pop(stack, &sp)
+                _push(stack, &sp, _contains(a, b))
+                pc += 1
+            elif op == OP_NOT:
+                _push(stack, &sp, not truthy(_pop(stack, &sp)))
+                pc += 1
+            elif op == OP_AND_JUMP or op == OP_OR_JUMP:
+                if sp <= 0:
+                    raise ValueError("condition left a malformed stack")
+                if truthy(<object>stack[sp - 1]) == (op == OP_OR_JUMP):
+                    # short cut: the top becomes the answer's bool
+                    v = _pop(stack, &sp)
+                    _push(stack, &sp, op == OP_OR_JUMP)
+                    pc = start + code[pc + 1]
+                else:
+                    _pop(stack, &sp)
+                    pc += 2
+            elif op == OP_BOOL:
+                _push(stack, &sp, truthy(_pop(stack, &sp)))
+                pc += 1
+            elif op == OP_LIST:
+                n = code[pc + 1]
+                if n > sp:
+                    raise ValueError("condition left a malformed stack")
+                items = [None] * n
+                for i in range(n - 1, -1, -1):
+                    items[i] = _pop(stack, &sp)
+                _push(stack, &sp, items)
+                pc += 2
+            elif op == OP_NEG:
+                v = _pop(stack, &sp)
+                _push(stack, &sp, -v if _is_number(v) else None)
+                pc += 1
+            else:
+                raise ValueError(f"bad opcode {op}")
+        if sp != 1:
+            raise ValueError("condition left a malformed stack")
+        return _pop(stack, &sp)
+    finally:
+        for i in range(sp):
+            Py_XDECREF(stack[i])
 
 
 cdef int verify_code(const int32_t* code, Py_ssize_t start, Py_ssize_t end,

@@ -6,21 +6,23 @@ comes out as data (work entries, commands, job order transitions, index changes)
 The rules are DESIGN §2.2 and docs/execution.md; each is named where it is kept.
 """
 
-from libc.stdint cimport int32_t, int64_t
-from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memcmp, memcpy
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 
 cimport cython
 
 from sfc_fast.recipe cimport (
-    Graph, Q_N, Q_P, Q_P1, Q_P0, Q_S, Q_R, Q_L, Q_D, I_PUSH, I_PULL,
+    Graph, _put_int, Q_N, Q_P, Q_P1, Q_P0, Q_S, Q_R, Q_L, Q_D, I_PUSH, I_PULL,
     B_SELECTION, B_SIMULTANEOUS, TK_ENTRY, TK_EXIT, TK_IMPLICIT, TK_PATH_END,
 )
 from sfc_fast.conditions cimport (
     CondContext, truthy, REF_RESULT, REF_ROUND, REF_OUTCOME, REF_JOB, REF_BARE,
 )
 from sfc_fast.state cimport (
-    State, ActSt, NO_TIME, decode_state, new_state,
+    State, ActSt, Txt, NO_TIME, decode_state, new_state,
     ST_RUNNING, ST_COMPLETED, ST_ABORTED, ST_STOPPED, JF_HELD, JF_ENDING,
     PH_IDLE, PH_DELAYED, PH_OPEN, PH_DONE, PH_WAIT_EXIT,
     OC_NONE, OC_COMPLETED, OC_FAILED, OC_TIMEOUT, OC_CANCELLED, OC_LIMITED,
@@ -35,7 +37,7 @@ from sfc_fast.events cimport (
 import gc
 import json
 
-from sfc_fast.conditions import canonical_dumps, lookup_path
+from sfc_fast.conditions import canonical_dumps
 
 #: Step entries one evolve call may make before the recipe is judged to loop without
 #: waiting (a cycle of steps with no holding action and true conditions).
@@ -48,6 +50,29 @@ _OUTCOMES = (None, "completed", "failed", "timeout", "cancelled", "limited")
 _EMPTY = ()
 
 
+cdef enum:
+    EF_HOLD = 1
+    EF_RESTART = 2
+
+# Job order transitions an evolve call can imply (Eff.code when Eff.action is -1).
+cdef enum:
+    JT_RUN = 0
+    JT_ABORT = 1
+    JT_COMPLETE = 2
+
+_JOB_TR = ("Run", "Abort", "Complete")
+
+
+cdef struct Eff:
+    # one effect of a call, in order: a command (action >= 0) or a job transition
+    int32_t action
+    int32_t code         # EF_* flags of a command, JT_* of a job transition
+    int32_t attempt
+    int64_t n            # command number
+    int64_t deadline
+
+
+@cython.freelist(16)
 cdef class Command:
     """A command to send to equipment: the work of a push action, a hold or a restart."""
     cdef readonly str command_id
@@ -73,18 +98,155 @@ cdef class Command:
                 "job": self.job, "scope": self.scope, "attempt": self.attempt}
 
 
+cdef str _cid(Graph g, const char* job, Py_ssize_t lj, int a, int64_t n, bint hold):
+    """``{job}:{action}#{n}`` (``:hold`` appended for a hold), built in one C buffer."""
+    cdef int32_t sid = g.act_name[a]
+    cdef const char* name = g.str_data + g.str_off[sid]
+    cdef Py_ssize_t ln = g.str_off[sid + 1] - g.str_off[sid]
+    cdef char small[192]
+    cdef Py_ssize_t size = lj + ln + 2 + 21 + 5
+    cdef char* buf = small
+    cdef char* q
+    if size > 192:
+        buf = <char*>PyMem_Malloc(size)
+        if buf == NULL:
+            raise MemoryError()
+    try:
+        q = buf
+        memcpy(q, job, lj)
+        q += lj
+        q[0] = b':'
+        q += 1
+        memcpy(q, name, ln)
+        q += ln
+        q[0] = b'#'
+        q += 1
+        q += _put_int(q, n)
+        if hold:
+            memcpy(q, b":hold", 5)
+            q += 5
+        return PyUnicode_DecodeUTF8(buf, q - buf, "replace")
+    finally:
+        if buf != small:
+            PyMem_Free(buf)
+
+
+cdef Command _command(Graph g, Eff* e, str job, str scope):
+    cdef Command c = Command.__new__(Command)
+    cdef int a = e.action
+    cdef Py_ssize_t lj
+    cdef const char* jp = PyUnicode_AsUTF8AndSize(job, &lj)
+    cdef bint hold = (e.code & EF_HOLD) != 0
+    cdef bint restart = (e.code & EF_RESTART) != 0
+    c.command_id = _cid(g, jp, lj, a, e.n, hold)
+    c.action = g.s(g.act_name[a])
+    if hold:
+        c.type_id = g.s(g.act_hold_type[a])
+    elif restart:
+        c.type_id = g.s(g.act_restart_type[a])
+    else:
+        c.type_id = g.s(g.act_type[a])
+    c.parameters = g.params(a)
+    c.deadline_ms = None if e.deadline == NO_TIME else e.deadline
+    c.hold = hold
+    c.restart = restart
+    c.job = job
+    c.scope = scope
+    c.attempt = e.attempt
+    return c
+
+
+@cython.freelist(16)
 cdef class Decision:
-    """What one evolve call decided. ``applied`` False: absorbed, nothing to write."""
+    """What one evolve call decided. ``applied`` False: absorbed, nothing to write.
+
+    ``work``, ``commands``, ``job`` and ``next_deadline`` are built from C records on
+    first read (and kept), so a caller that only stores the state pays for no objects.
+    """
     cdef readonly bint applied
     cdef readonly object state
     cdef readonly str status
     cdef readonly str reason
-    cdef readonly list work
-    cdef readonly list commands
-    cdef readonly tuple job
-    cdef readonly object next_deadline
     cdef readonly tuple waits_added
     cdef readonly tuple waits_removed
+    cdef Graph _g
+    cdef int64_t _next
+    cdef Eff _inl[2]
+    cdef Eff* _effs
+    cdef Py_ssize_t _n_effs
+    cdef str _job                 # job and scope as str, when the call had them
+    cdef str _scope
+    cdef Py_ssize_t _job_at, _job_len, _scope_at, _scope_len   # else: where in `state`
+    cdef list _work
+    cdef list _commands
+    cdef tuple _job_tr
+
+    def __dealloc__(self):
+        if self._effs != NULL and self._effs != self._inl:
+            PyMem_Free(self._effs)
+
+    cdef int set_effs(self, Eff* effs, Py_ssize_t n) except -1:
+        if n <= 2:
+            self._effs = self._inl
+        else:
+            self._effs = <Eff*>PyMem_Malloc(n * sizeof(Eff))
+            if self._effs == NULL:
+                raise MemoryError()
+        memcpy(self._effs, effs, n * sizeof(Eff))
+        self._n_effs = n
+        return 0
+
+    cdef int texts(self) except -1:
+        cdef const char* p
+        if self._job is None:
+            p = PyBytes_AS_STRING(self.state)
+            self._job = PyUnicode_DecodeUTF8(p + self._job_at, self._job_len, NULL)
+        if self._scope is None:
+            p = PyBytes_AS_STRING(self.state)
+            self._scope = PyUnicode_DecodeUTF8(p + self._scope_at, self._scope_len, NULL)
+        return 0
+
+    @property
+    def commands(self) -> list:
+        cdef Py_ssize_t i
+        if self._commands is None:
+            out = []
+            if self._n_effs:
+                self.texts()
+                for i in range(self._n_effs):
+                    if self._effs[i].action >= 0:
+                        out.append(_command(self._g, &self._effs[i], self._job, self._scope))
+            self._commands = out
+        return self._commands
+
+    @property
+    def work(self) -> list:
+        cdef Py_ssize_t i, k = 0
+        cdef Command c
+        if self._work is None:
+            out = []
+            cmds = self.commands
+            for i in range(self._n_effs):
+                if self._effs[i].action >= 0:
+                    c = <Command>cmds[k]
+                    k += 1
+                    out.append(("dispatch:" + c.action, c.action, c.command_id))
+                else:
+                    out.append(("job", _JOB_TR[self._effs[i].code], ""))
+            self._work = out
+        return self._work
+
+    @property
+    def job(self) -> tuple:
+        cdef Py_ssize_t i
+        if self._job_tr is None:
+            self._job_tr = tuple([_JOB_TR[self._effs[i].code] for i in range(self._n_effs)
+                                  if self._effs[i].action < 0])
+        return self._job_tr
+
+    @property
+    def next_deadline(self):
+        return None if self._next == NO_TIME else self._next
 
     def __repr__(self) -> str:
         return (f"Decision(applied={self.applied}, status={self.status!r}, "
@@ -94,43 +256,57 @@ cdef class Decision:
 
 # ---------------------------------------------------------------- conditions
 
+cdef inline object _lookup(object value, tuple segs):
+    """conditions.lookup_path without the Python call: a missing key or non-object is null."""
+    for seg in segs:
+        if type(value) is not dict:
+            return None
+        value = (<dict>value).get(seg)
+    return value
+
+
 cdef class _Ctx(CondContext):
     """Resolves condition references against a job's state."""
     cdef Graph g
     cdef State s
     cdef list refs
     cdef int32_t src_step         # source step for bare names; -1 none
-    cdef dict parsed              # action index -> parsed result (per evaluation run)
+    cdef dict parsed              # action index -> parsed result (this call; lazy)
     cdef list bare_order          # action indices of the source step, newest first
 
     cdef object result(self, int a):
         cdef ActSt* x = &self.s.acts[a]
         if x.res_len < 0:
             return None
-        v = self.parsed.get(a, self)
+        v = self.parsed.get(a, self) if self.parsed is not None else self
         if v is self:
             try:
                 v = json.loads(PyUnicode_DecodeUTF8(x.res, x.res_len, NULL))
             except ValueError:
                 v = None
+            if self.parsed is None:
+                self.parsed = {}
             self.parsed[a] = v
         return v
 
     cdef object load(self, int32_t ref):
-        kind, act, segs = self.refs[ref]
-        cdef int a = act
+        cdef Graph g = self.g
+        cdef int kind = g.ref_kind[ref]
+        cdef int a = g.ref_action[ref]
         cdef ActSt* x
         if kind == REF_RESULT:
-            return lookup_path(self.result(a), segs)
+            v = self.result(a)
+            return None if v is None else _lookup(v, <tuple>(<tuple>self.refs[ref])[2])
         if kind == REF_ROUND:
-            return self.s.step_round[self.g.act_step[a]]
+            return self.s.step_round[g.act_step[a]]
         if kind == REF_OUTCOME:
             x = &self.s.acts[a]
             if x.phase == PH_OPEN or x.phase == PH_DELAYED or x.phase == PH_WAIT_EXIT:
                 return "open"
             return _OUTCOMES[x.outcome]
+        cdef tuple segs = <tuple>(<tuple>self.refs[ref])[2]
         if kind == REF_JOB:
-            return lookup_path(self.s.params_obj(), segs)
+            return _lookup(self.s.params_obj(), segs)
         # bare name: the source step's results, newest first, then job parameters
         head = segs[0]
         if self.bare_order is None:
@@ -138,8 +314,8 @@ cdef class _Ctx(CondContext):
         for a in self.bare_order:
             res = self.result(a)
             if type(res) is dict and head in <dict>res:
-                return lookup_path(res, segs)
-        return lookup_path(self.s.params_obj(), segs)
+                return _lookup(res, segs)
+        return _lookup(self.s.params_obj(), segs)
 
     cdef list _bare_order(self):
         cdef Graph g = self.g
@@ -157,40 +333,117 @@ cdef class _Ctx(CondContext):
         return [a for _, a in items]
 
 
+cdef int _push_action(Graph g, const char* name, Py_ssize_t n) except -2:
+    """The push action (stored association) named by the UTF-8 ``name[:n]``, or -1."""
+    cdef int a
+    cdef int32_t sid
+    if g.n_actions > 64:
+        found = g.action_names().get(PyUnicode_DecodeUTF8(name, n, NULL))
+        a = -1 if found is None else found
+    else:
+        # a short scan beats hashing a fresh str; last association wins, as in the dict
+        a = g.n_actions - 1
+        while a >= 0:
+            sid = g.act_name[a]
+            if g.act_qual[a] != Q_R and g.str_off[sid + 1] - g.str_off[sid] == n \
+                    and memcmp(g.str_data + g.str_off[sid], name, n) == 0:
+                break
+            a -= 1
+    if a < 0 or g.act_inter[a] != I_PUSH:
+        return -1
+    return a
+
+
 # ---------------------------------------------------------------- one call
 
 cdef class _Run:
     cdef Graph g
     cdef State s
     cdef int64_t now
-    cdef list work
-    cdef list commands
-    cdef list job_tr
+    cdef Eff inl[4]
+    cdef Eff* effs                # the call's effects in order (inl, or grown)
+    cdef Py_ssize_t n_effs
+    cdef Py_ssize_t cap_effs
     cdef bint changed
     cdef bint waits_dirty         # a pull wait opened or closed, or the status changed
     cdef dict was_open            # pull action -> open before this call (first touch)
     cdef int entries
     cdef _Ctx ctx                 # made on the first condition that needs one
+    cdef _Ctx spare_ctx           # kept from an earlier call, reused by make_ctx
     cdef dict fresh               # action -> result object set by this call (no re-parse)
 
-    cdef void make_ctx(self):
-        cdef _Ctx ctx = _Ctx.__new__(_Ctx)
+    def __dealloc__(self):
+        if self.effs != NULL and self.effs != self.inl:
+            PyMem_Free(self.effs)
+
+    cdef int add_eff(self, int32_t action, int32_t code, int32_t attempt, int64_t n,
+                     int64_t deadline) except -1:
+        cdef Eff* grown
+        if self.n_effs == self.cap_effs:
+            if self.effs == NULL:
+                self.effs = self.inl
+                self.cap_effs = 4
+            else:
+                grown = <Eff*>PyMem_Malloc(2 * self.cap_effs * sizeof(Eff))
+                if grown == NULL:
+                    raise MemoryError()
+                memcpy(grown, self.effs, self.n_effs * sizeof(Eff))
+                if self.effs != self.inl:
+                    PyMem_Free(self.effs)
+                self.effs = grown
+                self.cap_effs *= 2
+        cdef Eff* e = &self.effs[self.n_effs]
+        e.action = action
+        e.code = code
+        e.attempt = attempt
+        e.n = n
+        e.deadline = deadline
+        self.n_effs += 1
+        return 0
+
+    cdef int make_ctx(self) except -1:
+        cdef _Ctx ctx = self.spare_ctx
+        if ctx is None:
+            ctx = _Ctx.__new__(_Ctx)
+        self.spare_ctx = None
         ctx.g = self.g
         ctx.s = self.s
         ctx.refs = self.g.refs()
-        ctx.parsed = self.fresh if self.fresh is not None else {}
+        ctx.parsed = self.fresh
         ctx.src_step = -1
+        ctx.bare_order = None
         self.ctx = ctx
+        return 0
 
-    cdef void touch(self, int a):
+    cdef void park(self) noexcept:
+        """Drop this call's references and keep the object for the next call."""
+        global _spare_run
+        cdef _Ctx ctx = self.ctx
+        if ctx is not None:
+            ctx.g = None
+            ctx.s = None
+            ctx.refs = None
+            ctx.parsed = None
+            ctx.bare_order = None
+            self.spare_ctx = ctx
+            self.ctx = None
+        self.g = None
+        self.s = None
+        self.was_open = None
+        self.fresh = None
+        self.n_effs = 0
+        _spare_run = self
+
+    cdef int touch(self, int a) except -1:
         """Note a pull action's phase before this call changes it (for the waits diff)."""
         if self.g.act_inter[a] != I_PULL:
-            return
+            return 0
         if self.was_open is None:
             self.was_open = {}
         if a not in self.was_open:
             self.was_open[a] = self.s.acts[a].phase == PH_OPEN
         self.waits_dirty = True
+        return 0
 
     cdef set waits_before(self):
         """The waited-for types before this call: now, with touched actions as they were."""
@@ -207,47 +460,30 @@ cdef class _Run:
                 out.add(g.s(g.act_type[a]))
         return out
 
-    cdef void keep_result(self, int a, dict result):
-        self.s.set_result(a, canonical_dumps(result).encode("utf-8"))
+    cdef int keep_result(self, int a, dict result) except -1:
+        self.s.set_result(a, canonical_dumps(result))
         if self.ctx is not None:
+            if self.ctx.parsed is None:
+                self.ctx.parsed = {}
             self.ctx.parsed[a] = result
         else:
             if self.fresh is None:
                 self.fresh = {}
             self.fresh[a] = result
+        return 0
 
     # ---- effects
 
     cdef str cmd_id(self, int a, int64_t n):
-        return f"{self.s.job}:{self.g.s(self.g.act_name[a])}#{n}"
+        return _cid(self.g, self.s.t_job.p, self.s.t_job.n, a, n, False)
 
-    cdef void emit(self, int a, int64_t n, bint hold, bint restart, int64_t deadline):
-        cdef Graph g = self.g
-        cdef str name = g.s(g.act_name[a])
-        cdef str cid = f"{self.s.job}:{name}#{n}"
-        cdef Command c = Command.__new__(Command)
-        if hold:
-            cid = cid + ":hold"
-            c.type_id = g.s(g.act_hold_type[a])
-        elif restart:
-            c.type_id = g.s(g.act_restart_type[a])
-        else:
-            c.type_id = g.s(g.act_type[a])
-        c.command_id = cid
-        c.action = name
-        c.parameters = g.params(a)
-        c.deadline_ms = None if deadline == NO_TIME else deadline
-        c.hold = hold
-        c.restart = restart
-        c.job = self.s.job
-        c.scope = self.s.scope
-        c.attempt = self.s.acts[a].attempt
-        self.commands.append(c)
-        self.work.append(("dispatch:" + name, name, cid))
+    cdef int emit(self, int a, int64_t n, bint hold, bint restart,
+                  int64_t deadline) except -1:
+        return self.add_eff(a, (EF_HOLD if hold else 0) | (EF_RESTART if restart else 0),
+                            self.s.acts[a].attempt, n, deadline)
 
-    cdef void job(self, str transition):
-        self.job_tr.append(transition)
-        self.work.append(("job", transition, ""))
+    cdef int job(self, int transition) except -1:
+        return self.add_eff(-1, transition, 0, 0, NO_TIME)
 
     # ---- arming and settling
 
@@ -316,7 +552,7 @@ cdef class _Run:
         self.changed = True
         return 0
 
-    cdef void settle(self, int a, int outcome):
+    cdef int settle(self, int a, int outcome) except -1:
         cdef ActSt* x = &self.s.acts[a]
         self.touch(a)
         x.phase = PH_DONE
@@ -328,8 +564,9 @@ cdef class _Run:
         x.flags &= ~AF_RESTART
         x.done_at = self.now
         self.changed = True
+        return 0
 
-    cdef void withdraw_all(self, bint only_non_holding):
+    cdef int withdraw_all(self, bint only_non_holding) except -1:
         """Settle open work as cancelled (later answers are absorbed by id)."""
         cdef Graph g = self.g
         cdef int a, q
@@ -341,17 +578,19 @@ cdef class _Run:
                 if only_non_holding and q != Q_P and q != Q_P1 and q != Q_P0:
                     continue
                 self.settle(a, OC_CANCELLED)
+        return 0
 
-    cdef void abort(self, str reason):
+    cdef int abort(self, str reason) except -1:
         self.withdraw_all(False)
         self.s.status = ST_ABORTED
-        self.s.reason = reason
+        self.s.set_reason(reason)
         self.s.n_active = 0
         self.s.flags &= ~(JF_HELD | JF_ENDING)
         self.s.held_at = NO_TIME
-        self.job("Abort")
+        self.job(JT_ABORT)
         self.changed = True
         self.waits_dirty = True
+        return 0
 
     # ---- steps, branches, transitions
 
@@ -500,30 +739,32 @@ cdef class _Run:
             self.take(t)
         return 0
 
-    cdef void recipe_end(self):
+    cdef int recipe_end(self) except -1:
         self.s.flags |= JF_ENDING
         self.changed = True
         self.check_end()
+        return 0
 
-    cdef void check_end(self):
+    cdef int check_end(self) except -1:
         """The recipe has ended: complete unless a stored (S) action is still open."""
         cdef Graph g = self.g
         cdef int a
         if not (self.s.flags & JF_ENDING) or self.s.status != ST_RUNNING:
-            return
+            return 0
         if self.s.flags & JF_HELD:
-            return
+            return 0
         for a in range(g.n_actions):
             if g.act_qual[a] == Q_S and (self.s.acts[a].phase == PH_OPEN
                                          or self.s.acts[a].phase == PH_DELAYED):
-                return
+                return 0
         self.withdraw_all(True)
         self.s.status = ST_COMPLETED
         self.s.flags &= ~JF_ENDING
         self.s.n_active = 0
-        self.job("Complete")
+        self.job(JT_COMPLETE)
         self.changed = True
         self.waits_dirty = True
+        return 0
 
     cdef int advance(self) except -1:
         """Fire what can fire: done steps leave, until nothing changes."""
@@ -536,7 +777,7 @@ cdef class _Run:
         for a in range(self.g.n_actions):
             if self.s.acts[a].flags & AF_ABORT_PENDING:
                 self.s.acts[a].flags &= ~AF_ABORT_PENDING
-                self.abort(self.s.reason or
+                self.abort(self.s.reason() or
                            f"action {self.g.s(self.g.act_name[a])!r} failed while held")
                 return 0
         while self.s.status == ST_RUNNING:
@@ -554,20 +795,27 @@ cdef class _Run:
     # ---- answers
 
     cdef int parse(self, str cid, int64_t* n, bint* is_hold) except -2:
-        """Push action a command id of this job names, or -1 (not ours, malformed)."""
-        cdef str job = self.s.job
-        cdef Py_ssize_t lj = len(job), ln = len(cid), end = ln, i, digits = 0
+        """Push action a command id of this job names, or -1 (not ours, malformed).
+
+        Read as UTF-8 against the job's and the actions' UTF-8: no slice, no dict."""
+        cdef Py_ssize_t ln, end, i, lj = self.s.t_job.n, digits = 0
+        cdef const char* p
         cdef int64_t v = 0, mul = 1
-        cdef Py_UCS4 c
-        if ln <= lj + 3 or cid[lj] != u":" or not cid.startswith(job):
+        cdef uint8_t c
+        try:
+            p = PyUnicode_AsUTF8AndSize(cid, &ln)
+        except UnicodeEncodeError:
+            return -1       # a lone surrogate: no id this core made
+        if ln <= lj + 3 or p[lj] != b':' or memcmp(p, self.s.t_job.p, lj) != 0:
             return -1
-        is_hold[0] = cid.endswith(":hold")
+        end = ln
+        is_hold[0] = memcmp(p + ln - 5, b":hold", 5) == 0
         if is_hold[0]:
             end -= 5
         i = end - 1
         while i > lj:
-            c = cid[i]
-            if c < u"0" or c > u"9":
+            c = <uint8_t>p[i]
+            if c < 48 or c > 57:
                 break
             digits += 1
             if digits > 15:
@@ -575,13 +823,10 @@ cdef class _Run:
             v += (<int64_t>c - 48) * mul
             mul *= 10
             i -= 1
-        if digits == 0 or i <= lj + 1 or cid[i] != u"#":
+        if digits == 0 or i <= lj + 1 or p[i] != b'#':
             return -1
         n[0] = v
-        a = self.g.action_names().get(cid[lj + 1:i])
-        if a is None or self.g.act_inter[<int>a] != I_PUSH:
-            return -1
-        return a
+        return _push_action(self.g, p + lj + 1, i - lj - 1)
 
     cdef int on_completed(self, Completed ev) except -1:
         cdef int64_t n = 0
@@ -621,7 +866,7 @@ cdef class _Run:
         if self.s.flags & JF_HELD:
             # recorded now, routed on release
             x.flags |= AF_ABORT_PENDING
-            self.s.reason = reason
+            self.s.set_reason(reason)
             return 0
         self.abort(reason)
         return 0
@@ -706,7 +951,7 @@ cdef class _Run:
             return False
         cdef str tpl = self.g.s(sid)
         if "{" in tpl:
-            tpl = (tpl.replace("{job}", self.s.job).replace("{scope}", self.s.scope)
+            tpl = (tpl.replace("{job}", self.s.job()).replace("{scope}", self.s.scope())
                    .replace("{action}", self.g.s(self.g.act_name[a])))
         return tpl == value
 
@@ -767,7 +1012,7 @@ cdef class _Run:
         self.advance()
         return 0
 
-    cdef void shift(self, int64_t gap, bint holds_too):
+    cdef int shift(self, int64_t gap, bint holds_too) except -1:
         cdef Graph g = self.g
         cdef int a
         cdef ActSt* x
@@ -784,6 +1029,7 @@ cdef class _Run:
             if holds_too and x.hold_deadline != NO_TIME:
                 x.hold_deadline += gap
                 self.changed = True
+        return 0
 
     cdef int on_hold(self) except -1:
         cdef Graph g = self.g
@@ -862,14 +1108,14 @@ class _Loop(Exception):
 
 # ---------------------------------------------------------------- the API
 
-cdef object _next_deadline(Graph g, State s):
+cdef int64_t _next_deadline(Graph g, State s) noexcept:
     """Earliest open deadline; while held, the earliest hold deadline (DESIGN §3.9)."""
     cdef int a
     cdef ActSt* x
     cdef int64_t best = NO_TIME
     cdef bint held = (s.flags & JF_HELD) != 0
     if s.status != ST_RUNNING:
-        return None
+        return NO_TIME
     for a in range(g.n_actions):
         x = &s.acts[a]
         if x.phase != PH_OPEN and x.phase != PH_DELAYED:
@@ -882,7 +1128,7 @@ cdef object _next_deadline(Graph g, State s):
             best = x.deadline
         if x.timer != NO_TIME and (best == NO_TIME or x.timer < best):
             best = x.timer
-    return None if best == NO_TIME else best
+    return best
 
 
 cdef set _waits(Graph g, State s):
@@ -906,19 +1152,18 @@ cdef Decision _absorbed(Graph g, State s, object state):
     cdef Decision d = Decision.__new__(Decision)
     d.applied = False
     d.state = state
-    d.work = []
-    d.commands = []
-    d.job = _EMPTY
+    d._g = g
     d.waits_added = _EMPTY
     d.waits_removed = _EMPTY
     if s is None:
         d.status = "none"
         d.reason = None
-        d.next_deadline = None
+        d._next = NO_TIME
     else:
         d.status = _status(s)
-        d.reason = s.reason or None
-        d.next_deadline = _next_deadline(g, s)
+        d.reason = s.reason() or None
+        d._next = _next_deadline(g, s)
+        s.release()
     return d
 
 
@@ -944,10 +1189,13 @@ cpdef Decision evolve(Graph graph, object state, BaseEvent event, int64_t now_ms
         if s is not None:
             if s.status == ST_RUNNING:
                 return _absorbed(graph, s, state)        # already running: a repeat
-            if st.order and st.order == s.order:
+            if st.order and st.order == s.order():
                 return _absorbed(graph, s, state)        # same order, already ended
         # a new job, or an ended state of a re-stored job id: replaced
-        old_waits = _waits(graph, s) if s is not None else set()
+        old_waits = set()
+        if s is not None:
+            old_waits = _waits(graph, s)
+            s.release()
         s = new_state(graph, st.job, st.scope, _params_text(st.params), st.order, now_ms)
         return _run(graph, s, None, event, now_ms, old_waits)
     if s is None:
@@ -957,22 +1205,27 @@ cpdef Decision evolve(Graph graph, object state, BaseEvent event, int64_t now_ms
     return _run(graph, s, state, event, now_ms, None)
 
 
+cdef _Run _spare_run = None     # one _Run (with its _Ctx) kept between calls
+
+
 cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now,
                    set old_waits):
-    cdef _Run r = _Run.__new__(_Run)
+    global _spare_run
+    cdef _Run r = _spare_run
+    if r is not None:
+        _spare_run = None       # taken: a re-entrant call makes its own
+    else:
+        r = _Run.__new__(_Run)
     r.g = g
     r.s = s
     r.now = now
-    r.work = []
-    r.commands = []
-    r.job_tr = []
     r.changed = False
     r.waits_dirty = old_waits is not None
     r.entries = 0
     cdef int kind = event.kind
     try:
         if kind == EV_START:
-            r.job("Run")
+            r.job(JT_RUN)
             r.enter_step(g.initial_step)
             r.advance()
         elif kind == EV_COMPLETED:
@@ -990,8 +1243,8 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
         elif kind == EV_CANCEL:
             r.withdraw_all(False)
             s.status = ST_STOPPED if (<Cancel>event).stop else ST_ABORTED
-            s.reason = (<Cancel>event).reason or ("stopped" if (<Cancel>event).stop
-                                                  else "aborted")
+            s.set_reason((<Cancel>event).reason or ("stopped" if (<Cancel>event).stop
+                                                    else "aborted"))
             s.n_active = 0
             s.flags = 0
             s.held_at = NO_TIME
@@ -1011,22 +1264,27 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
                     s.held_at += (<Shift>event).gap_ms
                     r.changed = True
     except _Loop as e:
-        r.work = []
-        r.commands = []
-        r.job_tr = []
+        r.n_effs = 0
         r.abort(f"the recipe loops without waiting (more than {MAX_ENTRIES_PER_CALL} step "
                 f"entries in one step, last at {e.args[0]!r})")
-    if not r.changed and not r.work:
+    if not r.changed and not r.n_effs:
+        r.park()
         return _absorbed(g, s, before)
     cdef Decision d = Decision.__new__(Decision)
     d.applied = True
     d.state = s.encode()
+    d._g = g
     d.status = _status(s)
-    d.reason = s.reason or None
-    d.work = r.work
-    d.commands = r.commands
-    d.job = tuple(r.job_tr)
-    d.next_deadline = _next_deadline(g, s)
+    d.reason = s.reason() or None
+    if r.n_effs:
+        d.set_effs(r.effs, r.n_effs)
+        d._job = s.o_job
+        d._scope = s.o_scope
+        d._job_at = s.job_at
+        d._job_len = s.t_job.n
+        d._scope_at = s.scope_at
+        d._scope_len = s.t_scope.n
+    d._next = _next_deadline(g, s)
     d.waits_added = d.waits_removed = _EMPTY
     if r.waits_dirty:
         if old_waits is None:
@@ -1035,6 +1293,8 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
         if new_waits != old_waits:
             d.waits_added = tuple(sorted(new_waits - old_waits))
             d.waits_removed = tuple(sorted(old_waits - new_waits))
+    r.park()
+    s.release()
     return d
 
 
@@ -1082,7 +1342,10 @@ cdef list _evolve_many(Graph graph, states, events, int64_t now_ms):
 def job_index(Graph graph, state) -> tuple:
     """(status, next deadline, waited-for type ids) of a state: what the indexes hold."""
     cdef State s = decode_state(graph, state)
-    return _status(s), _next_deadline(graph, s), tuple(sorted(_waits(graph, s)))
+    cdef int64_t nd = _next_deadline(graph, s)
+    out = (_status(s), None if nd == NO_TIME else nd, tuple(sorted(_waits(graph, s))))
+    s.release()
+    return out
 
 
 def open_command(Graph graph, state, str action):
@@ -1092,28 +1355,30 @@ def open_command(Graph graph, state, str action):
     While held, the open hold command of the action is returned instead (if any).
     """
     cdef State s = decode_state(graph, state)
+    cdef Eff e
+    cdef Command c = None
     a = graph.action_names().get(action)
-    if a is None or s.status != ST_RUNNING:
-        return None
-    cdef int ai = a
-    cdef ActSt* x = &s.acts[ai]
-    if graph.act_inter[ai] != I_PUSH or x.phase != PH_OPEN:
-        return None
-    cdef _Run r = _Run.__new__(_Run)
-    r.g = graph
-    r.s = s
-    r.work = []
-    r.commands = []
-    r.job_tr = []
-    if s.flags & JF_HELD:
-        if x.hold != HP_OPEN:
-            return None
-        r.emit(ai, x.hold_n, True, False, x.hold_deadline)
-    else:
-        if x.hold == HP_HELD or x.hold == HP_OPEN or x.deadline == NO_TIME:
-            return None
-        r.emit(ai, x.cmd_n, False, (x.flags & AF_RESTART) != 0, x.deadline)
-    return r.commands[0]
+    cdef int ai = -1 if a is None else a
+    cdef ActSt* x
+    if ai >= 0 and s.status == ST_RUNNING and graph.act_inter[ai] == I_PUSH \
+            and s.acts[ai].phase == PH_OPEN:
+        x = &s.acts[ai]
+        e.action = ai
+        e.attempt = x.attempt
+        e.code = -1
+        if s.flags & JF_HELD:
+            if x.hold == HP_OPEN:
+                e.code = EF_HOLD
+                e.n = x.hold_n
+                e.deadline = x.hold_deadline
+        elif x.hold != HP_HELD and x.hold != HP_OPEN and x.deadline != NO_TIME:
+            e.code = EF_RESTART if x.flags & AF_RESTART else 0
+            e.n = x.cmd_n
+            e.deadline = x.deadline
+        if e.code >= 0:
+            c = _command(graph, &e, s.job(), s.scope())
+    s.release()
+    return c
 
 
 def sent_markers(Graph graph, state) -> tuple:
@@ -1128,7 +1393,7 @@ def sent_markers(Graph graph, state) -> tuple:
     cdef list out = []
     cdef int ai
     cdef ActSt* x
-    cdef str name, cid
+    cdef str name
     if s.status == ST_RUNNING:
         for ai in range(graph.n_actions):
             x = &s.acts[ai]
@@ -1136,9 +1401,11 @@ def sent_markers(Graph graph, state) -> tuple:
                 continue
             name = graph.s(graph.act_name[ai])
             if x.cmd_n > 0 and x.hold != HP_HELD:
-                cid = f"{s.job}:{name}#{x.cmd_n}"
-                out.append(("sent:" + name, cid))
+                out.append(("sent:" + name,
+                            _cid(graph, s.t_job.p, s.t_job.n, ai, x.cmd_n, False)))
             if x.hold == HP_OPEN and x.hold_n > 0:
-                cid = f"{s.job}:{name}#{x.hold_n}:hold"
-                out.append(("sent:" + name + ":hold", cid))
-    return s.started_at, tuple(out)
+                out.append(("sent:" + name + ":hold",
+                            _cid(graph, s.t_job.p, s.t_job.n, ai, x.hold_n, True)))
+    started = s.started_at
+    s.release()
+    return started, tuple(out)

@@ -125,6 +125,7 @@ cdef class Graph:
     cdef dict _step_index
     cdef dict _action_index
     cdef dict _branch_index
+    cdef object _scratch           # evolve's reusable working set (one call at a time)
 
     cdef str s(self, int32_t sid)
     cdef list consts(self)
@@ -132,3 +133,7 @@ cdef class Graph:
     cdef object params(self, int a)
     cdef dict action_names(self)
     cdef object eval_cond(self, int cond, CondContext ctx)
+
+
+# Writes the decimal digits of v at w (room for 20 + sign); returns how many.
+cdef Py_ssize_t _put_int(char* w, long long v) noexcept

@@ -72,36 +72,53 @@ cdef struct ActSt:
     const char* res      # JSON text of the result fields (borrowed, see State.keep)
 
 
+# A text field of the state: UTF-8 bytes borrowed from an owner the State keeps alive
+# (the document it was decoded from, or the str it was set from).
+cdef struct Txt:
+    const char* p
+    Py_ssize_t n
+
+
 cdef class State:
+    # Evolve reuses one State per graph (acquire/release), so a decode allocates no
+    # Python objects: texts stay UTF-8 views into the input until someone asks for a str.
     cdef Graph g
-    cdef public str job
-    cdef public str scope
-    cdef public str reason
-    cdef public str order         # opaque token of the job order instance (may be '')
-    cdef public bytes params      # job parameters as JSON text ('' = none)
+    cdef bytes src                # the document the Txt views and `res` pointers borrow
+    cdef Txt t_job, t_scope, t_reason, t_order, t_params
+    cdef object o_job, o_scope, o_reason, o_order   # str views, made on demand or set
     cdef int status
     cdef int flags
     cdef int64_t started_at
     cdef int64_t held_at
     cdef int64_t cmd_counter
     cdef int32_t last_exit        # step whose actions bare names read first; -1 none
-    cdef int32_t* active          # active step ids (unordered set, small)
+    cdef int32_t* active          # active step ids (unordered set, at most n_steps)
     cdef Py_ssize_t n_active
-    cdef Py_ssize_t cap_active
     cdef int32_t* step_round      # [n_steps]
     cdef int32_t* br_ended        # [n_branches]: paths ended, -1 = branch not active
     cdef ActSt* acts              # [n_actions]
     cdef list keep                # objects that own the memory `res` pointers borrow
     cdef object _params_obj       # decoded params (lazy)
+    cdef char* buf                # encode scratch, reused across calls
+    cdef Py_ssize_t buf_cap
+    cdef Py_ssize_t job_at, scope_at   # where encode() wrote the job and scope texts
 
     cdef int add_active(self, int32_t step) except -1
     cdef bint remove_active(self, int32_t step) noexcept
     cdef bint is_active(self, int32_t step) noexcept
-    cdef int set_result(self, int a, bytes text) except -1
+    cdef int set_result(self, int a, object owner) except -1
     cdef object params_obj(self)
+    cdef str job(self)
+    cdef str scope(self)
+    cdef str reason(self)
+    cdef str order(self)
+    cdef int set_reason(self, str v) except -1
     cdef bytes encode(self)
+    cdef void release(self) noexcept
 
 
+cdef int txt_set(Txt* t, object owner) except -1
+cdef str txt_str(Txt t)
+cdef State acquire_state(Graph g)
 cdef State decode_state(Graph g, object data)
 cdef State new_state(Graph g, str job, str scope, bytes params, str order, int64_t now)
-cdef State copy_state(State s)

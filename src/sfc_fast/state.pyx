@@ -12,8 +12,8 @@ refuses a newer major version and any byte sequence that does not decode exactly
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 
 cimport cython
 
@@ -39,43 +39,17 @@ class StateFormatError(ValueError):
 
 
 # ---------------------------------------------------------------- writer
+#
+# encode() sizes its worst case first and writes into the State's scratch buffer with
+# unchecked puts: one bounds computation per call instead of one per field.
 
-cdef struct Buf:
-    char* p
-    Py_ssize_t n
-    Py_ssize_t cap
-
-
-cdef int _grow(Buf* b, Py_ssize_t need) except -1:
-    cdef Py_ssize_t cap = b.cap * 2 if b.cap else 512
-    while cap < b.n + need:
-        cap *= 2
-    cdef char* q = <char*>PyMem_Realloc(b.p, cap)
-    if q == NULL:
-        raise MemoryError()
-    b.p = q
-    b.cap = cap
-    return 0
-
-
-cdef inline int _put_u(Buf* b, uint64_t v) except -1:
-    if b.n + 10 > b.cap:
-        _grow(b, 10)
+cdef inline char* _w_u(char* q, uint64_t v) noexcept:
     while v >= 0x80:
-        b.p[b.n] = <char>((v & 0x7F) | 0x80)
-        b.n += 1
+        q[0] = <char>((v & 0x7F) | 0x80)
+        q += 1
         v >>= 7
-    b.p[b.n] = <char>v
-    b.n += 1
-    return 0
-
-
-cdef inline int _put_byte(Buf* b, uint8_t v) except -1:
-    if b.n + 1 > b.cap:
-        _grow(b, 1)
-    b.p[b.n] = <char>v
-    b.n += 1
-    return 0
+    q[0] = <char>v
+    return q + 1
 
 
 cdef inline uint64_t _zz(int64_t v) noexcept:
@@ -86,24 +60,17 @@ cdef inline int64_t _unzz(uint64_t v) noexcept:
     return <int64_t>(v >> 1) ^ -(<int64_t>(v & 1))
 
 
-cdef inline int _put_time(Buf* b, int64_t t, int64_t base) except -1:
+cdef inline char* _w_time(char* q, int64_t t, int64_t base) noexcept:
     if t == NO_TIME:
-        return _put_u(b, 0)
-    return _put_u(b, _zz(t - base) + 1)
+        q[0] = 0
+        return q + 1
+    return _w_u(q, _zz(t - base) + 1)
 
 
-cdef int _put_raw(Buf* b, const char* s, Py_ssize_t n) except -1:
-    _put_u(b, <uint64_t>n)
-    if b.n + n > b.cap:
-        _grow(b, n)
-    memcpy(b.p + b.n, s, n)
-    b.n += n
-    return 0
-
-
-cdef int _put_str(Buf* b, str s) except -1:
-    cdef bytes e = s.encode("utf-8")
-    return _put_raw(b, PyBytes_AS_STRING(e), PyBytes_GET_SIZE(e))
+cdef inline char* _w_raw(char* q, const char* s, Py_ssize_t n) noexcept:
+    q = _w_u(q, <uint64_t>n)
+    memcpy(q, s, n)
+    return q + n
 
 
 # ---------------------------------------------------------------- reader
@@ -115,8 +82,18 @@ cdef struct Rd:
     bint bad
 
 
-@cython.boundscheck(False)
 cdef inline uint64_t _get_u(Rd* r) noexcept:
+    # most varints of a state are one byte: that case stays inline
+    cdef uint8_t c
+    if r.i < r.n:
+        c = <uint8_t>r.p[r.i]
+        if c < 0x80:
+            r.i += 1
+            return c
+    return _get_u_long(r)
+
+
+cdef uint64_t _get_u_long(Rd* r) noexcept:
     cdef uint64_t v = 0
     cdef int shift = 0
     cdef uint8_t c
@@ -148,51 +125,71 @@ cdef inline int64_t _get_count(Rd* r, int64_t limit) noexcept:
     return <int64_t>v
 
 
-cdef const char* _get_raw(Rd* r, Py_ssize_t* n) noexcept:
+cdef inline void _get_txt(Rd* r, Txt* t) noexcept:
     cdef uint64_t ln = _get_u(r)
     if r.bad or ln > <uint64_t>(r.n - r.i):
         r.bad = True
-        n[0] = 0
-        return NULL
-    cdef const char* s = r.p + r.i
+        t.p = NULL
+        t.n = 0
+        return
+    t.p = r.p + r.i
+    t.n = <Py_ssize_t>ln
     r.i += <Py_ssize_t>ln
-    n[0] = <Py_ssize_t>ln
-    return s
 
 
-cdef str _get_str(Rd* r):
-    cdef Py_ssize_t n
-    cdef const char* s = _get_raw(r, &n)
-    if r.bad:
-        return ""
+cdef inline bint _ascii(Txt t) noexcept:
+    cdef Py_ssize_t i
+    for i in range(t.n):
+        if <uint8_t>t.p[i] >= 0x80:
+            return False
+    return True
+
+
+cdef object _check_utf8(Txt t, Rd* r):
+    """The str of non-ASCII text (checked now); bad UTF-8 marks r."""
     try:
-        return PyUnicode_DecodeUTF8(s, n, NULL)
+        return PyUnicode_DecodeUTF8(t.p, t.n, NULL)
     except UnicodeDecodeError:
         r.bad = True
+        return None
+
+
+# ---------------------------------------------------------------- texts
+
+cdef int txt_set(Txt* t, object owner) except -1:
+    """Point ``t`` at the UTF-8 of ``owner`` (str or bytes); the caller keeps it alive."""
+    cdef Py_ssize_t n
+    if isinstance(owner, str):
+        t.p = PyUnicode_AsUTF8AndSize(owner, &n)
+        t.n = n
+    else:
+        t.p = PyBytes_AS_STRING(owner)
+        t.n = PyBytes_GET_SIZE(owner)
+    return 0
+
+
+cdef str txt_str(Txt t):
+    if t.n == 0:
         return ""
+    return PyUnicode_DecodeUTF8(t.p, t.n, NULL)
 
 
 # ---------------------------------------------------------------- the state
 
+cdef ActSt _IDLE
+
+
 cdef class State:
-    """One job's state, decoded. Evolve mutates a fresh one per call and encodes it."""
+    """One job's state, decoded. Evolve mutates it and encodes the result."""
 
     def __dealloc__(self):
-        PyMem_Free(self.active)
-        PyMem_Free(self.step_round)
-        PyMem_Free(self.br_ended)
-        PyMem_Free(self.acts)
+        PyMem_Free(self.acts)       # one block: acts, step_round, br_ended, active
+        PyMem_Free(self.buf)
 
     cdef int add_active(self, int32_t step) except -1:
-        cdef int32_t* q
+        # at most n_steps distinct ids: the array never grows
         if self.is_active(step):
             return 0
-        if self.n_active == self.cap_active:
-            self.cap_active = self.cap_active * 2 if self.cap_active else 8
-            q = <int32_t*>PyMem_Realloc(self.active, self.cap_active * sizeof(int32_t))
-            if q == NULL:
-                raise MemoryError()
-            self.active = q
         self.active[self.n_active] = step
         self.n_active += 1
         return 0
@@ -213,139 +210,169 @@ cdef class State:
                 return True
         return False
 
-    cdef int set_result(self, int a, bytes text) except -1:
-        if text is None:
+    cdef int set_result(self, int a, object owner) except -1:
+        """Result text of action a: ``owner`` is its JSON as str or bytes, None = none."""
+        cdef Txt t
+        if owner is None:
             self.acts[a].res = NULL
             self.acts[a].res_len = -1
             return 0
-        self.keep.append(text)
-        self.acts[a].res = PyBytes_AS_STRING(text)
-        self.acts[a].res_len = PyBytes_GET_SIZE(text)
+        self.keep.append(owner)
+        txt_set(&t, owner)
+        self.acts[a].res = t.p
+        self.acts[a].res_len = t.n
         return 0
 
     cdef object params_obj(self):
         if self._params_obj is None:
-            if self.params:
+            if self.t_params.n:
                 try:
-                    self._params_obj = json.loads(self.params)
+                    self._params_obj = json.loads(
+                        PyBytes_FromStringAndSize(self.t_params.p, self.t_params.n))
                 except ValueError:
                     self._params_obj = {}
             else:
                 self._params_obj = {}
         return self._params_obj
 
+    cdef str job(self):
+        if self.o_job is None:
+            self.o_job = txt_str(self.t_job)
+        return <str>self.o_job
+
+    cdef str scope(self):
+        if self.o_scope is None:
+            self.o_scope = txt_str(self.t_scope)
+        return <str>self.o_scope
+
+    cdef str reason(self):
+        if self.o_reason is None:
+            self.o_reason = txt_str(self.t_reason)
+        return <str>self.o_reason
+
+    cdef str order(self):
+        if self.o_order is None:
+            self.o_order = txt_str(self.t_order)
+        return <str>self.o_order
+
+    cdef int set_reason(self, str v) except -1:
+        self.o_reason = v
+        txt_set(&self.t_reason, v)
+        return 0
+
+    @cython.boundscheck(False)
     cdef bytes encode(self):
         cdef Graph g = self.g
-        cdef Buf b
         cdef Py_ssize_t i, n
         cdef int a
         cdef ActSt* s
         cdef int64_t base = self.started_at
-        b.p = NULL
-        b.n = 0
-        b.cap = 0
-        try:
-            _grow(&b, 256)
-            b.p[0] = b'S'
-            b.p[1] = b'F'
-            b.p[2] = b'S'
-            b.p[3] = <char>STATE_FORMAT_MAJOR
-            b.p[4] = <char>STATE_FORMAT_MINOR
-            b.p[5] = <char>self.status
-            b.p[6] = <char>self.flags
-            b.p[7] = 0
-            memcpy(b.p + 8, PyBytes_AS_STRING(g._blob) + 12, 8)
-            b.n = 16
-            _put_u(&b, <uint64_t>self.started_at)
-            _put_time(&b, self.held_at, base)
-            _put_u(&b, <uint64_t>self.cmd_counter)
-            _put_u(&b, <uint64_t>(self.last_exit + 1))
-            _put_str(&b, self.job)
-            _put_str(&b, self.scope)
-            _put_str(&b, self.reason)
-            _put_str(&b, self.order)
-            _put_raw(&b, PyBytes_AS_STRING(self.params), PyBytes_GET_SIZE(self.params))
-            _put_u(&b, <uint64_t>self.n_active)
-            for i in range(self.n_active):
-                _put_u(&b, <uint64_t>self.active[i])
-            n = 0
-            for i in range(g.n_steps):
-                if self.step_round[i]:
-                    n += 1
-            _put_u(&b, <uint64_t>n)
-            for i in range(g.n_steps):
-                if self.step_round[i]:
-                    _put_u(&b, <uint64_t>i)
-                    _put_u(&b, <uint64_t>self.step_round[i])
-            n = 0
-            for i in range(g.n_branches):
-                if self.br_ended[i] >= 0:
-                    n += 1
-            _put_u(&b, <uint64_t>n)
-            for i in range(g.n_branches):
-                if self.br_ended[i] >= 0:
-                    _put_u(&b, <uint64_t>i)
-                    _put_u(&b, <uint64_t>self.br_ended[i])
-            n = 0
-            for a in range(g.n_actions):
-                if self.acts[a].phase != PH_IDLE:
-                    n += 1
-            _put_u(&b, <uint64_t>n)
-            for a in range(g.n_actions):
-                s = &self.acts[a]
-                if s.phase == PH_IDLE:
-                    continue
-                _put_u(&b, <uint64_t>a)
-                _put_byte(&b, s.phase | (s.hold << 4))
-                _put_byte(&b, s.outcome | (s.flags << 4))
-                _put_u(&b, <uint64_t>s.attempt)
-                _put_u(&b, <uint64_t>s.round)
-                _put_u(&b, <uint64_t>s.cmd_n)
-                _put_u(&b, <uint64_t>s.hold_n)
-                _put_time(&b, s.deadline, base)
-                _put_time(&b, s.hold_deadline, base)
-                _put_time(&b, s.timer, base)
-                _put_time(&b, s.since, base)
-                _put_time(&b, s.done_at, base)
-                if s.res_len < 0:
-                    _put_u(&b, 0)
-                else:
-                    _put_res(&b, s)
-            return PyBytes_FromStringAndSize(b.p, b.n)
-        finally:
-            PyMem_Free(b.p)
+        cdef char* q
+        # worst case: 10 bytes a varint
+        cdef Py_ssize_t need = (16 + 40 + 50 + self.t_job.n + self.t_scope.n + self.t_reason.n
+                                + self.t_order.n + self.t_params.n + 30 + 10 * self.n_active
+                                + 20 * g.n_steps + 20 * g.n_branches)
+        for a in range(g.n_actions):
+            s = &self.acts[a]
+            if s.phase != PH_IDLE:
+                need += 112 + (s.res_len if s.res_len > 0 else 0)
+        if need > self.buf_cap:
+            q = <char*>PyMem_Realloc(self.buf, need)
+            if q == NULL:
+                raise MemoryError()
+            self.buf = q
+            self.buf_cap = need
+        q = self.buf
+        q[0] = b'S'
+        q[1] = b'F'
+        q[2] = b'S'
+        q[3] = <char>STATE_FORMAT_MAJOR
+        q[4] = <char>STATE_FORMAT_MINOR
+        q[5] = <char>self.status
+        q[6] = <char>self.flags
+        q[7] = 0
+        memcpy(q + 8, PyBytes_AS_STRING(g._blob) + 12, 8)
+        q += 16
+        q = _w_u(q, <uint64_t>self.started_at)
+        q = _w_time(q, self.held_at, base)
+        q = _w_u(q, <uint64_t>self.cmd_counter)
+        q = _w_u(q, <uint64_t>(self.last_exit + 1))
+        q = _w_u(q, <uint64_t>self.t_job.n)
+        self.job_at = q - self.buf
+        memcpy(q, self.t_job.p, self.t_job.n)
+        q += self.t_job.n
+        q = _w_u(q, <uint64_t>self.t_scope.n)
+        self.scope_at = q - self.buf
+        memcpy(q, self.t_scope.p, self.t_scope.n)
+        q += self.t_scope.n
+        q = _w_raw(q, self.t_reason.p, self.t_reason.n)
+        q = _w_raw(q, self.t_order.p, self.t_order.n)
+        q = _w_raw(q, self.t_params.p, self.t_params.n)
+        q = _w_u(q, <uint64_t>self.n_active)
+        for i in range(self.n_active):
+            q = _w_u(q, <uint64_t>self.active[i])
+        n = 0
+        for i in range(g.n_steps):
+            if self.step_round[i]:
+                n += 1
+        q = _w_u(q, <uint64_t>n)
+        for i in range(g.n_steps):
+            if self.step_round[i]:
+                q = _w_u(q, <uint64_t>i)
+                q = _w_u(q, <uint64_t>self.step_round[i])
+        n = 0
+        for i in range(g.n_branches):
+            if self.br_ended[i] >= 0:
+                n += 1
+        q = _w_u(q, <uint64_t>n)
+        for i in range(g.n_branches):
+            if self.br_ended[i] >= 0:
+                q = _w_u(q, <uint64_t>i)
+                q = _w_u(q, <uint64_t>self.br_ended[i])
+        n = 0
+        for a in range(g.n_actions):
+            if self.acts[a].phase != PH_IDLE:
+                n += 1
+        q = _w_u(q, <uint64_t>n)
+        for a in range(g.n_actions):
+            s = &self.acts[a]
+            if s.phase == PH_IDLE:
+                continue
+            q = _w_u(q, <uint64_t>a)
+            q[0] = <char>(s.phase | (s.hold << 4))
+            q[1] = <char>(s.outcome | (s.flags << 4))
+            q += 2
+            q = _w_u(q, <uint64_t>s.attempt)
+            q = _w_u(q, <uint64_t>s.round)
+            q = _w_u(q, <uint64_t>s.cmd_n)
+            q = _w_u(q, <uint64_t>s.hold_n)
+            q = _w_time(q, s.deadline, base)
+            q = _w_time(q, s.hold_deadline, base)
+            q = _w_time(q, s.timer, base)
+            q = _w_time(q, s.since, base)
+            q = _w_time(q, s.done_at, base)
+            if s.res_len < 0:
+                q[0] = 0
+                q += 1
+            else:
+                # length + 1 so that 0 means "no result" and an empty text stays distinct
+                q = _w_u(q, <uint64_t>(s.res_len + 1))
+                memcpy(q, s.res, s.res_len)
+                q += s.res_len
+        return PyBytes_FromStringAndSize(self.buf, q - self.buf)
 
-
-cdef inline int _put_res(Buf* b, ActSt* s) except -1:
-    # length + 1 so that 0 means "no result" and an empty text stays distinct
-    _put_u(b, <uint64_t>(s.res_len + 1))
-    if b.n + s.res_len > b.cap:
-        _grow(b, s.res_len)
-    memcpy(b.p + b.n, s.res, s.res_len)
-    b.n += s.res_len
-    return 0
-
-
-cdef State _alloc(Graph g):
-    cdef State s = State.__new__(State)
-    s.g = g
-    s.keep = []
-    s.step_round = <int32_t*>PyMem_Calloc(g.n_steps + 1, sizeof(int32_t))
-    s.br_ended = <int32_t*>PyMem_Malloc((g.n_branches + 1) * sizeof(int32_t))
-    s.acts = <ActSt*>PyMem_Calloc(g.n_actions + 1, sizeof(ActSt))
-    if s.step_round == NULL or s.br_ended == NULL or s.acts == NULL:
-        raise MemoryError()
-    cdef Py_ssize_t i
-    for i in range(g.n_branches):
-        s.br_ended[i] = -1
-    for i in range(g.n_actions):
-        _reset_act(&s.acts[i])
-    s.held_at = NO_TIME
-    s.last_exit = -1
-    s.reason = ""
-    s.order = ""
-    s.params = b""
-    return s
+    cdef void release(self) noexcept:
+        """Hand this State back to its graph for the next call; it is not used after."""
+        cdef Graph g = self.g
+        if g is None:
+            return
+        self.src = None
+        self.o_job = self.o_scope = self.o_reason = self.o_order = None
+        self._params_obj = None
+        if len(self.keep):
+            del self.keep[:]
+        self.g = None           # no cycle graph -> state -> graph while parked
+        g._scratch = self
 
 
 cdef inline void _reset_act(ActSt* a) noexcept:
@@ -358,34 +385,60 @@ cdef inline void _reset_act(ActSt* a) noexcept:
     a.res_len = -1
 
 
-cdef State new_state(Graph g, str job, str scope, bytes params, str order, int64_t now):
-    cdef State s = _alloc(g)
-    s.job = job
-    s.scope = scope
-    s.params = params if params is not None else b""
-    s.order = order if order is not None else ""
+_reset_act(&_IDLE)
+
+
+cdef State acquire_state(Graph g):
+    """A blank State for ``g``: the one parked on the graph, else a new one."""
+    cdef State s = <State>g._scratch if g._scratch is not None else None
+    cdef Py_ssize_t i
+    cdef char* block
+    if s is not None:
+        g._scratch = None
+    else:
+        s = State.__new__(State)
+        s.keep = []
+        block = <char*>PyMem_Malloc((g.n_actions + 1) * sizeof(ActSt)
+                                    + (2 * g.n_steps + g.n_branches + 3) * sizeof(int32_t))
+        if block == NULL:
+            raise MemoryError()
+        s.acts = <ActSt*>block
+        s.step_round = <int32_t*>(block + (g.n_actions + 1) * sizeof(ActSt))
+        s.br_ended = s.step_round + (g.n_steps + 1)
+        s.active = s.br_ended + (g.n_branches + 1)
+    s.g = g
+    memset(s.step_round, 0, g.n_steps * sizeof(int32_t))
+    for i in range(g.n_branches):
+        s.br_ended[i] = -1
+    for i in range(g.n_actions):
+        s.acts[i] = _IDLE
+    s.n_active = 0
     s.status = ST_RUNNING
-    s.started_at = now
+    s.flags = 0
+    s.started_at = 0
+    s.held_at = NO_TIME
+    s.cmd_counter = 0
+    s.last_exit = -1
+    s.t_job.n = s.t_scope.n = s.t_reason.n = s.t_order.n = s.t_params.n = 0
+    s.t_job.p = s.t_scope.p = s.t_reason.p = s.t_order.p = s.t_params.p = ""
     return s
 
 
-cdef State copy_state(State src):
-    cdef Graph g = src.g
-    cdef State s = _alloc(g)
-    s.job, s.scope, s.reason, s.order, s.params = (src.job, src.scope, src.reason,
-                                                   src.order, src.params)
-    s.status, s.flags, s.started_at, s.held_at = (src.status, src.flags, src.started_at,
-                                                  src.held_at)
-    s.cmd_counter = src.cmd_counter
-    s.last_exit = src.last_exit
-    cdef Py_ssize_t i
-    for i in range(src.n_active):
-        s.add_active(src.active[i])
-    memcpy(s.step_round, src.step_round, g.n_steps * sizeof(int32_t))
-    memcpy(s.br_ended, src.br_ended, g.n_branches * sizeof(int32_t))
-    memcpy(s.acts, src.acts, g.n_actions * sizeof(ActSt))
-    s.keep = list(src.keep)
-    s._params_obj = src._params_obj
+cdef State new_state(Graph g, str job, str scope, bytes params, str order, int64_t now):
+    cdef State s = acquire_state(g)
+    s.o_job = job
+    txt_set(&s.t_job, job)
+    s.o_scope = scope
+    txt_set(&s.t_scope, scope)
+    s.o_reason = ""
+    if params is not None and len(params):
+        s.keep.append(params)
+        txt_set(&s.t_params, params)
+    if order is not None:
+        s.o_order = order
+        txt_set(&s.t_order, order)
+    s.status = ST_RUNNING
+    s.started_at = now
     return s
 
 
@@ -414,10 +467,10 @@ cdef State decode_state(Graph g, object data):
         raise StateFormatError("state header has an unknown status or flag")
     if memcmp8(p + 8, PyBytes_AS_STRING(g._blob) + 12) != 0:
         raise StateFormatError("state belongs to another recipe graph (fingerprint differs)")
-    cdef State s = _alloc(g)
+    cdef State s = acquire_state(g)
     s.status = status
     s.flags = flags
-    s.keep.append(raw)
+    s.src = raw
     cdef Rd r
     r.p = p
     r.n = size
@@ -428,15 +481,23 @@ cdef State decode_state(Graph g, object data):
     s.held_at = _get_time(&r, base)
     s.cmd_counter = _get_count(&r, (<int64_t>1) << 40)
     s.last_exit = <int32_t>_get_count(&r, g.n_steps) - 1
-    s.job = _get_str(&r)
-    s.scope = _get_str(&r)
-    s.reason = _get_str(&r)
-    s.order = _get_str(&r)
-    cdef Py_ssize_t pn
-    cdef const char* pp = _get_raw(&r, &pn)
+    _get_txt(&r, &s.t_job)
+    _get_txt(&r, &s.t_scope)
+    _get_txt(&r, &s.t_reason)
+    _get_txt(&r, &s.t_order)
+    _get_txt(&r, &s.t_params)
+    if not r.bad:
+        # texts are checked now (garbage is refused here), made str only when asked for
+        if not _ascii(s.t_job):
+            s.o_job = _check_utf8(s.t_job, &r)
+        if not _ascii(s.t_scope):
+            s.o_scope = _check_utf8(s.t_scope, &r)
+        if not _ascii(s.t_reason):
+            s.o_reason = _check_utf8(s.t_reason, &r)
+        if not _ascii(s.t_order):
+            s.o_order = _check_utf8(s.t_order, &r)
     if r.bad:
         raise StateFormatError("state document is truncated or corrupt (header fields)")
-    s.params = PyBytes_FromStringAndSize(pp, pn)
     cdef int64_t i, n, k, v
     n = _get_count(&r, g.n_steps)
     for i in range(n):
@@ -535,7 +596,7 @@ def state_to_json(Graph graph, state) -> dict:
         name = g.s(g.act_name[a])
         cmd = None
         if x.cmd_n and g.act_inter[a] == I_PUSH:
-            cmd = f"{s.job}:{name}#{x.cmd_n}"
+            cmd = f"{s.job()}:{name}#{x.cmd_n}"
         result = None
         if x.res_len >= 0:
             try:
@@ -556,7 +617,7 @@ def state_to_json(Graph graph, state) -> dict:
         }
         if x.hold != HP_NONE:
             entry["hold"] = HOLD_NAMES[x.hold]
-            entry["hold_command_id"] = (f"{s.job}:{name}#{x.hold_n}:hold" if x.hold_n
+            entry["hold_command_id"] = (f"{s.job()}:{name}#{x.hold_n}:hold" if x.hold_n
                                         else None)
             entry["hold_deadline_ms"] = _time(x.hold_deadline)
         if x.flags & AF_RESTART:
@@ -565,13 +626,13 @@ def state_to_json(Graph graph, state) -> dict:
             entry["timer_ms"] = x.timer
         actions[name] = entry
     held = bool(s.flags & JF_HELD)
-    return {
+    view = {
         "format": f"{STATE_FORMAT_MAJOR}.{STATE_FORMAT_MINOR}",
-        "job": s.job,
-        "scope": s.scope,
+        "job": s.job(),
+        "scope": s.scope(),
         "status": "held" if held and s.status == ST_RUNNING else STATUS_NAMES[s.status],
-        "reason": s.reason or None,
-        "order": s.order or None,
+        "reason": s.reason() or None,
+        "order": s.order() or None,
         "started_ms": s.started_at,
         "held_ms": _time(s.held_at),
         "ending": bool(s.flags & JF_ENDING),
@@ -582,8 +643,10 @@ def state_to_json(Graph graph, state) -> dict:
         "params": s.params_obj(),
         "actions": actions,
     }
+    s.release()
+    return view
 
 
 def check_state(Graph graph, state) -> None:
     """Raise StateFormatError unless ``state`` decodes against ``graph``."""
-    decode_state(graph, state)
+    decode_state(graph, state).release()

@@ -1,0 +1,96 @@
+"""Evolve reuses its working memory between calls and builds Decision views on demand.
+
+These tests pin what that must not change: a Decision stays right after later calls (on
+any job or graph), its views are built once, texts that are not ASCII go through, and a
+call that fails leaves the next one unharmed.
+"""
+
+from __future__ import annotations
+
+from recipes import V110, linear, push
+
+from sfc_fast import compile_recipe
+from sfc_fast.events import Completed, Failed, Start, Tick
+from sfc_fast.evolve import evolve, open_command, sent_markers
+from sfc_fast.state import StateFormatError, state_to_json
+
+NOW = 1_000
+
+
+def test_a_decision_keeps_its_commands_after_later_calls_on_other_jobs_and_graphs():
+    """Decision views are built from the decision's own data, never from reused state."""
+    g1 = compile_recipe(linear(3), V110)
+    g2 = compile_recipe(linear(2), V110)
+    d1 = evolve(g1, None, Start("first", "scope-a"), NOW)
+    d2 = evolve(g2, None, Start("second", "scope-b"), NOW)
+    d3 = evolve(g1, d1.state, Completed("first:a0#1"), NOW + 1)
+    d4 = evolve(g1, None, Start("third", "scope-c"), NOW)
+    assert [(c.command_id, c.job, c.scope) for c in d3.commands] == [
+        ("first:a1#2", "first", "scope-a")]
+    assert [(c.command_id, c.job, c.scope) for c in d1.commands] == [
+        ("first:a0#1", "first", "scope-a")]
+    assert d2.commands[0].command_id == "second:a0#1"
+    assert d4.work == [("job", "Run", ""), ("dispatch:a0", "a0", "third:a0#1")]
+    assert state_to_json(g1, d3.state)["job"] == "first"
+
+
+def test_decision_views_are_built_once():
+    """work, commands and job return the same objects on every read."""
+    g = compile_recipe(linear(2), V110)
+    d = evolve(g, None, Start("J", "s1"), NOW)
+    assert d.commands is d.commands
+    assert d.work is d.work
+    assert d.job is d.job == ("Run",)
+    assert d.work[1][2] == d.commands[0].command_id
+    absorbed = evolve(g, d.state, Completed("J:a0#9"), NOW)
+    assert not absorbed.applied
+    assert absorbed.work == [] and absorbed.commands == [] and absorbed.job == ()
+
+
+def test_texts_that_are_not_ascii_go_through():
+    """Job, scope and action names are any Unicode text; ids are built from them."""
+    recipe = {"Steps": [{"Name": "Stufe", "Initial": True}, {"Name": "Zwei"}],
+              "Transitions": [{"Source": "Stufe", "Target": "Zwei", "Condition": "always"}],
+              "Actions": [push("prüfen", "Stufe"), push("über", "Zwei")]}
+    g = compile_recipe(recipe, V110)
+    d = evolve(g, None, Start("Auftrag-Ä1", "Halle-Ö"), NOW)
+    assert d.commands[0].command_id == "Auftrag-Ä1:prüfen#1"
+    d = evolve(g, d.state, Completed("Auftrag-Ä1:prüfen#1", {"ok": "ja ✓"}), NOW + 1)
+    c = d.commands[0]
+    assert (c.command_id, c.action, c.job, c.scope) == (
+        "Auftrag-Ä1:über#2", "über", "Auftrag-Ä1", "Halle-Ö")
+    assert open_command(g, d.state, "über").command_id == "Auftrag-Ä1:über#2"
+    assert sent_markers(g, d.state)[1] == (("sent:über", "Auftrag-Ä1:über#2"),)
+    view = state_to_json(g, d.state)
+    assert view["actions"]["prüfen"]["result"] == {"ok": "ja ✓"}
+    d = evolve(g, d.state, Failed("Auftrag-Ä1:über#2", "kaputt ✗"), NOW + 2)
+    assert d.status == "aborted" and d.reason == "action 'über' failed: kaputt ✗"
+    assert state_to_json(g, d.state)["reason"] == "action 'über' failed: kaputt ✗"
+
+
+def test_odd_command_ids_are_absorbed():
+    """An answer whose id is not one this job's core made is absorbed, never an error."""
+    g = compile_recipe(linear(2), V110)
+    st = evolve(g, None, Start("J", "s1"), NOW).state
+    for cid in ("J:a0#1\ud800", "\ud800", "J:a0#", "J:#1", "J:a0#01x", "K:a0#1", "J:a9#1",
+                "J:a0#1234567890123456", "J:a0#1:hol", ":a0#1", "J", ""):
+        d = evolve(g, st, Completed(cid), NOW)
+        assert not d.applied, cid
+        assert d.state is st
+    assert evolve(g, st, Completed("J:a0#1"), NOW).applied
+
+
+def test_a_failed_call_leaves_the_next_one_unharmed():
+    """A refused state document in the middle of work changes nothing for later calls."""
+    g = compile_recipe(linear(3), V110)
+    st = evolve(g, None, Start("J", "s1"), NOW).state
+    for bad in (st[:-1], st[:20], b"SFS" + bytes(40), st + b"\x00"):
+        try:
+            evolve(g, bad, Tick(), NOW)
+        except StateFormatError:
+            pass
+        else:
+            raise AssertionError(bad)
+    d = evolve(g, st, Completed("J:a0#1"), NOW + 1)
+    assert [c.command_id for c in d.commands] == ["J:a1#2"]
+    assert d.next_deadline == NOW + 1 + 10_000
