@@ -473,9 +473,11 @@ def test_inspect_user_mistakes(host: HostThread, conf: str, capsys) -> None:
     one_line_error(rc, err, f"no job 'ghost' in scope '{host.scope}'")
     rc, _, err = sfc(capsys, "inspect", "a}b", "--config", conf)
     one_line_error(rc, err, "invalid job id")
+    port = free_port()
     rc, _, err = sfc(capsys, "inspect", "J1", "--config", conf, "--redis",
-                     f"redis://127.0.0.1:{free_port()}/0")
-    one_line_error(rc, err, "Redis at redis://127.0.0.1:")
+                     f"redis://:hunter2@127.0.0.1:{port}/0")
+    one_line_error(rc, err, f"Redis at redis://127.0.0.1:{port}/0: ")
+    assert "hunter2" not in err
     rc, _, err = sfc(capsys, "inspect", "--config", conf)
     one_line_error(rc, err, "the following arguments are required: JOB")
 

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from sfc_fast import JOB_ORDER
 from sfc_host.config import ConfigError, HostConfig
@@ -156,16 +157,24 @@ def _guarded(args: argparse.Namespace, body: Callable[[HostConfig], Awaitable[in
 
     try:
         cfg = _config(args)
+    except ConfigError as e:
+        return _error(str(e))
+    try:
         return asyncio.run(body(cfg))
     except (UsageError, ConfigError, MesError, NotFound) as e:
         return _error(str(e))
     except RedisError as e:
-        url = getattr(args, "redis", None) or "the configured Redis"
-        return _error(f"Redis at {url}: {e}")
+        return _error(f"Redis at {_where(cfg.redis_url)}: {e}")
     except OSError as e:
         return _error(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
     except ValueError as e:   # bad names and URLs (InvalidName is one)
         return _error(str(e))
+
+
+def _where(url: str) -> str:
+    """A server URL without its credentials (a password never reaches a terminal)."""
+    u = urlparse(url)
+    return u._replace(netloc=u.netloc.rpartition("@")[2]).geturl()
 
 
 def _refused(args: argparse.Namespace, reply: Reply) -> int:
@@ -580,8 +589,6 @@ def render_frame(sample: dict[str, Any], prev: dict[str, Any] | None,
 async def fetch_metrics(url: str, timeout_s: float = 2.0) -> dict[str, int] | str:
     """The host's counters (``sfc_*_total``, summed over labels) by their short name, or
     why they could not be read (the view goes on without them)."""
-    from urllib.parse import urlparse
-
     u = urlparse(url)
     if u.scheme != "http" or not u.hostname:
         return f"unusable URL {url!r} (http://host:port/metrics)"
