@@ -1,4 +1,5 @@
-"""The sfc-host command line: recipe check, recipe diagram, demo, argument errors."""
+"""The sfc-host command line: recipe check, recipe diagram, argument errors (the demo:
+tests/test_demo.py)."""
 
 from __future__ import annotations
 
@@ -117,13 +118,6 @@ def test_diagram_of_a_bad_recipe_is_one_line_and_exit_2(capsys) -> None:
     rc, out, err = run(capsys, "recipe", "diagram", str(REF / "bad_two_initial.json"))
     assert rc == 2 and out == "" and "SFC001" in err and "6 problems" in err
     assert len(err.strip().splitlines()) == 1
-
-
-def test_demo_checks_the_packaged_examples(capsys) -> None:
-    rc, out, _ = run(capsys, "demo")
-    assert rc == 0
-    assert "3 recipes compiled, 1 refused." in out
-    assert "not built yet" in out
 
 
 def _console_script() -> str | None:

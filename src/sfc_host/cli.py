@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from sfc_fast import RecipeError
-from sfc_host.workmaster import UsageError, compile_file, example_files
+from sfc_host.workmaster import UsageError, compile_file
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -131,32 +131,6 @@ def cmd_recipe_diagram(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    # Until the host runs jobs end to end, the demo shows the compiler on the
-    # example recipes that ship with the package, including one it refuses.
-    files = example_files()
-    print("sfc-host demo: the full demo (Redis, MQTT, a simulated station, jobs) is not "
-          "built yet;")
-    print("for now it checks the example recipes that ship with the package.\n")
-    ok = refused = 0
-    for f in files:
-        try:
-            _, graph = compile_file(f)
-        except RecipeError as e:
-            refused += 1
-            print(f"{f.name}: refused, as it should be ({len(e.problems)} problems):")
-            for p in e.problems:
-                print(f"    {p.code} {p.path}: {p.message}")
-            continue
-        ok += 1
-        s = graph.summary()
-        print(f"{f.name}: ok, v{s['version']}, {s['steps']} steps, {s['actions']} actions, "
-              f"{s['branches']} branches, fingerprint {s['fingerprint'][:16]}")
-    print(f"\n{ok} recipes compiled, {refused} refused.")
-    expected_bad = sum(1 for f in files if f.name.startswith("bad_"))
-    return EXIT_OK if refused == expected_bad else EXIT_PROBLEMS
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sfc-host", description="sfc-fast recipe-execution host")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -185,9 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
     diagram.add_argument("--config", metavar="FILE", help="host settings (TOML) for Redis")
     diagram.add_argument("--redis", metavar="URL", help="Redis URL (over the config's)")
     diagram.set_defaults(func=cmd_recipe_diagram)
-
-    demo = sub.add_parser("demo", help="run the demo on an embedded default")
-    demo.set_defaults(func=cmd_demo)
 
     for name in _PLUGGED:
         try:

@@ -1,0 +1,189 @@
+"""``sfc-host demo`` end to end (real redis-server and mosquitto, started by the demo
+itself), its summary, ``--hosts 2``, and that nothing it started outlives it, also
+after a SIGINT mid-run."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from servers import in_ci
+
+from sfc_host import demo_report, embedded
+from sfc_host.cli import main
+from sfc_host.metrics import Metrics
+
+HEADER = re.compile(r"Redis on 127\.0\.0\.1:(\d+) .*MQTT broker \S+ on 127\.0\.0\.1:(\d+)")
+JOBS = re.compile(r"^Jobs: (\d+) submitted, (\d+) ended: (\d+) completed, (\d+) aborted$", re.M)
+
+
+@pytest.fixture(autouse=True)
+def _servers_on_path() -> None:
+    missing = [b for b in ("redis-server", "mosquitto")
+               if not (shutil.which(b) or shutil.which(b, path="/usr/sbin:/sbin"))]
+    if missing:
+        msg = f"{', '.join(missing)} not installed (apt-get install -y redis-server mosquitto)"
+        if in_ci():
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def _argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sfc_host", "demo", *args]
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    # the demo's work folder goes under tmp, so what it leaves behind is easy to find
+    return {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
+
+
+def _cmdlines() -> dict[int, str]:
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace")
+            except OSError:
+                continue
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(d.name))
+    return kids
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _assert_nothing_left(tmp: Path, out: str, pids: Sequence[int] = ()) -> None:
+    m = HEADER.search(out)
+    assert m, out
+    redis_port, mqtt_port = int(m.group(1)), int(m.group(2))
+    deadline = time.monotonic() + 5
+    while True:
+        left = {p: c for p, c in _cmdlines().items()
+                if str(tmp) in c or f"127.0.0.1:{redis_port}" in c or p in pids}
+        ports = [p for p in (redis_port, mqtt_port) if _listening(p)]
+        if not left and not ports:
+            break
+        assert time.monotonic() < deadline, f"left running: {left}, ports open: {ports}"
+        time.sleep(0.1)
+    assert not list(tmp.glob("sfc-demo-*")), "the work folder was not removed"
+
+
+def _summary(out: str, n: int) -> None:
+    m = JOBS.search(out)
+    assert m, out
+    submitted, ended, completed, aborted = map(int, m.groups())
+    assert submitted == ended == n
+    assert completed + aborted == n and completed > 0
+    assert "NOT ENDED" not in out
+    assert "Throughput: " in out and " jobs/s" in out
+    assert re.search(r"Answer-to-command latency in the host .*p50 [\d.]+ ms, p99 [\d.]+ ms",
+                     out), out
+    assert "Mean time per step, completed jobs" in out
+    table = out.split("Mean time per step")[1]
+    assert re.search(r"recipe\s+step\s+jobs\s+mean ms\s+p90 ms\s+rounds", table)
+    rows = re.findall(r"^(axle_fit_qa|tighten_rework|paint_hold_restart)\s+(\S+)\s+(\d+)\s+",
+                      table, re.M)
+    assert len(rows) >= 5, table
+    assert {r[0] for r in rows} <= {"axle_fit_qa", "tighten_rework", "paint_hold_restart"}
+
+
+def test_demo_runs_every_job_to_an_end_and_prints_the_summary(tmp_path: Path) -> None:
+    p = subprocess.run(_argv("--jobs", "20", "--scopes", "2", "--speed", "20", "--seed", "3"),
+                       capture_output=True, text=True, timeout=60, env=_env(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr
+    _summary(p.stdout, 20)
+    assert "host in this process" in p.stdout
+    _assert_nothing_left(tmp_path, p.stdout)
+
+
+def test_demo_with_two_host_processes(tmp_path: Path) -> None:
+    p = subprocess.run(_argv("--jobs", "20", "--scopes", "2", "--speed", "20", "--hosts", "2"),
+                       capture_output=True, text=True, timeout=60, env=_env(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "2 hosts as sfc-host run processes" in p.stdout
+    _summary(p.stdout, 20)
+    _assert_nothing_left(tmp_path, p.stdout)
+
+
+def test_sigint_mid_run_stops_everything(tmp_path: Path) -> None:
+    proc = subprocess.Popen(_argv("--jobs", "2000", "--hosts", "2", "--speed", "2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path))
+    try:
+        assert proc.stdout is not None
+        out = ""
+        end = time.monotonic() + 30
+        while "ended:" not in out:     # the first progress line: jobs are running
+            assert time.monotonic() < end and proc.poll() is None, out
+            out += proc.stdout.readline()
+        kids = _children(proc.pid)
+        assert len(kids) >= 4, kids      # redis-server, mosquitto, two hosts
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + rest + err
+    assert "interrupted" in err and "Traceback" not in err
+    _assert_nothing_left(tmp_path, out, kids)
+
+
+def test_wrong_options_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--jobs", "0"], ["--speed", "-1"], ["--hosts", "x"]):
+        with pytest.raises(SystemExit) as e:
+            main(["demo", *argv])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "sfc-host demo: error:" in err
+
+
+def test_no_broker_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(embedded.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr(embedded.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(embedded.EmbeddedError) as e:
+        embedded.make_broker(tmp_path)
+    assert str(e.value).startswith("no MQTT broker: install mosquitto")
+    assert "\n" not in str(e.value)
+
+
+def test_host_histograms_merge_from_their_metrics_text() -> None:
+    texts, direct = [], Metrics()
+    for values in ([0.0004, 0.002, 0.003], [0.02, 0.0007]):
+        m = Metrics(labels={"consumer": f"h{len(texts)}"})
+        for v in values:
+            m.observe("answer_to_command_seconds", v)
+            direct.observe("answer_to_command_seconds", v)
+        texts.append(m.exposition())
+    merged = demo_report.merge_histograms(texts, "sfc_answer_to_command_seconds")
+    assert merged is not None and merged.count == 5
+    want = direct.histograms["answer_to_command_seconds"]
+    assert merged.counts == want.counts
+    assert merged.quantile(0.5) == pytest.approx(want.quantile(0.5))
+    assert demo_report.merge_histograms(["", "# nothing\n"], "sfc_x") is None
