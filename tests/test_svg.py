@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def branchy(seed: int) -> dict[str, Any]:
     """A random recipe of steps and branches in sequence: branches right after branches,
-    loops inside paths, paths ended early, a three-way choice at a step, jumps back to
-    earlier steps and every qualifier. (Branches inside paths are refused by the
+    loops inside paths, paths ended early, skips forward, a three-way choice at a step,
+    jumps back to earlier steps and every qualifier. (Branches inside paths are refused by the
     compiler, SFC019, so this is as deep as recipes nest.)"""
     rnd = random.Random(seed)
     steps: list[dict[str, Any]] = [{"Name": "Start", "Initial": True}]
@@ -76,6 +76,9 @@ def branchy(seed: int) -> dict[str, Any]:
             branches.append({"Name": name, "Type": kind, "Branches": paths})
         trans.append({"Source": top[-1], "Target": name, "Condition": "always"})
         top.append(name)
+    if len(top) >= 4:   # a skip over the next node: a long edge past other boxes
+        trans.append({"Source": top[1], "Target": top[3], "Condition": "job.skip == true",
+                      "Priority": 5})
     # a three-way choice: on, back to the start, or to a side step that jumps back up
     side = step("Side")
     end = step("End")

@@ -415,8 +415,11 @@ def _step_node(graph: Graph, i: int) -> _Node:
     return nd
 
 
-def _path_flow(graph: Graph, b: int, p: int, path: list[str], simultaneous: bool
+def _path_flow(graph: Graph, b: int, path: list[str], simultaneous: bool
                ) -> tuple[_Flow, _Node, _Node]:
+    """One path of branch ``b``: a virtual start under the opening line, its entry
+    transitions (selection), its steps and transitions, a virtual end over the closing
+    line."""
     nodes = [_Node("start", 0.0, 0.0, 0.0)]
     edges: list[tuple[int, int]] = []
     idx: dict[int, int] = {}
@@ -452,8 +455,8 @@ def _block_node(graph: Graph, b: int) -> _Node:
     simultaneous = info["type"] == "simultaneous"
     paths = []
     x = 0.0
-    for p, path in enumerate(info["paths"]):
-        flow, start, end = _path_flow(graph, b, p, list(path), simultaneous)
+    for path in info["paths"]:
+        flow, start, end = _path_flow(graph, b, list(path), simultaneous)
         paths.append((x, flow, start, end))
         x += flow.w + PATH_GAP
     name = _cut(info["name"])
@@ -490,13 +493,14 @@ def _chart(graph: Graph) -> _Flow:
         index[graph.n_steps + b] = len(nodes)
         nodes.append(_block_node(graph, b))
     edges: list[tuple[int, int]] = []
+    step_names = set(graph.steps)
     for g_node, k in list(index.items()):
         for t in graph.outgoing(g_node):
             tr = graph.transition_info(t)
             if tr["kind"] not in ("step", "exit"):
                 continue                # inside a branch block
             target = tr["target"]
-            tgt = (graph.step_index(target) if target in graph.steps
+            tgt = (graph.step_index(target) if target in step_names
                    else graph.n_steps + graph.branch_index(target))
             edges += [(k, len(nodes)), (len(nodes), index[tgt])]
             nodes.append(_trans_node(graph, t))
