@@ -19,14 +19,19 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from sfc_fast import JOB_ORDER
 from sfc_host.config import ConfigError, HostConfig
 from sfc_host.inspect import NotFound
 from sfc_host.keys import check_job, check_scope
-from sfc_host.mes_client import MesClient, MesError, Reply
+
+if TYPE_CHECKING:
+    from sfc_host.mes_client import MesClient, Reply
+
+# The MQTT client stack (mes_client) and the Redis client are imported by the commands
+# that use them: every ``sfc-host`` command builds this module's parsers.
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -43,8 +48,8 @@ class UsageError(Exception):
 # ---- registration
 
 
-def _common(p: argparse.ArgumentParser, *, mqtt: bool, redis: bool, scope: bool = True,
-            scope_required: bool = True) -> None:
+def _common(p: argparse.ArgumentParser, *, mqtt: bool, redis: bool,
+            scope: bool = True) -> None:
     p.add_argument("--config", metavar="FILE", help="the hosts' TOML settings")
     if mqtt:
         p.add_argument("--mqtt", metavar="URL", help="MQTT broker URL (overrides the config)")
@@ -54,8 +59,7 @@ def _common(p: argparse.ArgumentParser, *, mqtt: bool, redis: bool, scope: bool 
         p.add_argument("--redis", metavar="URL", help="Redis URL (overrides the config)")
     if scope:
         p.add_argument("--scope", metavar="SCOPE",
-                       help="the scope (default: the config's only scope)"
-                       if scope_required else "the scope")
+                       help="the scope (default: the config's only scope)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -155,6 +159,8 @@ def _guarded(args: argparse.Namespace, body: Callable[[HostConfig], Awaitable[in
     """Run ``body`` with the settings; every user mistake becomes one line and exit 2."""
     from redis.exceptions import RedisError
 
+    from sfc_host.mes_client import MesError
+
     try:
         cfg = _config(args)
     except ConfigError as e:
@@ -175,6 +181,12 @@ def _where(url: str) -> str:
     """A server URL without its credentials (a password never reaches a terminal)."""
     u = urlparse(url)
     return u._replace(netloc=u.netloc.rpartition("@")[2]).geturl()
+
+
+def _mes(cfg: HostConfig, args: argparse.Namespace) -> MesClient:
+    from sfc_host.mes_client import MesClient
+
+    return MesClient(cfg, timeout_s=args.timeout)
 
 
 def _refused(args: argparse.Namespace, reply: Reply) -> int:
@@ -254,7 +266,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
         scope = _scope(args, cfg)
         order = build_order(args)
-        async with MesClient(cfg, timeout_s=args.timeout) as mes:
+        async with _mes(cfg, args) as mes:
             reply = await mes.submit(scope, order, start=not args.no_start,
                                      comment=args.comment)
         if not reply.ok:
@@ -287,7 +299,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         scope = _scope(args, cfg)
         if args.state:
             _check_state(args.state)
-        async with MesClient(cfg, timeout_s=args.timeout) as mes:
+        async with _mes(cfg, args) as mes:
             if args.index:
                 return _print_index(args, scope, await mes.state_index(scope))
             if args.state:
@@ -331,7 +343,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
         scope = _scope(args, cfg)
         job = check_job(args.job)
-        async with MesClient(cfg, timeout_s=args.timeout) as mes:
+        async with _mes(cfg, args) as mes:
             reply = await mes.by_id(scope, job)
         if not reply.ok:
             return _refused(args, reply)
@@ -370,7 +382,7 @@ def cmd_control(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
         scope = _scope(args, cfg)
         job = check_job(args.job)
-        async with MesClient(cfg, timeout_s=args.timeout) as mes:
+        async with _mes(cfg, args) as mes:
             reply = await mes.control(scope, args.method, job, args.comment)
         if not reply.ok:
             return _refused(args, reply)
