@@ -284,9 +284,10 @@ def test_branchy_recipes_compile() -> None:
 # ---- the command line -------------------------------------------------------------------
 
 cli = run   # the command line in-process: (exit code, stdout, stderr)
+Cap = pytest.CaptureFixture[str]
 
 
-def test_cli_writes_svg_to_a_file_and_to_stdout(capsys, tmp_path: Path) -> None:
+def test_cli_writes_svg_to_a_file_and_to_stdout(capsys: Cap, tmp_path: Path) -> None:
     src = str(PACKAGED_RECIPES / "tighten_rework.json")
     out_file = tmp_path / "t.svg"
     rc, out, err = cli(capsys, "recipe", "diagram", src, "--svg", str(out_file))
@@ -320,14 +321,14 @@ GOOD = str(PACKAGED_RECIPES / "axle_fit_qa.json")
 ], ids=["svg-no-value", "nothing", "missing-file", "bad-recipe", "job-without-svg",
         "scope-without-job", "config-without-job", "redis-without-job", "unwritable",
         "bad-job-id", "bad-scope", "missing-config", "unknown-flag"])
-def test_cli_refuses_wrong_arguments_in_one_line(capsys, argv: list[str]) -> None:
+def test_cli_refuses_wrong_arguments_in_one_line(capsys: Cap, argv: list[str]) -> None:
     rc, out, err = cli(capsys, "recipe", "diagram", *argv)
     assert rc == 2, err
     assert len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in out + err and out == ""
 
 
-def test_cli_unreachable_redis_is_one_line(capsys, tmp_path: Path) -> None:
+def test_cli_unreachable_redis_is_one_line(capsys: Cap, tmp_path: Path) -> None:
     cfg = tmp_path / "host.toml"
     cfg.write_text('redis_url = "redis://127.0.0.1:1/0"\n')
     for flags in (["--config", str(cfg)], ["--redis", "redis://127.0.0.1:1/0"]):
@@ -342,7 +343,8 @@ def test_cli_unreachable_redis_is_one_line(capsys, tmp_path: Path) -> None:
 S = "cell"
 
 
-def test_cli_colours_a_running_jobs_steps(capsys, redis_url: str, tmp_path: Path) -> None:
+def test_cli_colours_a_running_jobs_steps(capsys: Cap, redis_url: str, tmp_path: Path
+                                          ) -> None:
     """A real host runs ``axle_fit_qa``: positioning answered, tightening and the camera
     still waiting. The picture read back from Redis marks the active and finished steps."""
     cfg = tmp_path / "host.toml"
