@@ -331,11 +331,12 @@ def test_cli_refuses_wrong_arguments_in_one_line(capsys: Cap, argv: list[str]) -
 def test_cli_unreachable_redis_is_one_line(capsys: Cap, tmp_path: Path) -> None:
     cfg = tmp_path / "host.toml"
     cfg.write_text('redis_url = "redis://127.0.0.1:1/0"\n')
-    for flags in (["--config", str(cfg)], ["--redis", "redis://127.0.0.1:1/0"]):
+    for flags in (["--config", str(cfg)], ["--redis", "redis://u:secret@127.0.0.1:1/0"]):
         rc, out, err = cli(capsys, "recipe", "diagram", "--job", "J", "--scope", "cell",
                            "--svg", "-", *flags)
         assert rc == 2 and out == ""
         assert len(err.strip().splitlines()) == 1 and "cannot read from Redis" in err
+        assert "secret" not in err and "127.0.0.1:1" in err
 
 
 # ---- a running job ----------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from sfc_fast import Graph
 from sfc_host.config import HostConfig
@@ -102,6 +103,13 @@ class JobNotReadable(Exception):
     """A job that cannot be shown: unknown, ambiguous, or Redis not reachable (one line)."""
 
 
+def _no_credentials(url: str) -> str:
+    # an error line may end up in a log or a ticket: never the password
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=host))
+
+
 async def _find_scope(client: Any, job: str) -> str:
     # Every scope a host served is in the registry; the job's key tells which holds it.
     scopes = sorted(s.decode() if isinstance(s, bytes) else s
@@ -152,6 +160,7 @@ async def read_job(config: HostConfig, job: str, scope: str | None = None,
         return await asyncio.wait_for(read(), timeout_s)
     except (RedisError, OSError, TimeoutError) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise JobNotReadable(f"cannot read from Redis at {config.redis_url} ({why})") from None
+        raise JobNotReadable(f"cannot read from Redis at {_no_credentials(config.redis_url)} "
+                             f"({why})") from None
     finally:
         await client.aclose()
