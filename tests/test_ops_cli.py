@@ -254,6 +254,33 @@ def test_job_control_and_refusals(host: HostThread, conf: str, capsys) -> None:
     assert rc == 1 and "INVALID_JOB_ORDER_STATUS" in err
 
 
+def test_mes_client_many_requests_at_once(host: HostThread, conf: str) -> None:
+    from sfc_host.config import HostConfig
+    from sfc_host.mes_client import MesClient, NoReply
+
+    async def body() -> None:
+        cfg = HostConfig.load(conf)
+        async with MesClient(cfg) as mes:
+            replies = await asyncio.gather(*(
+                mes.submit(host.scope, {"ID": f"many-{i}", "WorkMasterID": "wm"}, start=False)
+                for i in range(20)))
+            assert all(r.ok for r in replies)
+            assert sorted(r.data["JobOrderID"] for r in replies) == sorted(
+                f"many-{i}" for i in range(20))
+            r = await mes.by_state(host.scope, "NotAllowedToStart")
+            assert {f"many-{i}" for i in range(20)} <= {
+                x["JobOrderID"] for x in r.data["JobResponses"]}
+            r = await mes.control(host.scope, "Cancel", "many-0")
+            assert r.ok and r.data["JobState"] == "EndState"
+            r = await mes.control(host.scope, "Cancel", "many-0")
+            assert r.status_names == ["UNKNOWN_JOB_ORDER_ID"] and "many-0" in r.message
+        cfg = HostConfig.load(conf, mes_prefix="nobody")
+        async with MesClient(cfg, timeout_s=0.3) as mes:
+            with pytest.raises(NoReply):
+                await mes.by_id(host.scope, "many-1")
+    host.call(body())
+
+
 def test_job_user_mistakes_are_one_line_and_exit_2(host: HostThread, conf: str,
                                                     tmp_path: Path, capsys) -> None:
     rc, _, err = sfc(capsys, "job", "submit", "--config", conf)

@@ -120,7 +120,7 @@ class MesClient:
         self._client: aiomqtt.Client | None = None
         self._reader: asyncio.Task[None] | None = None
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
-        self._subscribed: set[str] = set()
+        self._subscribed: dict[str, asyncio.Future[Any]] = {}
         self._retained: dict[str, asyncio.Future[bytes]] = {}
 
     # ---- connection
@@ -145,6 +145,8 @@ class MesClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        for f in self._subscribed.values():
+            f.cancel()
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -163,11 +165,18 @@ class MesClient:
         return f"{self.prefix}/{scope}/replies"
 
     async def _subscribe(self, topic: str) -> None:
-        if topic in self._subscribed:
-            return
-        assert self._client is not None
-        await self._client.subscribe(topic, qos=1)
-        self._subscribed.add(topic)
+        # concurrent requests share one SUBSCRIBE, and each waits for it to be done
+        # before it publishes (else its reply could come before the subscription)
+        done = self._subscribed.get(topic)
+        if done is None:
+            assert self._client is not None
+            done = self._subscribed[topic] = asyncio.ensure_future(
+                self._client.subscribe(topic, qos=1))
+        try:
+            await asyncio.shield(done)
+        except aiomqtt.MqttError as e:
+            self._subscribed.pop(topic, None)
+            raise MesError(f"cannot subscribe to {topic} ({e})") from None
 
     async def _read(self) -> None:
         assert self._client is not None
