@@ -155,6 +155,18 @@ def test_sigint_mid_run_stops_everything(tmp_path: Path) -> None:
     _assert_nothing_left(tmp_path, out, kids)
 
 
+def test_jobs_not_ended_in_time_are_exit_1_and_named(tmp_path: Path) -> None:
+    p = subprocess.run(_argv("--jobs", "400", "--scopes", "1", "--speed", "0.5",
+                             "--timeout", "1.5"),
+                       capture_output=True, text=True, timeout=60, env=_env(tmp_path))
+    assert p.returncode == 1, p.stdout + p.stderr
+    m = re.search(r"^Jobs: 400 submitted, (\d+) ended: \d+ completed, \d+ aborted, "
+                  r"(\d+) NOT ENDED$", p.stdout, re.M)
+    assert m and int(m.group(1)) + int(m.group(2)) == 400, p.stdout
+    assert "Traceback" not in p.stdout + p.stderr
+    _assert_nothing_left(tmp_path, p.stdout)
+
+
 def test_wrong_options_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["--jobs", "0"], ["--speed", "-1"], ["--hosts", "x"]):
         with pytest.raises(SystemExit) as e:

@@ -9,8 +9,8 @@ StoreAndStart CloudEvents, ``--parallel`` at a time per scope, as a line release
 orders. A live progress line, then a summary (``demo_report``).
 
 Everything it started is stopped at the end, on Ctrl-C or SIGTERM; exit 0 when every
-job ended (completed or aborted), 1 when some did not within ``--timeout``, 130 when
-interrupted, 2 for a wrong option or a missing server.
+job ended (completed or aborted), 1 when some did not within ``--timeout`` or the run
+failed (a host died), 130 when interrupted, 2 for a wrong option or a missing server.
 """
 
 from __future__ import annotations
@@ -55,7 +55,11 @@ EXAMPLES = Path(__file__).resolve().parent / "examples"
 RECIPES = ("axle_fit_qa", "tighten_rework", "paint_hold_restart")
 SHORT = {"axle_fit_qa": "axle", "tighten_rework": "tighten", "paint_hold_restart": "paint"}
 REPLY_TIMEOUT_S = 15.0
-EXIT_OK, EXIT_UNFINISHED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class DemoFailed(RuntimeError):
+    """Something stopped the run midway (a host died, no reply); one line for the user."""
 
 
 @dataclass
@@ -140,6 +144,9 @@ async def _interruptible(opts: Options) -> int:
     except EmbeddedError as e:
         print(f"sfc-host demo: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except DemoFailed as e:
+        print(f"sfc-host demo: failed: {e}", file=sys.stderr)
+        return EXIT_FAILED
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -203,6 +210,9 @@ class Mes:
             self.link.publish_nowait(f"{self.prefix}/{scope}/commands", encode_structured(ev))
         try:
             return await asyncio.wait_for(fut, REPLY_TIMEOUT_S)
+        except TimeoutError:
+            raise DemoFailed(f"no reply to {type_.rsplit('.', 2)[-2]} in {scope} within "
+                             f"{REPLY_TIMEOUT_S:.0f} s") from None
         finally:
             self.waiting.pop(ev.id, None)
 
@@ -278,7 +288,10 @@ class Hosts:
             from sfc_host.app import App
 
             self.app = App(HostConfig(**self.base, **self.stations, consumer="demo-host-1"))
-            await self.app.start()
+            try:
+                await self.app.start()
+            except (ValueError, OSError, TimeoutError) as e:   # ConfigError is a ValueError
+                raise DemoFailed(f"the host did not start: {e}") from e
             return
         for i in range(1, self.n + 1):
             port = free_port()
@@ -389,7 +402,7 @@ class Demo:
                                            mes.stations, {r: work_master(r) for r in RECIPES})
         self.say()
         self.say(demo_report.render(report))
-        return EXIT_OK if finished else EXIT_UNFINISHED
+        return EXIT_OK if finished else EXIT_FAILED
 
     def _station_settings(self, workdir: Path) -> dict[str, Any]:
         """``scripts_dir`` with the station script, and one mission per scope."""
@@ -408,7 +421,7 @@ class Demo:
         while set(mes.stations) != set(self.scopes):
             why = hosts.died()
             if why or loop.time() > end:
-                raise EmbeddedError(why or "the station missions did not report ready")
+                raise DemoFailed(why or "the station missions did not report ready")
             await asyncio.sleep(0.02)
 
     async def _work_masters(self, mes: Mes) -> None:
@@ -417,7 +430,7 @@ class Demo:
                                                      method="PUT") for s, r in calls))
         for (s, r), rep in zip(calls, replies, strict=True):
             if rep.get("ReturnStatus") != 1:
-                raise EmbeddedError(f"Work Master {r} refused in {s}: {rep.get('Message')}")
+                raise DemoFailed(f"Work Master {r} refused in {s}: {rep.get('Message')}")
         self.say(f"put {len(RECIPES)} Work Masters in each scope: {', '.join(RECIPES)}")
 
     async def _submit_and_watch(self, jobs: list[Job], hosts: Hosts, redis_url: str) -> bool:
@@ -441,7 +454,7 @@ class Demo:
                         raise f.exception()  # type: ignore[misc]
                 why = hosts.died()
                 if why:
-                    raise EmbeddedError(why)
+                    raise DemoFailed(why)
                 now = time.monotonic()
                 if now - max(t.last_end, reconciled) > 3.0:
                     # status events are best effort (dropped when the host's queue is
