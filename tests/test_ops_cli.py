@@ -558,7 +558,7 @@ def test_top_once_frames_and_json(host: HostThread, conf: str, redis_url: str,
     assert s1["rates"]["completed"] is None
     assert s2["completed"] > s1["completed"] and s2["rates"]["completed"] > 0
     assert s2["rates"]["order_changes"] > 0 and s2["rates"]["entries"] > 0
-    assert second["metrics"]["commands_sent"] > 0
+    assert second["metrics"]["counters"]["commands_sent"] > 0
     assert second["metrics"]["rates"]["commands_sent"] > 0
 
     # every known scope by default
@@ -604,8 +604,17 @@ def test_top_user_mistakes(host: HostThread, conf: str, capsys) -> None:
     rc, _, err = sfc(capsys, "top", "--once", "--config", conf, "--redis",
                      f"redis://127.0.0.1:{free_port()}/0")
     one_line_error(rc, err, "Redis at")
-    # an unreachable metrics endpoint is shown, not fatal
+    # an unreachable metrics endpoint is shown, not fatal; reachable ones add up
     port = free_port()
+    good = f"http://127.0.0.1:{host.metrics_port}/metrics"
     rc, out, _ = sfc(capsys, "top", "--once", "--config", conf, "--scope", host.scope,
                      "--metrics", f"http://127.0.0.1:{port}/metrics")
     assert rc == 0 and f"host metrics http://127.0.0.1:{port}/metrics: unreachable" in out
+    rc, out, _ = sfc(capsys, "top", "--once", "--config", conf, "--scope", host.scope,
+                     "--metrics", good, "--metrics", good, "--json")
+    m = json.loads(out)["metrics"]
+    assert m["hosts"] == [good, good] and m["errors"] == {}
+    rc, out, _ = sfc(capsys, "top", "--once", "--config", conf, "--scope", host.scope,
+                     "--metrics", good, "--metrics", "ftp://x/metrics")
+    assert "host metrics 2 hosts" not in out and f"host metrics {good}: commands sent" in out
+    assert "host metrics ftp://x/metrics: unusable URL" in out

@@ -123,8 +123,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--frames", type=int, default=0, metavar="N",
                    help="print N frames and exit (rates from the second on)")
-    p.add_argument("--metrics", metavar="URL",
-                   help="a host's metrics endpoint (default: the config's metrics_port)")
+    p.add_argument("--metrics", action="append", metavar="URL",
+                   help="a host's metrics endpoint, once per host: their counters add up "
+                   "(default: the config's metrics_port)")
     _common(p, mqtt=False, redis=True, scope=False)
     p.set_defaults(func=cmd_top)
 
@@ -514,8 +515,8 @@ async def _top(args: argparse.Namespace, cfg: HostConfig) -> int:
         raise UsageError("--frames must not be negative")
     wanted = [check_scope(s) for s in args.scope or []]
     frames = 1 if args.once else args.frames
-    metrics_url = args.metrics or (f"http://{cfg.metrics_host}:{cfg.metrics_port}/metrics"
-                                   if cfg.metrics_port else None)
+    urls = args.metrics or ([f"http://{cfg.metrics_host}:{cfg.metrics_port}/metrics"]
+                            if cfg.metrics_port else [])
     live = sys.stdout.isatty() and not args.json
     client = connect(cfg)
     prev: dict[str, Any] | None = None
@@ -524,12 +525,12 @@ async def _top(args: argparse.Namespace, cfg: HostConfig) -> int:
         while True:
             names = wanted or await scopes(client)
             sample = await scope_sample(client, names, cfg.group)
-            sample["metrics"] = await fetch_metrics(metrics_url) if metrics_url else None
+            sample["metrics"] = await fetch_all_metrics(urls) if urls else None
             sample["mono"] = time.monotonic()
             if args.json:
                 print(json.dumps(_with_rates(sample, prev)), flush=True)
             else:
-                text = render_frame(sample, prev, metrics_url, cfg.group)
+                text = render_frame(sample, prev, cfg.group)
                 # a terminal gets the frame in place; a pipe gets frames one after another
                 sys.stdout.write(("\x1b[H\x1b[2J" if live else "") + text + "\n")
                 if not live and frames != 1:
@@ -561,9 +562,10 @@ def _with_rates(sample: dict[str, Any], prev: dict[str, Any] | None) -> dict[str
                       "order_changes": _rate(s["seq"], p.get("seq"), secs),
                       "entries": _rate(s["entries_added"], p.get("entries_added"), secs)}
     m, pm = sample.get("metrics"), (prev or {}).get("metrics")
-    if isinstance(m, dict):
-        m["rates"] = {k: _rate(m.get(k), (pm or {}).get(k) if isinstance(pm, dict) else None,
-                               secs) for k in RATE_COUNTERS}
+    if m is not None:
+        before_c = pm["counters"] if pm else {}
+        m["rates"] = {k: _rate(m["counters"].get(k), before_c.get(k), secs)
+                      for k in RATE_COUNTERS}
     return sample
 
 
@@ -571,8 +573,7 @@ def _f(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.1f}"
 
 
-def render_frame(sample: dict[str, Any], prev: dict[str, Any] | None,
-                 metrics_url: str | None, group: str) -> str:
+def render_frame(sample: dict[str, Any], prev: dict[str, Any] | None, group: str) -> str:
     sample = _with_rates(sample, prev)
     rows = []
     for s in sample["scopes"]:
@@ -587,15 +588,32 @@ def render_frame(sample: dict[str, Any], prev: dict[str, Any] | None,
     body = table(HEADERS, rows) if rows else "no scopes known"
     lines = [head, "", body]
     m = sample.get("metrics")
-    if metrics_url:
-        if isinstance(m, dict):
+    if m is not None:
+        lines.append("")
+        if m["hosts"]:
             mr = m.get("rates", {})
-            parts = [f"{k.replace('_', ' ')} {m.get(k, 0)} ({_f(mr.get(k))}/s)"
+            parts = [f"{k.replace('_', ' ')} {m['counters'].get(k, 0)} ({_f(mr.get(k))}/s)"
                      for k in RATE_COUNTERS]
-            lines += ["", f"host metrics {metrics_url}: " + ", ".join(parts)]
-        else:
-            lines += ["", f"host metrics {metrics_url}: {m}"]
+            where = m["hosts"][0] if len(m["hosts"]) == 1 else f"{len(m['hosts'])} hosts"
+            lines.append(f"host metrics {where}: " + ", ".join(parts))
+        lines += [f"host metrics {url}: {why}" for url, why in m["errors"].items()]
     return "\n".join(lines)
+
+
+async def fetch_all_metrics(urls: list[str]) -> dict[str, Any]:
+    """The counters of every endpoint added up, with ``hosts`` (the endpoints read) and
+    ``errors`` (endpoint -> why not)."""
+    got = await asyncio.gather(*(fetch_metrics(u) for u in urls))
+    counters: dict[str, int] = {}
+    out: dict[str, Any] = {"hosts": [], "errors": {}, "counters": counters}
+    for url, m in zip(urls, got, strict=True):
+        if isinstance(m, str):
+            out["errors"][url] = m
+            continue
+        out["hosts"].append(url)
+        for k, v in m.items():
+            counters[k] = counters.get(k, 0) + v
+    return out
 
 
 async def fetch_metrics(url: str, timeout_s: float = 2.0) -> dict[str, int] | str:
