@@ -1,66 +1,182 @@
 """A simulated station in its own process for benchmarks/mqtt_e2e.py: answers every
-command on ``equipment/+/commands`` at once (MQTT 5, binary CloudEvents, QoS 1).
+command on ``equipment/+/commands`` at once (MQTT 5, QoS 1), in the mode the command came
+in (binary CloudEvents: attributes as user properties; structured: JSON).
 
-    python benchmarks/mqtt_station_proc.py HOST PORT
+    python benchmarks/mqtt_station_proc.py HOST PORT [binary|structured]
+
+It speaks MQTT 5 over a plain socket: each read takes every complete packet, and the
+PUBACKs and answers for all of them go out in one write. A general MQTT client spends
+more CPU per message than the host does per action, and on a 2-core machine the station
+would measure itself, not the host.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
+import socket
+import struct
 import sys
 import uuid
 
-import aiomqtt
-import uvloop
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-
 ANSWER = json.dumps({"Outcome": "completed", "Result": {"ok": True}}).encode()
+DATA = {"Outcome": "completed", "Result": {"ok": True}}
 
 
-def _user(msg: aiomqtt.Message) -> dict[str, str]:
-    p = msg.properties
-    return dict(getattr(p, "UserProperty", None) or []) if p is not None else {}
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
 
 
-STRUCTURED = False
+def string(s: str | bytes) -> bytes:
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack(">H", len(b)) + b
 
 
-async def main(host: str, port: int) -> None:
-    quiet = logging.getLogger("bench.station")
-    quiet.setLevel(logging.ERROR)
-    async with aiomqtt.Client(host, port, identifier=f"bench-station-{uuid.uuid4().hex[:6]}",
-                              logger=quiet,
-                              protocol=aiomqtt.ProtocolVersion.V5,
-                              max_inflight_messages=1000) as c:
-        await c.subscribe("equipment/+/commands", qos=1)
+def packet(first: int, body: bytes) -> bytes:
+    return bytes([first]) + varint(len(body)) + body
+
+
+def read_varint(buf: bytes | memoryview, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n, i
+        shift += 7
+
+
+def props_of(buf: memoryview, i: int, end: int) -> dict[str, str]:
+    """Response topic, content type and user properties of a PUBLISH."""
+    out: dict[str, str] = {}
+    while i < end:
+        ident = buf[i]
+        i += 1
+        if ident in (0x03, 0x08):           # content type, response topic
+            n = (buf[i] << 8) | buf[i + 1]
+            out["ContentType" if ident == 0x03 else "ResponseTopic"] = \
+                bytes(buf[i + 2:i + 2 + n]).decode()
+            i += 2 + n
+        elif ident == 0x26:                 # user property
+            n = (buf[i] << 8) | buf[i + 1]
+            k = bytes(buf[i + 2:i + 2 + n]).decode()
+            i += 2 + n
+            n = (buf[i] << 8) | buf[i + 1]
+            out[k] = bytes(buf[i + 2:i + 2 + n]).decode()
+            i += 2 + n
+        elif ident == 0x09:                 # correlation data
+            n = (buf[i] << 8) | buf[i + 1]
+            i += 2 + n
+        elif ident == 0x01:
+            i += 1
+        elif ident == 0x02:
+            i += 4
+        elif ident == 0x0B:
+            _, i = read_varint(buf, i)
+        elif ident == 0x23:
+            i += 2
+        else:
+            raise ValueError(f"property {ident:#x} not handled")
+    return out
+
+
+class Station:
+    def __init__(self, host: str, port: int, structured: bool) -> None:
+        self.sock = socket.create_connection((host, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.structured = structured
+        self.mid = 0
+        self.n = 0
+        self.buf = b""
+
+    def next_mid(self) -> int:
+        self.mid = self.mid % 65535 + 1
+        return self.mid
+
+    def connect(self) -> None:
+        cid = f"bench-station-{uuid.uuid4().hex[:6]}"
+        body = string("MQTT") + bytes([5, 0x02]) + struct.pack(">H", 0) + varint(0) + \
+            string(cid)
+        self.sock.sendall(packet(0x10, body))
+        sub = struct.pack(">H", self.next_mid()) + varint(0) + \
+            string("equipment/+/commands") + b"\x01"
+        self.sock.sendall(packet(0x82, sub))
+        got = 0
+        while got < 2:                       # CONNACK, SUBACK
+            for first, _ in self.packets():
+                if first >> 4 in (2, 9):
+                    got += 1
+
+    def packets(self) -> list[tuple[int, memoryview]]:
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise ConnectionError("broker closed the connection")
+        buf = self.buf + data
+        view = memoryview(buf)
+        out = []
+        i = 0
+        while i < len(buf):
+            if i + 2 > len(buf):
+                break
+            try:
+                n, j = read_varint(view, i + 1)
+            except IndexError:
+                break
+            if j + n > len(buf):
+                break
+            out.append((buf[i], view[j:j + n]))
+            i = j + n
+        self.buf = buf[i:]
+        return out
+
+    def answer(self, body: memoryview, qos: int) -> bytes:
+        tlen = (body[0] << 8) | body[1]
+        i = 2 + tlen
+        out = b""
+        if qos:
+            out = b"\x40\x02" + bytes(body[i:i + 2])       # PUBACK, success
+            i += 2
+        plen, i = read_varint(body, i)
+        props = props_of(body, i, i + plen)
+        payload = bytes(body[i + plen:])
+        self.n += 1
+        topic = props.get("ResponseTopic")
+        if not topic:
+            return out
+        ctype = props.get("ContentType", "")
+        mid = struct.pack(">H", self.next_mid())
+        if ctype.startswith("application/cloudevents"):
+            cid = json.loads(payload)["id"]
+            ev = json.dumps({"specversion": "1.0", "id": f"a{self.n}", "source": "station",
+                             "type": "answer", "causationid": cid, "data": DATA}).encode()
+            p = b"\x03" + string("application/cloudevents+json")
+            return out + packet(0x32, string(topic) + mid + varint(len(p)) + p + ev)
+        p = b"\x03" + string("application/json")
+        for k, v in (("specversion", "1.0"), ("id", f"a{self.n}"), ("source", "station"),
+                     ("type", "answer"), ("causationid", props.get("id", ""))):
+            p += b"\x26" + string(k) + string(v)
+        return out + packet(0x32, string(topic) + mid + varint(len(p)) + p + ANSWER)
+
+    def run(self) -> None:
+        self.connect()
         print("ready", flush=True)
-        pending: set[asyncio.Task[None]] = set()
-        n = 0
-        async for msg in c.messages:
-            n += 1
-            p = Properties(PacketTypes.PUBLISH)
-            topic = msg.properties.ResponseTopic  # type: ignore[union-attr]
-            if STRUCTURED:
-                cid = json.loads(msg.payload)["id"]  # type: ignore[arg-type]
-                p.ContentType = "application/cloudevents+json"
-                body = json.dumps({"specversion": "1.0", "id": f"a{n}", "source": "station",
-                                   "type": "answer", "causationid": cid,
-                                   "data": {"Outcome": "completed", "Result": {"ok": True}}})
-                t = asyncio.create_task(c.publish(topic, body, qos=1, properties=p))
-            else:
-                user = _user(msg)
-                p.ContentType = "application/json"
-                p.UserProperty = [("specversion", "1.0"), ("id", f"a{n}"),
-                                  ("source", "station"), ("type", "answer"),
-                                  ("causationid", user.get("id", ""))]
-                t = asyncio.create_task(c.publish(topic, ANSWER, qos=1, properties=p))
-            pending.add(t)
-            t.add_done_callback(pending.discard)
+        while True:
+            out = []
+            for first, body in self.packets():
+                kind = first >> 4
+                if kind == 3:                                   # PUBLISH
+                    out.append(self.answer(body, (first >> 1) & 3))
+                elif kind == 12:                                # PINGREQ from us: none
+                    pass
+            if out:
+                self.sock.sendall(b"".join(out))
 
 
 if __name__ == "__main__":
-    STRUCTURED = len(sys.argv) > 3 and sys.argv[3] == "structured"
-    uvloop.run(main(sys.argv[1], int(sys.argv[2])))
+    Station(sys.argv[1], int(sys.argv[2]),
+            len(sys.argv) > 3 and sys.argv[3] == "structured").run()

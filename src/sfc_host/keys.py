@@ -39,7 +39,8 @@ def check_job(job: str) -> str:
 class ScopeKeys:
     """The keys of one scope."""
 
-    __slots__ = ("active", "base", "dead", "due", "errors", "heartbeat", "scope", "work")
+    __slots__ = ("active", "base", "dead", "due", "errors", "heartbeat", "index", "live",
+                 "scope", "seq", "work")
 
     def __init__(self, scope: str) -> None:
         self.scope = scope
@@ -51,6 +52,9 @@ class ScopeKeys:
         self.dead = b + "dead"          # dead stream
         self.heartbeat = b + "hb"       # last sweep (server ms)
         self.errors = b + "errors"      # hash entry id -> last handler error
+        self.index = b + "state-index"  # hash job -> order state (every order not cleared)
+        self.seq = b + "state-seq"      # + 1 per order change (the index's Seq)
+        self.live = b + "live"          # set of orders not ended (max_job_orders)
 
     def job(self, job: str) -> str:
         """Job hash: ``s`` state, ``v`` version, ``g`` graph fingerprint, ``sent:*``."""

@@ -3,8 +3,9 @@ nothing across reconnects, and subscriptions (shared, so several hosts split the
 
 Outgoing messages wait in a bounded queue; ``publish_nowait`` says whether one was
 queued (a full queue is counted; for a command the action's deadline sends it again).
-Up to ``IN_FLIGHT`` publishes are awaited at once; a publish that fails with the
-connection goes back to the front of the queue and out again after the reconnect.
+Up to ``IN_FLIGHT`` QoS 1 messages wait for their acknowledgement at once; what was not
+acknowledged when the connection ends goes back to the front of the queue and out again
+after the reconnect.
 Incoming messages go to the handler of the first matching filter (the host's link,
 whose filters do not overlap) or, with ``fan_out`` (the script engine's link), to every
 matching subscription once; a handler's fault is logged and counted, never raised.
@@ -23,6 +24,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import aiomqtt
+import paho.mqtt.client as mqtt_client
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -33,12 +35,13 @@ from sfc_host.metrics import Metrics
 paho_fast.install()
 
 log = logging.getLogger("sfc_host.mqtt")
-# aiomqtt warns at every publish beyond ten awaited at once; we await up to IN_FLIGHT on
-# purpose, so its logger only passes errors (connection faults still show).
+# aiomqtt warns when many calls wait at once; its logger only passes errors
+# (connection faults still show).
 _client_log = logging.getLogger("sfc_host.mqtt.client")
 _client_log.setLevel(logging.ERROR)
 
-IN_FLIGHT = 64
+IN_FLIGHT = 256          # QoS 1 messages sent and not yet acknowledged
+WRITE_BURST = 64         # messages handed to paho before the loop gets a turn
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 MAX_HANDLER_TASKS = 256
 
@@ -209,7 +212,7 @@ class MqttLink:
             username=c.mqtt_username or None, password=c.mqtt_password or None,
             protocol=aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311,
             tls_context=self._tls_context(), keepalive=30, timeout=10,
-            max_inflight_messages=IN_FLIGHT * 2, logger=_client_log)
+            max_inflight_messages=IN_FLIGHT, logger=_client_log)
 
     async def _run(self) -> None:
         fails = 0
@@ -251,44 +254,53 @@ class MqttLink:
                 await asyncio.sleep(delay)
 
     async def _writer(self, client: aiomqtt.Client) -> None:
-        """One task takes messages off the queue; up to IN_FLIGHT publishes are awaited
-        at once (QoS 1 waits for the broker's PUBACK). A publish that fails goes back to
-        the front of the queue."""
+        """One task takes messages off the queue and hands them to paho directly: a
+        QoS 1 message stays in ``unacked`` until its PUBACK, with up to ``IN_FLIGHT``
+        unacknowledged at once. aiomqtt's ``publish`` would cost a task, an event and a
+        timeout per message, most of the sending cost at thousands a second. When the
+        connection ends, what was not acknowledged goes back to the front of the queue
+        (in order) and out again after the reconnect: at least once, never lost."""
         q = self._queue
-        slots = asyncio.Semaphore(IN_FLIGHT)
-        inflight: set[asyncio.Task[None]] = set()
+        paho = client._client
+        unacked: dict[int, Outgoing] = {}
+        aiomqtt_on_publish = paho.on_publish
+        wake = self._queued
+        metrics = self.metrics
 
-        async def publish(m: Outgoing) -> None:
-            try:
-                await client.publish(m.topic, m.payload, qos=m.qos, retain=m.retain,
-                                     properties=m.properties)
-                self.metrics.inc("mqtt_sent")
-            except BaseException:
-                q.appendleft(m)      # out again after the reconnect
-                self._queued.set()
-                raise
-            finally:
-                slots.release()
+        def on_publish(c: Any, userdata: Any, mid: int, *rest: Any) -> None:
+            if unacked.pop(mid, None) is not None:
+                metrics.inc("mqtt_sent")
+                if len(unacked) == IN_FLIGHT - 1:
+                    wake.set()
+            if aiomqtt_on_publish is not None:
+                aiomqtt_on_publish(c, userdata, mid, *rest)
 
+        paho.on_publish = on_publish
         try:
             while True:
-                if not q:
-                    self._queued.clear()
-                    await self._queued.wait()
+                if not q or len(unacked) >= IN_FLIGHT:
+                    wake.clear()
+                    await wake.wait()
                     continue
-                await slots.acquire()
-                if not q:
-                    slots.release()
-                    continue
-                t = asyncio.create_task(publish(q.popleft()))
-                inflight.add(t)
-                t.add_done_callback(inflight.discard)
+                n = 0
+                while q and len(unacked) < IN_FLIGHT and n < WRITE_BURST:
+                    m = q.popleft()
+                    info = paho.publish(m.topic, m.payload, m.qos, m.retain, m.properties)
+                    if info.rc != mqtt_client.MQTT_ERR_SUCCESS:
+                        q.appendleft(m)
+                        raise aiomqtt.MqttCodeError(info.rc, "could not publish")
+                    n += 1
+                    if m.qos and not info.is_published():
+                        unacked[info.mid] = m
+                    else:
+                        metrics.inc("mqtt_sent")
+                await asyncio.sleep(0)     # let the loop read (PUBACKs, answers)
         finally:
-            for t in list(inflight):
-                t.cancel()
-            for t in list(inflight):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+            if paho.on_publish is on_publish:
+                paho.on_publish = aiomqtt_on_publish
+            if unacked:
+                q.extendleft(reversed([unacked[mid] for mid in sorted(unacked)]))
+                wake.set()
 
     def _dispatch(self, message: aiomqtt.Message) -> None:
         topic = message.topic.value

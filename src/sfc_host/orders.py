@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sfc_fast import JOB_ORDER, InvalidTransition
-from sfc_host.keys import SCOPES, check_job, check_scope
+from sfc_host.keys import SCOPES, ScopeKeys, check_job, check_scope
 from sfc_host.metrics import Metrics
 from sfc_host.scripts import Scripts
 from sfc_host.store import Store
@@ -81,12 +81,17 @@ def implied_entries(trigger: str, old: str, new: str) -> list[str]:
     return out
 
 
+def _order_keys(k: ScopeKeys, job: str) -> list[str]:
+    return [k.order(job), k.work, k.index, k.seq, k.live]
+
+
 class Orders:
     def __init__(self, store: Store, scripts: Scripts, metrics: Metrics) -> None:
         self.store = store
         self.scripts = scripts
         self.metrics = metrics
         self.on_change: OnChange | None = None
+        self._registered: set[str] = set()
 
     async def _changed(self, scope: str, job: str, cur: dict[str, str] | None, new: str,
                        v: int, *, order: str = "", reason: str = "") -> None:
@@ -111,7 +116,10 @@ class Orders:
             log.exception("order change hook for %s/%s failed", scope, job)
 
     async def register_scope(self, scope: str) -> None:
-        await self.store.client.sadd(SCOPES, check_scope(scope))
+        # the registry only grows: once per scope and process is enough
+        if scope not in self._registered:
+            await self.store.client.sadd(SCOPES, check_scope(scope))
+            self._registered.add(scope)
 
     async def get(self, scope: str, job: str) -> dict[str, str] | None:
         return await self.store.order(scope, job)
@@ -123,7 +131,7 @@ class Orders:
         args: list[Any] = [expected, state, order, reason, job, len(entries), *entries]
         for f, v in (extra or {}).items():
             args += (f, v)
-        return int(await self.scripts.call(self.scripts["order"], [k.order(job), k.work], args))
+        return int(await self.scripts.call(self.scripts["order"], _order_keys(k, job), args))
 
     async def store_order(self, scope: str, order: dict[str, Any], *, start: bool) -> str:
         """Store (or StoreAndStart) a job order; its new state. An id whose order is
@@ -138,13 +146,22 @@ class Orders:
         wm_id = order.get("WorkMasterID")
         if not isinstance(wm_id, str) or not wm_id:
             raise OrderError(INVALID_REQUEST, "the job order names no WorkMasterID")
-        if await self.store.work_master(scope, wm_id) is None:
-            raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER,
-                             f"Work Master {wm_id!r} is not known in scope {scope!r}")
         await self.register_scope(scope)
         trigger = "StoreAndStart" if start else "Store"
-        for _ in range(ROUNDS):
-            cur = await self.store.order(scope, job)
+        k = self.store.keys(scope)
+        for round_ in range(ROUNDS):
+            if round_ == 0:
+                # the Work Master check and the first read in one round trip
+                pipe = self.store.client.pipeline(transaction=False)
+                pipe.exists(k.work_master(wm_id))
+                pipe.hgetall(k.order(job))
+                known, raw = await pipe.execute()
+                if not known:
+                    raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER,
+                                     f"Work Master {wm_id!r} is not known in scope {scope!r}")
+                cur = {a.decode(): b.decode() for a, b in raw.items()} if raw else None
+            else:
+                cur = await self.store.order(scope, job)
             if cur is not None and cur.get("state") != "EndState":
                 raise OrderError(INVALID_JOB_ORDER_STATUS,
                                  f"job order {job!r} exists ({cur.get('state')})")
@@ -224,7 +241,7 @@ class Orders:
             if new is not None:
                 k = self.store.keys(scope)
                 assert cur is not None
-                calls.append((self.scripts["order"], [k.order(job), k.work],
+                calls.append((self.scripts["order"], _order_keys(k, job),
                               [cur["v"], new, "", reason, job, 0]))
         results = iter(await self.scripts.run(calls))
         hooks = []

@@ -1,9 +1,13 @@
 -- Compare-and-set of a job order, and the work entries it implies, in one step.
--- KEYS[1] order hash, KEYS[2] work stream
+-- KEYS[1] order hash, KEYS[2] work stream, KEYS[3] state index (job -> state),
+-- KEYS[4] index seq, KEYS[5] live set (orders not ended)
 -- ARGV[1] expected version ('0': the order must not exist), ARGV[2] new order state,
 -- ARGV[3] order JSON ('' = keep), ARGV[4] reason ('' = keep), ARGV[5] job id,
 -- ARGV[6] n entries, then per entry: kind.
 -- Extra fields after the entries: pairs of (field, value) stored on the order too.
+-- The index, its seq and the live set change in the same step, whoever writes the
+-- order (the MES side or a recipe's Run/Complete/Abort), so the live count that
+-- limits Store is exact.
 -- Returns the new version, or 0 when the expected version did not match.
 local current = redis.call('HGET', KEYS[1], 'v') or '0'
 if current ~= ARGV[1] then return 0 end
@@ -20,4 +24,17 @@ while q < #ARGV do
   redis.call('HSET', KEYS[1], ARGV[q], ARGV[q + 1])
   q = q + 2
 end
+local state = ARGV[2]
+if state == 'EndState' then
+  redis.call('HDEL', KEYS[3], ARGV[5])
+else
+  redis.call('HSET', KEYS[3], ARGV[5], state)
+end
+local top = string.match(state, '^[^_]+')
+if top == 'Ended' or top == 'Aborted' or top == 'EndState' then
+  redis.call('SREM', KEYS[5], ARGV[5])
+else
+  redis.call('SADD', KEYS[5], ARGV[5])
+end
+redis.call('INCR', KEYS[4])
 return v
