@@ -225,6 +225,9 @@ class Job:
     id: str
     recipe: str
     scope: str
+    pause_at_s: float = 0.0     # > 0: the MES pauses it this long after the start
+    pause_for_s: float = 0.0
+    paused: bool = False
     state: str = ""
     reason: str = ""
     ended_at: float = 0.0
@@ -257,10 +260,23 @@ class Tally:
             self.end(str(data.get("JobOrderID")), state, str(data.get("Reason") or ""))
 
 
+# paint jobs the MES pauses for a while (equipment hold); few, since the time a job is
+# paused counts in the host's answer-to-command histogram (held answer -> restart)
+PAUSED_SHARE = 0.06
+
+
 def plan(opts: Options, scopes: list[str]) -> list[Job]:
     rng = random.Random(opts.seed)
-    return [Job(f"{SHORT[r]}-{i + 1:04d}", r, scopes[i % len(scopes)])
-            for i in range(opts.jobs) for r in [rng.choice(RECIPES)]]
+    jobs = []
+    for i in range(opts.jobs):
+        r = rng.choice(RECIPES)
+        job = Job(f"{SHORT[r]}-{i + 1:04d}", r, scopes[i % len(scopes)])
+        if r == "paint_hold_restart" and rng.random() < PAUSED_SHARE:
+            # most likely while it paints: the booth holds the work, and restarts it
+            job.pause_at_s = rng.uniform(0.25, 0.5) / opts.speed
+            job.pause_for_s = rng.uniform(0.1, 0.3) / opts.speed
+        jobs.append(job)
+    return jobs
 
 
 def work_master(name: str) -> dict[str, Any]:
@@ -348,6 +364,7 @@ class Demo:
         self.scopes = [f"line{i + 1}" for i in range(opts.scopes)]
         self.tally = Tally()
         self._mes: Mes | None = None
+        self._pausers: set[asyncio.Task[None]] = set()
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -464,7 +481,7 @@ class Demo:
                 if now > deadline:
                     break
         finally:
-            for f in feeders:
+            for f in [*feeders, *self._pausers]:
                 f.cancel()
             progress.done()
         return t.ended == len(jobs)
@@ -479,6 +496,21 @@ class Demo:
             if rep.get("ReturnStatus") != 1:
                 self.tally.end(job.id, "NotAccepted", str(rep.get("Message") or
                                                           rep.get("ReturnStatus")))
+            elif job.pause_at_s:
+                t = asyncio.create_task(self._pause(mes, job))
+                self._pausers.add(t)
+                t.add_done_callback(self._pausers.discard)
+
+    async def _pause(self, mes: Mes, job: Job) -> None:
+        """An operator's break: MES Pause, then Resume (refused when it already ended)."""
+        await asyncio.sleep(job.pause_at_s)
+        rep = await mes.request(job.scope, JOB_CONTROL + "Pause.v2",
+                                {"JobOrderID": job.id, "Comment": "operator break"})
+        if rep.get("ReturnStatus") != 1:
+            return
+        job.paused = True
+        await asyncio.sleep(job.pause_for_s)
+        await mes.request(job.scope, JOB_CONTROL + "Resume.v2", {"JobOrderID": job.id})
 
 
 # ---- progress -------------------------------------------------------------------------

@@ -103,6 +103,9 @@ class Report:
     station_latency_ms: list[float]
     steps: list[StepRow] = field(default_factory=list)
     job_ms: dict[str, list[float]] = field(default_factory=dict)
+    paused: int = 0          # jobs the MES paused and resumed
+    held: int = 0            # hold commands the stations answered "held"
+    restarted: int = 0       # restart commands they served
 
 
 def _p(values: list[float], q: float) -> float:
@@ -123,6 +126,9 @@ async def collect(redis_url: str, tally: Tally, host_latency: Histogram | None,
     report = Report(len(jobs), len(completed), aborted,
                     sum(1 for j in jobs if not j.ended_at), refused,
                     max(tally.last_end - tally.started_at, 1e-9), host_latency, station)
+    report.paused = sum(1 for j in jobs if j.paused)
+    report.held = sum(int(s.get("held", 0)) for s in station_stats.values())
+    report.restarted = sum(int(s.get("restarted", 0)) for s in station_stats.values())
     views = await _states(redis_url, completed)
     per_step: dict[tuple[str, str], list[float]] = defaultdict(list)
     rounds: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -192,6 +198,9 @@ def render(r: Report) -> str:
         lines.append(f"  not accepted {n} x {reason}")
     lines.append(f"Throughput: {ended / r.elapsed_s:,.1f} jobs/s ({ended} jobs in "
                  f"{r.elapsed_s:.2f} s)")
+    if r.paused:
+        lines.append(f"MES Pause/Resume: {r.paused} jobs paused and resumed; the equipment "
+                     f"held {r.held} commands and restarted {r.restarted}")
     h = r.host_latency
     if h is not None and h.count:
         lines.append(f"Answer-to-command latency in the host (answer in, next command out): "

@@ -4,7 +4,9 @@ It serves the example recipes: answers the commands of ``axle_fit_qa``,
 ``tighten_rework`` and ``paint_hold_restart`` after a random working time, emits the
 pull events they wait for (camera QA, torque verification, booth ready), now and then
 fails a command (the job aborts, or the recipe retries) and tightens out of tolerance
-(the recipe loosens and tightens again).
+(the recipe loosens and tightens again). A hold command (the MES paused the job) stops
+the work in progress and answers ``held`` (``not_held`` when the work is done already);
+the restart after the Resume does the work again.
 
     mission station(api, scope, speed=1.0, seed=0, equipment="equipment", mes="mes")
 
@@ -65,7 +67,10 @@ class Cell:
         self.jobs: dict[str, dict[str, Any]] = {}   # job id -> what the station knows
         self.last_answer: dict[str, float] = {}    # job id -> when its last answer went
         self.tasks: set[asyncio.Task[None]] = set()
+        self.working: dict[str, asyncio.Task[None]] = {}   # command id -> its answer to come
         self.served = 0
+        self.held = 0          # hold commands answered "held" (an MES Pause mid-work)
+        self.restarted = 0     # restart commands served (the Resume after a hold)
         self.latency_ms: list[float] = []
         self.reported = -1
 
@@ -73,13 +78,15 @@ class Cell:
         lo, hi = span
         return self.rng.triangular(lo, hi, lo + (hi - lo) / 3) / 1000 / self.speed
 
-    def later(self, delay: float, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+    def later(self, delay: float, fn: Callable[..., Awaitable[None]],
+              *args: Any) -> asyncio.Task[None]:
         async def run() -> None:
             await asyncio.sleep(delay)
             await fn(*args)
         t = asyncio.get_running_loop().create_task(run())
         self.tasks.add(t)
         t.add_done_callback(self.tasks.discard)
+        return t
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self.jobs.setdefault(job_id, {"tightens": 0, "tightened": False, "qa": False,
@@ -98,16 +105,22 @@ class Cell:
         ctx = (cmd.get("data") or {}).get("Context") or {}
         job_id = ctx.get("JobOrderID") or cmd.get("correlationid")
         type_ = cmd["type"]
-        t = self.last_answer.pop(job_id, None)
-        if t is not None and len(self.latency_ms) < KEEP_LATENCIES:
-            self.latency_ms.append(round((time.perf_counter() - t) * 1000, 2))
+        sent = self.last_answer.pop(job_id, None)
+        if sent is not None and len(self.latency_ms) < KEEP_LATENCIES:
+            self.latency_ms.append(round((time.perf_counter() - sent) * 1000, 2))
         job = self.job(job_id)
         if type_ == "com.example.station.position.v1":
             # the camera sees the part as it arrives, whatever happens to it later
             self.later(self.ms(QA_MS), self.qa_done, job_id)
         elif type_ == "com.example.booth.paint.v1" and not ctx.get("Restart"):
             self.later(self.ms(BOOTH_READY_MS), self.booth_ready, job_id)
-        self.later(self.ms(WORK_MS.get(type_, (50, 200))), self.answer, cmd, job_id, job)
+        if ctx.get("Hold"):
+            # a hold stops the work in progress; work already done cannot be held
+            work = self.working.pop(cmd["id"].removesuffix(":hold"), None)
+            cmd["held"] = work is not None and work.cancel()
+        t = self.later(self.ms(WORK_MS.get(type_, (50, 200))), self.answer, cmd, job_id, job)
+        self.working[cmd["id"]] = t
+        t.add_done_callback(lambda _: self.working.pop(cmd["id"], None))
 
     async def answer(self, cmd: dict[str, Any], job_id: str, job: dict[str, Any]) -> None:
         type_ = cmd["type"]
@@ -115,7 +128,10 @@ class Cell:
         outcome, reason = "completed", ""
         p, why = FAILURES.get(type_, (0.0, ""))
         if type_.endswith(".hold.v1"):
-            outcome = "held"
+            outcome = "held" if cmd.get("held") else "not_held"
+            self.held += outcome == "held"
+        elif type_.endswith(".restart.v1"):
+            self.restarted += 1
         elif self.rng.random() < p:
             outcome, reason = "failed", why
         elif type_ == "com.example.station.tighten.v1":
@@ -133,7 +149,8 @@ class Cell:
             data["Reason"] = reason
         await self.publish("responses", type_ + ".answer", data, causationid=cmd["id"],
                            correlationid=job_id)
-        self.last_answer[job_id] = time.perf_counter()
+        if outcome != "held":      # what follows a hold waits for the MES to resume
+            self.last_answer[job_id] = time.perf_counter()
         self.served += 1
         self.api.score = self.served
         if type_ == "com.example.station.tighten.v1" and outcome == "completed":
@@ -191,8 +208,9 @@ class Cell:
         self.reported = self.served
         await self.api.mqtt.publish(
             f"{self.eq}/{self.scope}/station",
-            json.dumps({"state": state, "answers": self.served,
-                        "latency_ms": self.latency_ms}), qos=1, retain=True)
+            json.dumps({"state": state, "answers": self.served, "held": self.held,
+                        "restarted": self.restarted, "latency_ms": self.latency_ms}),
+            qos=1, retain=True)
 
     def close(self) -> None:
         for t in list(self.tasks):
