@@ -114,6 +114,16 @@ def host(redis_url: str, mqtt_url: str) -> Iterator[HostThread]:
     h = HostThread(redis_url, mqtt_url, f"ops-{uuid.uuid4().hex[:8]}")
     yield h
     h.close()
+    # the session's Redis outlives this module: leave no scope with running jobs for a
+    # later host to recover
+    c = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(c.scan_iter(match=f"sfc:{{{h.scope}}}:*", count=1000))
+        if keys:
+            c.delete(*keys)
+        c.srem("sfc:scopes", h.scope)
+    finally:
+        c.close()
 
 
 @pytest.fixture
