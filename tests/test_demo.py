@@ -101,8 +101,8 @@ def _summary(out: str, n: int) -> None:
     assert completed + aborted == n and completed > 0
     assert "NOT ENDED" not in out
     assert "Throughput: " in out and " jobs/s" in out
-    assert re.search(r"Answer-to-command latency in the host .*p50 [\d.]+ ms, p99 [\d.]+ ms",
-                     out), out
+    assert re.search(r"Answer-to-command latency in the host .*p50 [\d.,]+ ms, "
+                     r"p90 [\d.,]+ ms, p99 [\d.,]+ ms", out), out
     assert "Mean time per step, completed jobs" in out
     table = out.split("Mean time per step")[1]
     assert re.search(r"recipe\s+step\s+jobs\s+mean ms\s+p90 ms\s+rounds", table)

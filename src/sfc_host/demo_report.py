@@ -203,13 +203,18 @@ def render(r: Report) -> str:
                      f"held {r.held} commands and restarted {r.restarted}")
     h = r.host_latency
     if h is not None and h.count:
+        q = {p: _ms(h.quantile(p / 100) * 1000) for p in (50, 90, 99)}
         lines.append(f"Answer-to-command latency in the host (answer in, next command out): "
-                     f"p50 {_ms(h.quantile(0.5) * 1000)} ms, p99 {_ms(h.quantile(0.99) * 1000)}"
-                     f" ms over {h.count:,} answers")
+                     f"p50 {q[50]} ms, p90 {q[90]} ms, p99 {q[99]} ms over {h.count:,} "
+                     "answers")
+        if r.paused:
+            lines.append("  (with the paused jobs' held answers, whose next command is the "
+                         "restart after the Resume)")
     if r.station_latency_ms:
         s = r.station_latency_ms
         lines.append(f"At the station (answer sent, next command received): "
-                     f"p50 {_ms(_p(s, 0.5))} ms, p99 {_ms(_p(s, 0.99))} ms")
+                     f"p50 {_ms(_p(s, 0.5))} ms, p90 {_ms(_p(s, 0.9))} ms, "
+                     f"p99 {_ms(_p(s, 0.99))} ms")
     lines.append("")
     lines.append("Mean time per step, completed jobs (from the state documents):")
     head = f"{'recipe':<20} {'step':<14} {'jobs':>5} {'mean ms':>9} {'p90 ms':>9} {'rounds':>7}"
