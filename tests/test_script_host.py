@@ -130,7 +130,7 @@ def test_mission_station_and_job_api(redis_url: str, mqtt_url: str, tmp_path: Pa
             assert rep["responses"] == [True] * 5
             assert rep["missing"] is None
             assert "api.jobs.submit" in rep["again"]
-            assert "api.jobs.pause: UnknownJobOrderId" in rep["unknown"]
+            assert "api.jobs.pause: UNKNOWN_JOB_ORDER_ID" in rep["unknown"]
             assert any(i and i.startswith("S0:tighten") for i in app.engine.vars["seen"])
         finally:
             await app.aclose()

@@ -30,10 +30,6 @@ UNKNOWN_JOB_ORDER_ID = 2
 INVALID_JOB_ORDER_STATUS = 8
 UNABLE_TO_ACCEPT_JOB_ORDER = 16
 INVALID_REQUEST = 2 ** 32
-_STATUS_BITS = ((NO_ERROR, "NoError"), (UNKNOWN_JOB_ORDER_ID, "UnknownJobOrderId"),
-                (INVALID_JOB_ORDER_STATUS, "InvalidJobOrderStatus"),
-                (UNABLE_TO_ACCEPT_JOB_ORDER, "UnableToAcceptJobOrder"),
-                (INVALID_REQUEST, "InvalidRequest"))
 
 ROUNDS = 8
 
@@ -57,14 +53,6 @@ def top_state(state: str) -> str:
 
 
 _top = top_state
-
-
-def status_names(status: int) -> list[str]:
-    """The names of the bits set in a return status (unknown bits as ``Bit{n}``)."""
-    names = [name for bit, name in _STATUS_BITS if status & bit]
-    known = sum(bit for bit, _ in _STATUS_BITS)
-    names += [f"Bit{n}" for n in range(status.bit_length()) if status & ~known & (1 << n)]
-    return names
 
 
 def implied_entries(trigger: str, old: str, new: str) -> list[str]:

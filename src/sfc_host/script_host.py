@@ -22,8 +22,9 @@ from paho.mqtt.properties import Properties
 
 from sfc_host.engine.api import Handler, Props, ScriptAPIError, wants_properties
 from sfc_host.mes import Invalid, MesControl
+from sfc_host.mes_client import status_names
 from sfc_host.mqtt import MqttLink, payload_bytes
-from sfc_host.orders import OrderError, status_names
+from sfc_host.orders import OrderError
 
 log = logging.getLogger("sfc_host.scripts")
 
@@ -98,7 +99,7 @@ class ScriptJobs:
             raise ScriptAPIError(f"api.jobs.{what}: {'|'.join(status_names(e.status))}: "
                                  f"{e}") from None
         except (Invalid, ValueError) as e:
-            raise ScriptAPIError(f"api.jobs.{what}: InvalidRequest: {e}") from None
+            raise ScriptAPIError(f"api.jobs.{what}: INVALID_REQUEST: {e}") from None
         return reply
 
     async def submit(self, job_order: dict[str, Any], *, scope: str,
