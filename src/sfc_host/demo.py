@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,12 +32,19 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import aiomqtt
 
 from sfc_host import demo_report
-from sfc_host.cloudevents import CloudEventError, decode, encode_binary, encode_structured, new
+from sfc_host.cloudevents import (
+    CloudEvent,
+    CloudEventError,
+    decode,
+    encode_binary,
+    encode_structured,
+    new,
+)
 from sfc_host.config import HostConfig
 from sfc_host.embedded import (
     EmbeddedError,
@@ -48,8 +56,11 @@ from sfc_host.embedded import (
     wait_ready,
 )
 from sfc_host.mes import JOB_CONTROL, WORK_MASTER
-from sfc_host.metrics import Metrics
+from sfc_host.metrics import Histogram, Metrics
 from sfc_host.mqtt import MqttLink, payload_bytes
+
+if TYPE_CHECKING:
+    from sfc_host.app import App
 
 EXAMPLES = Path(__file__).resolve().parent / "examples"
 RECIPES = ("axle_fit_qa", "tighten_rework", "paint_hold_restart")
@@ -174,7 +185,7 @@ class Mes:
                            shared=False)
 
     @staticmethod
-    def _decode(message: aiomqtt.Message) -> Any:
+    def _decode(message: aiomqtt.Message) -> CloudEvent | None:
         try:
             return decode(payload_bytes(message), message.properties)
         except CloudEventError:
@@ -296,8 +307,8 @@ class Hosts:
         self.base = base
         self.workdir = workdir
         self.stations = stations      # the first host's settings that run the station
-        self.app: Any = None
-        self.procs: list[tuple[Any, Path, int]] = []   # (Popen, log, metrics port)
+        self.app: App | None = None
+        self.procs: list[tuple[subprocess.Popen[bytes], Path, int]] = []  # log, metrics port
 
     async def start(self) -> None:
         if self.n == 1:
@@ -323,7 +334,7 @@ class Hosts:
             await wait_ready(lambda p=port: _scrape(p) is not None, f"host {i} (sfc-host run)",
                              proc, log, timeout=30)
 
-    def latency(self) -> Any:
+    def latency(self) -> Histogram | None:
         """The hosts' answer-to-command histogram, merged."""
         if self.app is not None:
             return self.app.metrics.histograms.get("answer_to_command_seconds")
