@@ -15,7 +15,7 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 cimport cython
 
 from sfc_fast.recipe cimport (
-    Graph, _put_int, Q_N, Q_P, Q_P1, Q_P0, Q_S, Q_R, Q_L, Q_D, I_PUSH, I_PULL,
+    Graph, _flat_canonical, _put_int, Q_N, Q_P, Q_P1, Q_P0, Q_S, Q_R, Q_L, Q_D, I_PUSH, I_PULL,
     B_SELECTION, B_SIMULTANEOUS, TK_ENTRY, TK_EXIT, TK_IMPLICIT, TK_PATH_END,
 )
 from sfc_fast.conditions cimport (
@@ -72,19 +72,73 @@ cdef struct Eff:
     int64_t deadline
 
 
+cdef struct Texts:
+    # where a decision's job and scope texts are in its state bytes (UTF-8)
+    Py_ssize_t job_at, job_len, scope_at, scope_len
+
+
 @cython.freelist(16)
 cdef class Command:
-    """A command to send to equipment: the work of a push action, a hold or a restart."""
+    """A command to send to equipment: the work of a push action, a hold or a restart.
+
+    The id is made with the command; the other fields are read from the graph and the
+    command's C record when asked for (most callers read only a few)."""
     cdef readonly str command_id
-    cdef readonly str action
-    cdef readonly str type_id
-    cdef readonly object parameters
-    cdef readonly object deadline_ms
-    cdef readonly bint hold
-    cdef readonly bint restart
-    cdef readonly str job
-    cdef readonly str scope
-    cdef readonly int attempt
+    cdef Graph _g
+    cdef Eff _e
+    cdef str _job
+    cdef str _scope
+    cdef bytes _src               # the state whose texts hold job and scope, if not str
+    cdef Texts _at
+
+    @property
+    def action(self) -> str:
+        return self._g.s(self._g.act_name[self._e.action])
+
+    @property
+    def type_id(self) -> str:
+        cdef Graph g = self._g
+        cdef int a = self._e.action
+        if self._e.code & EF_HOLD:
+            return g.s(g.act_hold_type[a])
+        if self._e.code & EF_RESTART:
+            return g.s(g.act_restart_type[a])
+        return g.s(g.act_type[a])
+
+    @property
+    def parameters(self):
+        # one object per action and graph, shared by its commands (never mutated here)
+        return self._g.params(self._e.action)
+
+    @property
+    def deadline_ms(self):
+        return None if self._e.deadline == NO_TIME else self._e.deadline
+
+    @property
+    def hold(self) -> bool:
+        return (self._e.code & EF_HOLD) != 0
+
+    @property
+    def restart(self) -> bool:
+        return (self._e.code & EF_RESTART) != 0
+
+    @property
+    def attempt(self) -> int:
+        return self._e.attempt
+
+    @property
+    def job(self) -> str:
+        if self._job is None:
+            self._job = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(self._src) + self._at.job_at,
+                                             self._at.job_len, NULL)
+        return self._job
+
+    @property
+    def scope(self) -> str:
+        if self._scope is None:
+            self._scope = PyUnicode_DecodeUTF8(
+                PyBytes_AS_STRING(self._src) + self._at.scope_at, self._at.scope_len, NULL)
+        return self._scope
 
     def __repr__(self) -> str:
         kind = " hold" if self.hold else (" restart" if self.restart else "")
@@ -131,28 +185,24 @@ cdef str _cid(Graph g, const char* job, Py_ssize_t lj, int a, int64_t n, bint ho
             PyMem_Free(buf)
 
 
-cdef Command _command(Graph g, Eff* e, str job, str scope):
+cdef Command _command(Graph g, Eff* e, str job, str scope, bytes src, Texts* at):
+    """A Command of effect ``e``: job and scope given as str, or found in ``src`` at ``at``."""
     cdef Command c = Command.__new__(Command)
-    cdef int a = e.action
     cdef Py_ssize_t lj
-    cdef const char* jp = PyUnicode_AsUTF8AndSize(job, &lj)
-    cdef bint hold = (e.code & EF_HOLD) != 0
-    cdef bint restart = (e.code & EF_RESTART) != 0
-    c.command_id = _cid(g, jp, lj, a, e.n, hold)
-    c.action = g.s(g.act_name[a])
-    if hold:
-        c.type_id = g.s(g.act_hold_type[a])
-    elif restart:
-        c.type_id = g.s(g.act_restart_type[a])
+    cdef const char* jp
+    if job is not None:
+        jp = PyUnicode_AsUTF8AndSize(job, &lj)
     else:
-        c.type_id = g.s(g.act_type[a])
-    c.parameters = g.params(a)
-    c.deadline_ms = None if e.deadline == NO_TIME else e.deadline
-    c.hold = hold
-    c.restart = restart
-    c.job = job
-    c.scope = scope
-    c.attempt = e.attempt
+        jp = PyBytes_AS_STRING(src) + at.job_at
+        lj = at.job_len
+    c.command_id = _cid(g, jp, lj, e.action, e.n, (e.code & EF_HOLD) != 0)
+    c._g = g
+    c._e = e[0]
+    c._job = job
+    c._scope = scope
+    if job is None or scope is None:
+        c._src = src
+        c._at = at[0]
     return c
 
 
@@ -176,7 +226,7 @@ cdef class Decision:
     cdef Py_ssize_t _n_effs
     cdef str _job                 # job and scope as str, when the call had them
     cdef str _scope
-    cdef Py_ssize_t _job_at, _job_len, _scope_at, _scope_len   # else: where in `state`
+    cdef Texts _at                # else: where they are in `state`
     cdef list _work
     cdef list _commands
     cdef tuple _job_tr
@@ -196,26 +246,15 @@ cdef class Decision:
         self._n_effs = n
         return 0
 
-    cdef int texts(self) except -1:
-        cdef const char* p
-        if self._job is None:
-            p = PyBytes_AS_STRING(self.state)
-            self._job = PyUnicode_DecodeUTF8(p + self._job_at, self._job_len, NULL)
-        if self._scope is None:
-            p = PyBytes_AS_STRING(self.state)
-            self._scope = PyUnicode_DecodeUTF8(p + self._scope_at, self._scope_len, NULL)
-        return 0
-
     @property
     def commands(self) -> list:
         cdef Py_ssize_t i
         if self._commands is None:
             out = []
-            if self._n_effs:
-                self.texts()
-                for i in range(self._n_effs):
-                    if self._effs[i].action >= 0:
-                        out.append(_command(self._g, &self._effs[i], self._job, self._scope))
+            for i in range(self._n_effs):
+                if self._effs[i].action >= 0:
+                    out.append(_command(self._g, &self._effs[i], self._job, self._scope,
+                                        self.state, &self._at))
             self._commands = out
         return self._commands
 
@@ -230,7 +269,8 @@ cdef class Decision:
                 if self._effs[i].action >= 0:
                     c = <Command>cmds[k]
                     k += 1
-                    out.append(("dispatch:" + c.action, c.action, c.command_id))
+                    name = c.action
+                    out.append(("dispatch:" + name, name, c.command_id))
                 else:
                     out.append(("job", _JOB_TR[self._effs[i].code], ""))
             self._work = out
@@ -331,6 +371,12 @@ cdef class _Ctx(CondContext):
                 items.append((self.s.acts[a].done_at, a))
         items.sort(reverse=True)
         return [a for _, a in items]
+
+
+cdef str _canonical(dict fields):
+    """canonical_dumps of a result or params object: flat ones without the encoder."""
+    text = _flat_canonical(fields)
+    return canonical_dumps(fields) if text is None else text
 
 
 cdef int _push_action(Graph g, const char* name, Py_ssize_t n) except -2:
@@ -461,7 +507,7 @@ cdef class _Run:
         return out
 
     cdef int keep_result(self, int a, dict result) except -1:
-        self.s.set_result(a, canonical_dumps(result))
+        self.s.set_result(a, _canonical(result))
         if self.ctx is not None:
             if self.ctx.parsed is None:
                 self.ctx.parsed = {}
@@ -1170,7 +1216,7 @@ cdef Decision _absorbed(Graph g, State s, object state):
 cdef bytes _params_text(object params):
     if params is None:
         return b""
-    return canonical_dumps(params).encode("utf-8")
+    return _canonical(params).encode("utf-8")
 
 
 cpdef Decision evolve(Graph graph, object state, BaseEvent event, int64_t now_ms):
@@ -1280,10 +1326,10 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
         d.set_effs(r.effs, r.n_effs)
         d._job = s.o_job
         d._scope = s.o_scope
-        d._job_at = s.job_at
-        d._job_len = s.t_job.n
-        d._scope_at = s.scope_at
-        d._scope_len = s.t_scope.n
+        d._at.job_at = s.job_at
+        d._at.job_len = s.t_job.n
+        d._at.scope_at = s.scope_at
+        d._at.scope_len = s.t_scope.n
     d._next = _next_deadline(g, s)
     d.waits_added = d.waits_removed = _EMPTY
     if r.waits_dirty:
@@ -1376,7 +1422,7 @@ def open_command(Graph graph, state, str action):
             e.n = x.cmd_n
             e.deadline = x.deadline
         if e.code >= 0:
-            c = _command(graph, &e, s.job(), s.scope())
+            c = _command(graph, &e, s.job(), s.scope(), None, NULL)
     s.release()
     return c
 
