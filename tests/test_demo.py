@@ -128,6 +128,9 @@ def test_demo_with_two_host_processes(tmp_path: Path, servers_on_path: None) -> 
                        capture_output=True, text=True, timeout=60, env=_env(tmp_path))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "2 hosts as sfc-host run processes" in p.stdout
+    m = re.search(r"^Shared by 2 hosts: equipment answers received ([\d,]+) / ([\d,]+)$",
+                  p.stdout, re.M)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) > 0, p.stdout
     _summary(p.stdout, 20)
     _assert_nothing_left(tmp_path, p.stdout)
 

@@ -341,6 +341,13 @@ class Hosts:
         return demo_report.merge_histograms([_scrape(port) or "" for _, _, port in self.procs],
                                             "sfc_answer_to_command_seconds")
 
+    def answers(self) -> list[int]:
+        """Equipment answers each host received: how the broker split the work."""
+        if self.app is not None:
+            return [self.app.metrics["answers_received"]]
+        return [demo_report.counter(_scrape(port) or "", "sfc_answers_received_total")
+                for _, _, port in self.procs]
+
     def died(self) -> str | None:
         for i, (proc, log, _) in enumerate(self.procs, 1):
             if proc.poll() is not None:
@@ -427,7 +434,8 @@ class Demo:
         finished = await self._submit_and_watch(jobs, hosts, servers.redis.url)
         await asyncio.sleep(0.6)     # the stations' last report (every half second)
         report = await demo_report.collect(servers.redis.url, self.tally, hosts.latency(),
-                                           mes.stations, {r: work_master(r) for r in RECIPES})
+                                           mes.stations, {r: work_master(r) for r in RECIPES},
+                                           hosts.answers())
         self.say()
         self.say(demo_report.render(report))
         return EXIT_OK if finished else EXIT_FAILED

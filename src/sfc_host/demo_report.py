@@ -64,6 +64,12 @@ def merge_histograms(texts: list[str], name: str) -> Histogram | None:
     return merged
 
 
+def counter(text: str, name: str) -> int:
+    """A counter's value in one host's Prometheus text (0 when absent)."""
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    return int(float(m.group(1))) if m else 0
+
+
 async def reconcile(redis_url: str, tally: Tally) -> None:
     """End the jobs whose order Redis has as ended, though no status event said so."""
     open_jobs = [j for j in tally.jobs.values() if not j.ended_at]
@@ -106,6 +112,7 @@ class Report:
     paused: int = 0          # jobs the MES paused and resumed
     held: int = 0            # hold commands the stations answered "held"
     restarted: int = 0       # restart commands they served
+    per_host: list[int] = field(default_factory=list)   # answers each host received
 
 
 def _p(values: list[float], q: float) -> float:
@@ -116,7 +123,8 @@ def _p(values: list[float], q: float) -> float:
 
 
 async def collect(redis_url: str, tally: Tally, host_latency: Histogram | None,
-                  station_stats: dict[str, Any], work_masters: dict[str, Any]) -> Report:
+                  station_stats: dict[str, Any], work_masters: dict[str, Any],
+                  per_host: list[int]) -> Report:
     jobs = list(tally.jobs.values())
     aborted: Counter[str] = Counter(j.reason or "no reason given" for j in jobs
                                     if j.state == "Aborted")
@@ -127,6 +135,7 @@ async def collect(redis_url: str, tally: Tally, host_latency: Histogram | None,
                     sum(1 for j in jobs if not j.ended_at), refused,
                     max(tally.last_end - tally.started_at, 1e-9), host_latency, station)
     report.paused = sum(1 for j in jobs if j.paused)
+    report.per_host = per_host
     report.held = sum(int(s.get("held", 0)) for s in station_stats.values())
     report.restarted = sum(int(s.get("restarted", 0)) for s in station_stats.values())
     views = await _states(redis_url, completed)
@@ -198,6 +207,9 @@ def render(r: Report) -> str:
         lines.append(f"  not accepted {n} x {reason}")
     lines.append(f"Throughput: {ended / r.elapsed_s:,.1f} jobs/s ({ended} jobs in "
                  f"{r.elapsed_s:.2f} s)")
+    if len(r.per_host) > 1:
+        lines.append(f"Shared by {len(r.per_host)} hosts: equipment answers received "
+                     + " / ".join(f"{n:,}" for n in r.per_host))
     if r.paused:
         lines.append(f"MES Pause/Resume: {r.paused} jobs paused and resumed; the equipment "
                      f"held {r.held} commands and restarted {r.restarted}")
