@@ -37,6 +37,7 @@ import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from sfc_host.capabilities import Capabilities, unserved
 from sfc_host.cloudevents import (
     CloudEvent,
     CloudEventError,
@@ -133,6 +134,7 @@ class MesControl:
         self._index_seq: dict[str, int] = {}
         self._index_due: dict[str, float] = {}     # scope -> loop time of the next map
         link.subscribe(f"{self.prefix}/+/commands", self.on_request)
+        self.capabilities = Capabilities(host.client, host.store.keys, link, host.metrics)
         host.orders.on_change = self.on_change
 
     # ---- requests
@@ -267,6 +269,12 @@ class MesControl:
         compiled = Recipes._compile(json.dumps(data).encode())
         if isinstance(compiled, Unusable):
             raise Invalid(f"the Work Master cannot be used: {compiled}")
+        served = await self.capabilities.served(scope)
+        if served is not None:
+            problems = unserved(compiled, served)
+            if problems:
+                raise Invalid("the Work Master cannot be used: " + "; ".join(
+                    f"{p.code} {p.path}: {p.message}" for p in problems))
         await store.put_work_master(scope, data)
         return NO_ERROR, {"ID": wm_id}
 
