@@ -10,7 +10,8 @@ the restart after the Resume does the work again.
 
     mission station(api, scope, speed=1.0, seed=0, equipment="equipment", mes="mes")
 
-It reads commands in either CloudEvents mode and sends its answers and events in
+It announces the types it serves (retained ``{equipment}/{scope}/capabilities/station``)
+and withdraws them when it stops. It reads commands in either CloudEvents mode and sends its answers and events in
 structured mode (one JSON object). On ``{equipment}/{scope}/station`` (retained) it
 says when it is ready and, every half second, how many commands it answered and the
 time from each answer to the job's next command as it sees it.
@@ -43,6 +44,8 @@ WORK_MS = {
 QA_MS = (80, 300)          # camera inspection, from the part's arrival
 VERIFY_MS = (20, 80)       # torque verification, after tightening and QA
 BOOTH_READY_MS = (30, 120)
+EVENTS = ("com.example.station.qa_result.v1", "com.example.station.torque_result.v1",
+          "com.example.booth.ready.v1")
 # command type -> (probability, reason) of a failed answer
 FAILURES = {
     "com.example.station.position.v1": (0.03, "axle misaligned in the fixture"),
@@ -202,6 +205,12 @@ class Cell:
             self.jobs.pop(data.get("JobOrderID"), None)
             self.last_answer.pop(data.get("JobOrderID"), None)
 
+    async def announce(self, types: list[str]) -> None:
+        """The types this station serves, retained, so a Work Master using one it does
+        not is refused when it is put (H-13)."""
+        await self.api.mqtt.publish(f"{self.eq}/{self.scope}/capabilities/station",
+                                    json.dumps({"TypeIds": types}), qos=1, retain=True)
+
     async def report(self, state: str = "ready") -> None:
         if self.served == self.reported and state == "ready":
             return
@@ -234,6 +243,7 @@ async def station(api: Any, scope: str, speed: float = 1.0, seed: int = 0,
     api.mqtt.subscribe(f"{equipment}/{scope}/commands", cell.on_command)
     api.mqtt.subscribe(f"{mes}/{scope}/events", cell.on_status)
     api.log.info(f"station for scope {scope} ready (speed {speed})")
+    await cell.announce([*WORK_MS, *EVENTS])
     await cell.report()     # after the subscriptions: the broker has them by now
     try:
         n = 0
@@ -246,4 +256,6 @@ async def station(api: Any, scope: str, speed: float = 1.0, seed: int = 0,
             yield cell.served
     finally:
         cell.close()
+        # withdrawn when the station stops (queued, not awaited: we may be cancelled)
+        api.mqtt.publish(f"{equipment}/{scope}/capabilities/station", b"", qos=1, retain=True)
         api.log.info(f"station for scope {scope} stopped after {cell.served} answers")
