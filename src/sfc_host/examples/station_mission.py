@@ -11,10 +11,11 @@ the restart after the Resume does the work again.
     mission station(api, scope, speed=1.0, seed=0, equipment="equipment", mes="mes")
 
 It announces the types it serves (retained ``{equipment}/{scope}/capabilities/station``)
-and withdraws them when it stops. It reads commands in either CloudEvents mode and sends its answers and events in
-structured mode (one JSON object). On ``{equipment}/{scope}/station`` (retained) it
-says when it is ready and, every half second, how many commands it answered and the
-time from each answer to the job's next command as it sees it.
+and withdraws them when it stops. It reads commands in either CloudEvents mode and
+sends its answers and events in structured mode (one JSON object). On
+``{equipment}/{scope}/station`` (retained) it says when it is ready and, every half
+second, how many commands it answered and the time from each answer to the job's next
+command as it sees it.
 """
 
 import asyncio
