@@ -98,6 +98,7 @@ class MqttSink:
         return out
 
 
+ARRIVED_MAX = 100_000
 _OUTCOMES = {"completed": Completed, "failed": Failed, "held": Held, "not_held": NotHeld}
 
 
@@ -143,8 +144,17 @@ class EquipmentIn:
             log.warning("answer %s on %s refused: %s", ev.id, message.topic.value, event)
             return
         self.metrics.inc("answers_received")
-        if len(self.arrived) < 100_000:
-            self.arrived[job_of_command(event.command_id)] = time.perf_counter()
+        if isinstance(event, (Completed, Failed)):
+            # Held / not held answers wait for the MES's Resume: not a latency of ours.
+            # A job's last answer is never followed by a command: the oldest entries
+            # make room (insertion order), so the histogram never stops recording.
+            arrived = self.arrived
+            if len(arrived) >= ARRIVED_MAX:
+                for _ in range(ARRIVED_MAX // 10):
+                    del arrived[next(iter(arrived))]
+            job = job_of_command(event.command_id)
+            arrived.pop(job, None)
+            arrived[job] = time.perf_counter()
         self.host.answer(scope, event)
 
     async def on_event(self, message: aiomqtt.Message) -> None:

@@ -39,7 +39,7 @@ from sfc_host.cloudevents import (
 from sfc_host.config import HostConfig
 from sfc_host.keys import check_scope
 from sfc_host.mes import BY_ID, BY_STATE, JOB_CONTROL, METHODS, WORK_MASTER
-from sfc_host.mqtt import payload_bytes
+from sfc_host.mqtt import NO_DELAY, payload_bytes
 
 __all__ = ["MesClient", "MesError", "NoReply", "Reply", "status_names"]
 
@@ -131,7 +131,8 @@ class MesClient:
             self.host, self.port, identifier=self.client_id,
             username=c.mqtt_username or None, password=c.mqtt_password or None,
             protocol=aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311,
-            tls_context=tls_context(c), timeout=self.timeout_s, keepalive=30)
+            tls_context=tls_context(c), timeout=self.timeout_s, keepalive=30,
+            socket_options=NO_DELAY)
         try:
             await client.__aenter__()
         except (aiomqtt.MqttError, OSError, ssl.SSLError) as e:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,9 @@ log = logging.getLogger("sfc_host.mqtt")
 _client_log = logging.getLogger("sfc_host.mqtt.client")
 _client_log.setLevel(logging.ERROR)
 
+# Nagle's algorithm holds a small packet until the last one is acknowledged: with the
+# peer's delayed ACK that is up to 40 ms per hop. Commands and answers are small.
+NO_DELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 IN_FLIGHT = 256          # QoS 1 messages sent and not yet acknowledged
 WRITE_BURST = 64         # messages handed to paho before the loop gets a turn
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -212,7 +216,8 @@ class MqttLink:
             username=c.mqtt_username or None, password=c.mqtt_password or None,
             protocol=aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311,
             tls_context=self._tls_context(), keepalive=30, timeout=10,
-            max_inflight_messages=IN_FLIGHT, logger=_client_log)
+            max_inflight_messages=IN_FLIGHT, logger=_client_log,
+            socket_options=NO_DELAY)
 
     async def _run(self) -> None:
         fails = 0
