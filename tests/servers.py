@@ -280,6 +280,7 @@ class MosquittoServer(_Server):
             "allow_anonymous true\n"
             "persistence false\n"
             "max_queued_messages 100000\n"
+            "set_tcp_nodelay true\n"
             "log_dest stderr\n"
             "log_type error\n"
             "log_type warning\n"
