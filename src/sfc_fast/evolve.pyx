@@ -10,7 +10,14 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcmp, memcpy
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+
+
+cdef extern from "Python.h":
+    str PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    void* PyUnicode_DATA(object o)
 
 cimport cython
 
@@ -152,37 +159,52 @@ cdef class Command:
                 "job": self.job, "scope": self.scope, "attempt": self.attempt}
 
 
+cdef inline bint _ascii(const char* p, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if <uint8_t>p[i] >= 0x80:
+            return False
+    return True
+
+
 cdef str _cid(Graph g, const char* job, Py_ssize_t lj, int a, int64_t n, bint hold):
-    """``{job}:{action}#{n}`` (``:hold`` appended for a hold), built in one C buffer."""
+    """``{job}:{action}#{n}`` (``:hold`` appended for a hold), built in C."""
     cdef int32_t sid = g.act_name[a]
     cdef const char* name = g.str_data + g.str_off[sid]
     cdef Py_ssize_t ln = g.str_off[sid + 1] - g.str_off[sid]
-    cdef char small[192]
-    cdef Py_ssize_t size = lj + ln + 2 + 21 + 5
-    cdef char* buf = small
+    cdef char digits[24]
+    cdef Py_ssize_t nd = _put_int(digits, n)
+    cdef Py_ssize_t size = lj + ln + 2 + nd + (5 if hold else 0)
+    cdef str out
     cdef char* q
-    if size > 192:
-        buf = <char*>PyMem_Malloc(size)
-        if buf == NULL:
+    if _ascii(job, lj) and _ascii(name, ln):
+        # the usual case: written straight into a new ASCII str
+        out = PyUnicode_New(size, 127)
+        q = <char*>PyUnicode_DATA(out)
+    else:
+        out = None
+        q = <char*>PyMem_Malloc(size)
+        if q == NULL:
             raise MemoryError()
-    try:
-        q = buf
-        memcpy(q, job, lj)
-        q += lj
-        q[0] = b':'
-        q += 1
-        memcpy(q, name, ln)
-        q += ln
-        q[0] = b'#'
-        q += 1
-        q += _put_int(q, n)
-        if hold:
-            memcpy(q, b":hold", 5)
-            q += 5
-        return PyUnicode_DecodeUTF8(buf, q - buf, "replace")
-    finally:
-        if buf != small:
-            PyMem_Free(buf)
+    cdef char* w = q
+    memcpy(w, job, lj)
+    w += lj
+    w[0] = b':'
+    w += 1
+    memcpy(w, name, ln)
+    w += ln
+    w[0] = b'#'
+    w += 1
+    memcpy(w, digits, nd)
+    w += nd
+    if hold:
+        memcpy(w, b":hold", 5)
+    if out is None:
+        try:
+            out = PyUnicode_DecodeUTF8(q, size, "replace")
+        finally:
+            PyMem_Free(q)
+    return out
 
 
 cdef Command _command(Graph g, Eff* e, str job, str scope, bytes src, Texts* at):
@@ -248,13 +270,21 @@ cdef class Decision:
 
     @property
     def commands(self) -> list:
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, n = 0
+        cdef list out
         if self._commands is None:
-            out = []
             for i in range(self._n_effs):
                 if self._effs[i].action >= 0:
-                    out.append(_command(self._g, &self._effs[i], self._job, self._scope,
-                                        self.state, &self._at))
+                    n += 1
+            out = PyList_New(n)         # sized once, filled in place
+            n = 0
+            for i in range(self._n_effs):
+                if self._effs[i].action >= 0:
+                    c = _command(self._g, &self._effs[i], self._job, self._scope,
+                                 self.state, &self._at)
+                    Py_INCREF(c)
+                    PyList_SET_ITEM(out, n, c)
+                    n += 1
             self._commands = out
         return self._commands
 
