@@ -121,6 +121,22 @@ cdef inline bint _digit(Py_UCS4 c) noexcept:
     return u'0' <= c <= u'9'
 
 
+MAX_NUMBER_CHARS = 64
+MAX_INT = (1 << 63) - 1
+
+
+def _short(text: str) -> str:
+    """A literal for a message: a 5000-digit number is not repeated whole."""
+    return repr(text) if len(text) <= 40 else repr(text[:40]) + "…"
+
+
+def _dunder(name: str, pos: int) -> None:
+    # Nothing reaches Python from a condition, and names like __class__ or __import__
+    # only serve to try: refused outright, so a recipe cannot even look like an escape.
+    raise ConditionSyntaxError(f"name {_short(name)} is reserved (no segment may start "
+                               "with '__')", pos)
+
+
 cdef int _keyword(int kind, void* d, Py_ssize_t i, Py_ssize_t j) noexcept:
     """The KW_ code of text[i:j], or 0 when it is not a keyword."""
     cdef Py_ssize_t n = j - i
@@ -286,6 +302,8 @@ cdef class CondBuilder:
                         continue
                     break
                 kw = _keyword(kind, d, i, j)
+                if not kw and (text.startswith(u'__', i) or u'.__' in text[i:j]):
+                    _dunder(text[i:j], i)
                 tk[t].kind = T_KW if kw else T_NAME
                 tk[t].sub = kw
                 tk[t].end = j
@@ -312,14 +330,28 @@ cdef class CondBuilder:
                             j += 1
                 lit = text[i:j]
                 if j < n and _ident_char(PyUnicode_READ(kind, d, j)):
-                    raise ConditionSyntaxError(f"malformed number {text[i:j + 1]!r}", i)
+                    raise ConditionSyntaxError(
+                        f"malformed number {_short(text[i:j + 1])}", i)
+                # A constant must be a finite JSON number an int64 or a double holds:
+                # 1e999 (inf) is no JSON, and a 5000-digit int no peer can read.
+                if j - i > MAX_NUMBER_CHARS:
+                    raise ConditionSyntaxError(
+                        f"number {_short(lit)} is longer than {MAX_NUMBER_CHARS} characters", i)
                 try:
                     if u'.' in lit or u'e' in lit or u'E' in lit:
                         value = float(lit)
+                        if value - value != 0.0:
+                            raise ConditionSyntaxError(
+                                f"number {_short(lit)} is out of range", i)
                     else:
                         value = int(lit)
+                        if value > MAX_INT:
+                            raise ConditionSyntaxError(
+                                f"number {_short(lit)} is out of range (at most {MAX_INT})", i)
+                except ConditionSyntaxError:
+                    raise
                 except ValueError:
-                    raise ConditionSyntaxError(f"malformed number {lit!r}", i) from None
+                    raise ConditionSyntaxError(f"malformed number {_short(lit)}", i) from None
                 tk[t].kind = T_NUM
                 tk[t].sub = len(self._vals)
                 self._vals.append(value)

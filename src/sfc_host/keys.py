@@ -21,18 +21,24 @@ class InvalidName(ValueError):
     """A scope or job id that cannot name a key."""
 
 
+def _shown(v: object) -> str:
+    # the message goes to logs and MES replies: a megabyte id is shown by its start
+    r = repr(v)
+    return r if len(r) <= 80 else r[:80] + "…"
+
+
 def check_scope(scope: str) -> str:
     if not isinstance(scope, str) or not _SCOPE_RE.match(scope):
-        raise InvalidName(f"invalid scope {scope!r}: 1-128 characters of letters, digits and "
-                        "'_.-@'")
+        raise InvalidName(f"invalid scope {_shown(scope)}: 1-128 characters of letters, "
+                          "digits and '_.-@'")
     return scope
 
 
 def check_job(job: str) -> str:
     if (not isinstance(job, str) or not job or len(job) > MAX_JOB_ID
             or any(ord(ch) < 32 or ch in "{}#" for ch in job)):
-        raise InvalidName(f"invalid job id {job!r}: 1-{MAX_JOB_ID} characters, no control "
-                        "characters, braces or '#'")
+        raise InvalidName(f"invalid job id {_shown(job)}: 1-{MAX_JOB_ID} characters, no "
+                          "control characters, braces or '#'")
     return job
 
 

@@ -25,6 +25,20 @@ log = logging.getLogger("sfc_host.stream")
 KINDS = frozenset(("start", "cancel", "hold", "release", "tick", "resume", "event", "job"))
 JOB_TRANSITIONS = frozenset(("Run", "Complete", "Abort"))
 MAX_FIELD = 1 << 20
+MAX_GAP_MS = 1 << 53     # a tick's outage gap beyond this is garbage, not an outage
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# NaN and Infinity are no JSON: refused here as the MQTT side refuses them
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _short(text: str) -> str:
+    # a field may be a megabyte: a log line shows its start
+    return repr(text) if len(text) <= 40 else repr(text[:40]) + "…"
 
 
 class InvalidEntry(ValueError):
@@ -69,18 +83,21 @@ def parse_entry(scope: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entr
         job = _s(fields, b"j") or ""
         if not action or not cid or not job:
             raise InvalidEntry("dispatch entry without job, action or command id")
-        check_job(job)
+        try:
+            check_job(job)
+        except ValueError as e:
+            raise InvalidEntry(str(e)) from None
         return Entry(scope, entry_id, "dispatch", job, action, cid)
     if kind not in KINDS:
-        raise InvalidEntry(f"unknown kind {kind!r}")
+        raise InvalidEntry(f"unknown kind {_short(kind)}")
     if kind == "event":
         t = _s(fields, b"t")
         if not t:
             raise InvalidEntry("event entry without a type (field t)")
         raw = _s(fields, b"d")
         try:
-            data = json.loads(raw) if raw else None
-        except (json.JSONDecodeError, RecursionError):
+            data = _DECODER.decode(raw) if raw else None
+        except (ValueError, RecursionError):  # also a number of over 4300 digits
             raise InvalidEntry("event data is not JSON") from None
         if data is not None and not isinstance(data, dict):
             raise InvalidEntry("event data is not an object")
@@ -97,17 +114,15 @@ def parse_entry(scope: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entr
     if kind == "job":
         e.action = _s(fields, b"a") or ""
         if e.action not in JOB_TRANSITIONS:
-            raise InvalidEntry(f"unknown job transition {e.action!r}")
+            raise InvalidEntry(f"unknown job transition {_short(e.action)}")
         e.cid = _s(fields, b"c") or ""
     elif kind == "tick":
         g = _s(fields, b"g")
         if g:
-            try:
-                e.gap = int(g)
-            except ValueError:
-                raise InvalidEntry(f"tick gap {g!r} is not an integer") from None
-            if e.gap < 0:
-                raise InvalidEntry("negative tick gap")
+            if not (g.isascii() and g.isdigit()) or len(g) > 16 or int(g) > MAX_GAP_MS:
+                raise InvalidEntry(f"tick gap {_short(g)} is not an integer "
+                                   f"from 0 to {MAX_GAP_MS}")
+            e.gap = int(g)
     return e
 
 
