@@ -18,6 +18,8 @@ on any crash.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import heapq
 import json
 import random
 import sys
@@ -335,10 +337,21 @@ class Tally:
     examples: list[str] = field(default_factory=list)
 
 
-def fuzz(dec: Decoder, n: int, seed: int, keep: int = 3) -> Tally:
+def _timed(dec: Decoder, x: Any) -> float:
+    t0 = time.perf_counter()
+    with contextlib.suppress(Exception):
+        dec.run(x)
+    return time.perf_counter() - t0
+
+
+def fuzz(dec: Decoder, n: int, seed: int, keep: int = 3, again: int = 8) -> Tally:
+    """``n`` inputs through ``dec``. The slowest are timed again afterwards (best of
+    three): on a shared machine one call can wait for the CPU, and what counts is the
+    time an input costs, not the time one call happened to take."""
     rng = random.Random(f"{seed}:{dec.name}")
     t = Tally(dec.name)
     clock = time.perf_counter
+    slow: list[tuple[float, int, Any]] = []      # a min-heap of the slowest inputs
     start = clock()
     for _ in range(n):
         x = dec.make(rng)
@@ -357,11 +370,16 @@ def fuzz(dec: Decoder, n: int, seed: int, keep: int = 3) -> Tally:
             if len(t.examples) < keep:
                 t.examples.append(f"{traceback.format_exc(limit=4)}input: {x!r:.500}")
         dt = clock() - t0
-        if dt > t.slowest_s:
-            t.slowest_s = dt
-            t.slowest = f"{x!r:.200}"
+        if len(slow) < again:
+            heapq.heappush(slow, (dt, t.inputs, x))
+        elif dt > slow[0][0]:
+            heapq.heapreplace(slow, (dt, t.inputs, x))
         t.inputs += 1
     t.seconds = clock() - start
+    for _, _, x in slow:
+        dt = min(_timed(dec, x) for _ in range(3))
+        if dt >= t.slowest_s:
+            t.slowest_s, t.slowest = dt, f"{x!r:.200}"
     return t
 
 
