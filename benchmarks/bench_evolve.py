@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
-from evolve_ratio import NOW, RESULT, job_ids, six_steps, step3_states
+from evolve_ratio import NOW, RESULT, evolve_read, job_ids, six_steps, step3_states
 from py_evolve import load_recipe, py_evolve
 from recipes import V110
 
@@ -51,6 +51,14 @@ def test_completion_6_steps(benchmark, graph, at_s2, result) -> None:
     ev = Completed(f"{JOB}:a2#3", result)
     d = benchmark(evolve, graph, at_s2[0], ev, NOW)
     assert d.applied and [c.command_id for c in d.commands] == [f"{JOB}:a3#4"]
+
+
+def test_completion_6_steps_id_read(benchmark, graph, at_s2) -> None:
+    """The same completion, then the new command's id read: the Decision builds its
+    commands on first read, so this is the cost a caller that sends them pays."""
+    ev = Completed(f"{JOB}:a2#3")
+    cid = benchmark(evolve_read, graph, at_s2[0], ev, NOW)
+    assert cid == f"{JOB}:a3#4"
 
 
 @pytest.mark.parametrize("result", [None, RESULT], ids=["no-result", "result-dict"])

@@ -11,7 +11,10 @@ event objects (tests/test_py_evolve_parity.py checks that both decide the same):
   over all jobs) until every job is done. completions/s counts the Completed events
   over the whole run's time, starts and the driver loop included;
 - one completion: the same completion (step 3 of 6, with and without a result dict)
-  evolved over and over against the same state bytes: the cost of one evolve call;
+  evolved over and over against the same state bytes: the cost of one evolve call.
+  The Decision builds its commands and work entries when they are first read, so a
+  second row reads the new command's id (what any caller does): the honest per-call
+  figure, and the one the goal is judged on;
 - the run through the embedded ``Runner`` (deadline index, waits, callback included);
 - memory per job in the Runner with 100,000 running jobs: RSS growth and tracemalloc.
 
@@ -140,6 +143,11 @@ def step3_states(graph, model, job: str) -> tuple[bytes, bytes]:
     return d.state, p[1]
 
 
+def evolve_read(graph, state: bytes, ev, now: int) -> str:
+    """evolve, then read the first command's id (the Decision builds it on demand)."""
+    return evolve(graph, state, ev, now).commands[0].command_id
+
+
 def per_call(fn, args: tuple, calls: int, rounds: int) -> float:
     """Median seconds per call of ``fn(*args)`` over ``rounds`` loops of ``calls``."""
     samples = []
@@ -243,6 +251,9 @@ def main() -> None:
         tc = per_call(evolve, (graph, c_state, ev, NOW), a.calls, a.rounds)
         tp = per_call(py_evolve, (model, p_state, ev, NOW), py_calls, a.rounds)
         rows.append((label, 1 / tc, 1 / tp))
+        if result is None:
+            tr = per_call(evolve_read, (graph, c_state, ev, NOW), a.calls, a.rounds)
+            rows.append((label + ", id read", 1 / tr, 1 / tp))
 
     # the run
     for label, result in (("run (no result)", None), ("run (result dict)", RESULT)):
@@ -272,7 +283,7 @@ def main() -> None:
     print()
 
     best_run = max(r[1] for r in rows if r[0].startswith("run"))
-    one = rows[0]
+    one = next(r for r in rows if r[0] == "one completion, id read")
     run_ratio = next(r for r in rows if r[0] == "run (no result)")
     print("goals (issue 3):")
     print(f"  >= {GOAL_RATE:,} completions/s      one completion {one[1]:,.0f}/s, "

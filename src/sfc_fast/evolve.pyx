@@ -57,31 +57,7 @@ _OUTCOMES = (None, "completed", "failed", "timeout", "cancelled", "limited")
 _EMPTY = ()
 
 
-cdef enum:
-    EF_HOLD = 1
-    EF_RESTART = 2
-
-# Job order transitions an evolve call can imply (Eff.code when Eff.action is -1).
-cdef enum:
-    JT_RUN = 0
-    JT_ABORT = 1
-    JT_COMPLETE = 2
-
 _JOB_TR = ("Run", "Abort", "Complete")
-
-
-cdef struct Eff:
-    # one effect of a call, in order: a command (action >= 0) or a job transition
-    int32_t action
-    int32_t code         # EF_* flags of a command, JT_* of a job transition
-    int32_t attempt
-    int64_t n            # command number
-    int64_t deadline
-
-
-cdef struct Texts:
-    # where a decision's job and scope texts are in its state bytes (UTF-8)
-    Py_ssize_t job_at, job_len, scope_at, scope_len
 
 
 @cython.freelist(16)
@@ -90,13 +66,6 @@ cdef class Command:
 
     The id is made with the command; the other fields are read from the graph and the
     command's C record when asked for (most callers read only a few)."""
-    cdef readonly str command_id
-    cdef Graph _g
-    cdef Eff _e
-    cdef str _job
-    cdef str _scope
-    cdef bytes _src               # the state whose texts hold job and scope, if not str
-    cdef Texts _at
 
     @property
     def action(self) -> str:
@@ -235,23 +204,6 @@ cdef class Decision:
     ``work``, ``commands``, ``job`` and ``next_deadline`` are built from C records on
     first read (and kept), so a caller that only stores the state pays for no objects.
     """
-    cdef readonly bint applied
-    cdef readonly object state
-    cdef readonly str status
-    cdef readonly str reason
-    cdef readonly tuple waits_added
-    cdef readonly tuple waits_removed
-    cdef Graph _g
-    cdef int64_t _next
-    cdef Eff _inl[2]
-    cdef Eff* _effs
-    cdef Py_ssize_t _n_effs
-    cdef str _job                 # job and scope as str, when the call had them
-    cdef str _scope
-    cdef Texts _at                # else: where they are in `state`
-    cdef list _work
-    cdef list _commands
-    cdef tuple _job_tr
 
     def __dealloc__(self):
         if self._effs != NULL and self._effs != self._inl:

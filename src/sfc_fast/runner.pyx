@@ -10,8 +10,11 @@ as fast as the CPU allows. Answers come back through ``complete``/``fail``/``hel
 
 import time
 
-from sfc_fast.deadlines import DeadlineIndex
-from sfc_fast.evolve import evolve
+from libc.stdint cimport int64_t
+
+from sfc_fast.deadlines cimport DeadlineIndex
+from sfc_fast.evolve cimport Decision, evolve
+from sfc_fast.state cimport NO_TIME
 from sfc_fast.events import (
     Cancel, Completed, Event, Failed, Held, Hold, NotHeld, Release, Start, Tick,
 )
@@ -47,7 +50,7 @@ cdef class Runner:
     cdef dict _graphs        # job -> Graph
     cdef dict _states        # job -> state bytes
     cdef dict _waits         # event type -> {job: since_ms}
-    cdef object _index       # DeadlineIndex
+    cdef DeadlineIndex _index   # C calls: evolve and the index without Python dispatch
     cdef object _on_command
     cdef object _on_end
     cdef object _clock
@@ -82,7 +85,7 @@ cdef class Runner:
     def forget(self, str job) -> None:
         """Drop an ended (or any) job from memory."""
         self._drop_waits(job)
-        self._index.remove(job)
+        self._index.c_remove(job)
         self._graphs.pop(job, None)
         self._states.pop(job, None)
 
@@ -116,19 +119,25 @@ cdef class Runner:
 
     def tick(self, limit=None) -> int:
         """Evolve every job whose deadline is due now; returns how many were ticked."""
-        due = self._index.pop_due(self._clock(), limit)
+        cdef Py_ssize_t lim = -1
+        cdef Decision d
+        if limit is not None:
+            lim = limit
+            if lim < 0:
+                raise ValueError("limit must be >= 0 or None")
+        due = self._index.c_pop_due(self._clock(), lim)
         tick = Tick()
         for job, _ in due:
             d = self._to(job, tick)
             if d is not None and not d.applied and d.next_deadline is not None:
                 # nothing to do yet (a deadline moved): back on the index
-                self._index.set(job, d.next_deadline)
+                self._index.c_set(job, d.next_deadline)
         return len(due)
 
     def next_deadline(self):
         """The earliest deadline of any job, or None."""
-        top = self._index.peek()
-        return None if top is None else top[1]
+        cdef int64_t at
+        return at if self._index.c_next(&at) else None
 
     # ---- reading
 
@@ -165,17 +174,17 @@ cdef class Runner:
         return self._to(job_of_command(command_id), event)
 
     cdef object _apply(self, str job, Graph graph, object state, event):
-        d = evolve(graph, state, event, self._clock())
+        cdef Decision d = evolve(graph, state, event, self._clock())
         if not d.applied:
             self.absorbed += 1
             return d
         self.applied += 1
         self._graphs[job] = graph
         self._states[job] = d.state
-        if d.next_deadline is None:
-            self._index.remove(job)
+        if d._next == NO_TIME:
+            self._index.c_remove(job)
         else:
-            self._index.set(job, d.next_deadline)
+            self._index.c_set(job, d._next)
         if d.waits_removed:
             for t in d.waits_removed:
                 w = self._waits.get(t)
@@ -189,8 +198,9 @@ cdef class Runner:
                 self._waits.setdefault(t, {})[job] = now
         if d.status in _TERMINAL:
             self._drop_waits(job)
-        for c in d.commands:
-            self._on_command(c)
+        if d._n_effs:
+            for c in d.commands:
+                self._on_command(c)
         if d.status in _TERMINAL and self._on_end is not None:
             self._on_end(job, d)
         return d
