@@ -7,6 +7,9 @@ call that fails leaves the next one unharmed.
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 from recipes import V110, linear, push
 
 from sfc_fast import compile_recipe
@@ -94,3 +97,35 @@ def test_a_failed_call_leaves_the_next_one_unharmed():
     d = evolve(g, st, Completed("J:a0#1"), NOW + 1)
     assert [c.command_id for c in d.commands] == ["J:a1#2"]
     assert d.next_deadline == NOW + 1 + 10_000
+
+
+def test_decisions_and_commands_pickle_and_copy_with_every_field():
+    """A Decision and its Commands survive pickle and copy (their fields are views)."""
+    g = compile_recipe(linear(2), V110)
+    d = evolve(g, None, Start("J", "s1", {"lot": 7}), NOW)
+    for clone in (pickle.loads(pickle.dumps(d)), copy.copy(d)):
+        assert (clone.applied, clone.state, clone.status, clone.reason, clone.work,
+                clone.job, clone.next_deadline, clone.waits_added, clone.waits_removed) == (
+            d.applied, d.state, d.status, d.reason, d.work, d.job, d.next_deadline,
+            d.waits_added, d.waits_removed)
+        assert [c.to_dict() for c in clone.commands] == [c.to_dict() for c in d.commands]
+    c = d.commands[0]
+    assert pickle.loads(pickle.dumps(c)).to_dict() == c.to_dict() == copy.copy(c).to_dict()
+    done = evolve(g, evolve(g, d.state, Completed("J:a0#1"), NOW).state,
+                  Completed("J:a1#2"), NOW)
+    assert done.status == "completed"
+    assert pickle.loads(pickle.dumps(done)).work == done.work == [("job", "Complete", "")]
+
+
+def test_a_large_result_goes_through_and_later_calls_stay_small():
+    """A result of 200 KB is kept whole; the next documents are as small as before."""
+    g = compile_recipe(linear(3), V110)
+    st = evolve(g, None, Start("J", "s1"), NOW).state
+    small = len(st)
+    big = {"blob": "x" * 200_000, "n": 1}
+    st = evolve(g, st, Completed("J:a0#1", big), NOW).state
+    assert state_to_json(g, st)["actions"]["a0"]["result"] == big
+    other = evolve(g, None, Start("K", "s1"), NOW).state
+    assert len(other) == small
+    d = evolve(g, st, Completed("J:a1#2"), NOW)
+    assert state_to_json(g, d.state)["actions"]["a0"]["result"] == big

@@ -121,6 +121,11 @@ cdef class Command:
         return (f"Command({self.command_id!r}{kind}, type_id={self.type_id!r}, "
                 f"deadline_ms={self.deadline_ms})")
 
+    def __reduce__(self):
+        # plain values: pickle and copy work as they did when every field was stored
+        return (_restore_command, (self._g, self._e.action, self._e.code, self._e.attempt,
+                                   self._e.n, self._e.deadline, self.job, self.scope))
+
     def to_dict(self) -> dict:
         return {"command_id": self.command_id, "action": self.action,
                 "type_id": self.type_id, "parameters": self.parameters,
@@ -269,6 +274,17 @@ cdef class Decision:
     @property
     def next_deadline(self):
         return None if self._next == NO_TIME else self._next
+
+    def __reduce__(self):
+        cdef Py_ssize_t i
+        effs = tuple([(self._effs[i].action, self._effs[i].code, self._effs[i].attempt,
+                       self._effs[i].n, self._effs[i].deadline) for i in range(self._n_effs)])
+        cmds = self.commands
+        job = (<Command>cmds[0]).job if cmds else None
+        scope = (<Command>cmds[0]).scope if cmds else None
+        return (_restore_decision, (self._g, self.applied, self.state, self.status,
+                                    self.reason, self.waits_added, self.waits_removed,
+                                    self._next, effs, job, scope))
 
     def __repr__(self) -> str:
         return (f"Decision(applied={self.applied}, status={self.status!r}, "
@@ -1437,3 +1453,36 @@ def sent_markers(Graph graph, state) -> tuple:
     started = s.started_at
     s.release()
     return started, tuple(out)
+
+
+def _restore_command(Graph g, int32_t action, int32_t code, int32_t attempt, int64_t n,
+                     int64_t deadline, str job, str scope):
+    cdef Eff e
+    e.action, e.code, e.attempt, e.n, e.deadline = action, code, attempt, n, deadline
+    return _command(g, &e, job, scope, None, NULL)
+
+
+def _restore_decision(Graph g, bint applied, state, str status, reason, tuple added,
+                      tuple removed, int64_t next_ms, tuple effs, job, scope):
+    cdef Decision d = Decision.__new__(Decision)
+    cdef Eff* buf = <Eff*>PyMem_Malloc((len(effs) + 1) * sizeof(Eff))
+    cdef Py_ssize_t i
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        for i, rec in enumerate(effs):
+            buf[i].action, buf[i].code, buf[i].attempt, buf[i].n, buf[i].deadline = rec
+        d.set_effs(buf, len(effs))
+    finally:
+        PyMem_Free(buf)
+    d._g = g
+    d.applied = applied
+    d.state = state
+    d.status = status
+    d.reason = reason
+    d.waits_added = added
+    d.waits_removed = removed
+    d._next = next_ms
+    d._job = job
+    d._scope = scope
+    return d

@@ -371,6 +371,11 @@ cdef class State:
         self._params_obj = None
         if len(self.keep):
             del self.keep[:]
+        if self.buf_cap > 65536:
+            # a rare huge document does not keep its buffer for the graph's lifetime
+            PyMem_Free(self.buf)
+            self.buf = NULL
+            self.buf_cap = 0
         self.g = None           # no cycle graph -> state -> graph while parked
         g._scratch = self
 
