@@ -344,7 +344,7 @@ def _timed(dec: Decoder, x: Any) -> float:
     return time.perf_counter() - t0
 
 
-def fuzz(dec: Decoder, n: int, seed: int, keep: int = 3, again: int = 8) -> Tally:
+def fuzz(dec: Decoder, n: int, seed: int, keep: int = 3, again: int = 64) -> Tally:
     """``n`` inputs through ``dec``. The slowest are timed again afterwards (best of
     three): on a shared machine one call can wait for the CPU, and what counts is the
     time an input costs, not the time one call happened to take."""

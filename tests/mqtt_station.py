@@ -36,7 +36,9 @@ def _props(msg: aiomqtt.Message) -> dict[str, Any]:
 
 class MqttStation:
     def __init__(self, url: str, answer: Answer, *, structured: bool = False,
-                 prefix: str = "equipment") -> None:
+                 prefix: str = "equipment", **client_kw: Any) -> None:
+        # client_kw: more aiomqtt.Client arguments (username, password, tls_context)
+        self.client_kw = client_kw
         u = urlparse(url)
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 1883
         self.answer = answer
@@ -63,7 +65,8 @@ class MqttStation:
             try:
                 async with aiomqtt.Client(self.host, self.port,
                                           identifier=f"station-{uuid.uuid4().hex[:8]}",
-                                          protocol=aiomqtt.ProtocolVersion.V5) as c:
+                                          protocol=aiomqtt.ProtocolVersion.V5,
+                                          **self.client_kw) as c:
                     self.client = c
                     await c.subscribe(f"{self.prefix}/+/commands", qos=1)
                     self.ready.set()

@@ -62,15 +62,30 @@ def connection_class(url: str) -> type[Connection]:
     return FastConnection
 
 
+def tls_options(url: str, ca_file: str = "", cert_file: str = "",
+                key_file: str = "") -> dict[str, Any]:
+    """redis-py's TLS keywords for a ``rediss://`` URL (none for other schemes, whose
+    connection classes take no such keywords)."""
+    if urlparse(url).scheme != "rediss":
+        return {}
+    opts: dict[str, Any] = {}
+    if ca_file:
+        opts["ssl_ca_certs"] = ca_file
+    if cert_file:
+        opts["ssl_certfile"] = cert_file
+        opts["ssl_keyfile"] = key_file or None
+    return opts
+
+
 def redis_from_url(url: str, max_connections: int = 16,
-                   pool_timeout_s: float = 30.0) -> aioredis.Redis:
+                   pool_timeout_s: float = 30.0, **tls: Any) -> aioredis.Redis:
     """A standalone client with the fast packing connection class for the URL, over a
     blocking pool: a call beyond ``max_connections`` waits for a free connection
-    instead of failing."""
+    instead of failing. ``tls``: ``tls_options`` for a ``rediss://`` URL."""
     # A call on a connection a Redis restart closed is tried again on a new one: the
     # host's writes are compare-and-set scripts, markers and acks, all safe to repeat.
     pool = BlockingConnectionPool.from_url(
         url, connection_class=connection_class(url), max_connections=max_connections,
         timeout=pool_timeout_s, retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError])
+        retry_on_error=[RedisConnectionError, RedisTimeoutError], **tls)
     return aioredis.Redis(connection_pool=pool)

@@ -16,18 +16,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 
 class ConfigError(ValueError):
     """A setting that cannot be used (unknown name, wrong type, out of range)."""
 
 
+def without_credentials(url: str) -> str:
+    """A server URL for a log line or an error: ``redis://user:secret@h:6379/0`` is
+    shown as ``redis://h:6379/0`` (a password never reaches a log or a terminal)."""
+    u = urlsplit(url)
+    return urlunsplit(u._replace(netloc=u.netloc.rpartition("@")[2])) if "@" in u.netloc \
+        else url
+
+
 @dataclass
 class HostConfig:
     # Redis
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)  # may hold a password
     redis_cluster: bool = False          # talk to a Redis Cluster (scopes spread by hash tag)
     redis_pool_size: int = 16            # connections in the shared pool
+    redis_ca_file: str = ""              # rediss:// (TLS): CA bundle (default: the system's)
+    redis_cert_file: str = ""            # TLS client certificate (a server that asks)
+    redis_key_file: str = ""
     # Work streams (one consumer group per host deployment)
     group: str = "sfc-host"
     consumer: str = ""                   # default: hostname-pid
@@ -56,7 +68,7 @@ class HostConfig:
     mqtt_binary: bool = True             # MQTT 5: binary CloudEvents (attributes as user
                                          # properties) or structured JSON
     mqtt_username: str = ""
-    mqtt_password: str = ""              # never logged
+    mqtt_password: str = field(default="", repr=False)   # never logged
     mqtt_client_id: str = ""             # default: sfc-{consumer}
     mqtt_ca_file: str = ""               # TLS: CA bundle (default: the system's)
     mqtt_cert_file: str = ""             # TLS client certificate

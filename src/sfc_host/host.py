@@ -27,7 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sfc_fast import state_to_json
 from sfc_fast.events import BaseEvent
 from sfc_fast.runner import job_of_command
-from sfc_host.client import redis_from_url
+from sfc_host.client import redis_from_url, tls_options
 from sfc_host.config import HostConfig
 from sfc_host.equipment import CommandSink, Dispatcher, InProcessSink
 from sfc_host.jobs import APPLIED, CONFLICT, ERROR, MISSING, Item, Settler
@@ -55,11 +55,14 @@ def _retry() -> Any:
 
 def connect(config: HostConfig) -> Any:
     """The shared client (a pool of connections) for a config."""
+    tls = tls_options(config.redis_url, config.redis_ca_file, config.redis_cert_file,
+                      config.redis_key_file)
     if config.redis_cluster:
         from redis.asyncio.cluster import RedisCluster
         return RedisCluster.from_url(config.redis_url, retry=_retry(),
-                                     retry_on_error=[RedisConnectionError, RedisTimeoutError])
-    return redis_from_url(config.redis_url, max_connections=config.redis_pool_size)
+                                     retry_on_error=[RedisConnectionError, RedisTimeoutError],
+                                     **tls)
+    return redis_from_url(config.redis_url, max_connections=config.redis_pool_size, **tls)
 
 
 class Host:

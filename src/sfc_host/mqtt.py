@@ -96,6 +96,7 @@ class MqttLink:
         self._handler_slots = asyncio.Semaphore(MAX_HANDLER_TASKS)
         self._handler_tasks: set[asyncio.Task[None]] = set()
         self.connects = 0
+        self.last_error = ""         # why the last connection failed or ended (no secrets)
         self._live: aiomqtt.Client | None = None     # the connected client, if any
         # fan_out (the script engine's link): a message goes to every subscription it
         # matches, once each. On MQTT 5 the broker sends one copy per matching
@@ -253,6 +254,7 @@ class MqttLink:
                 delay = BACKOFF_S[min(fails, len(BACKOFF_S) - 1)]
                 fails += 1
                 self.metrics.inc("mqtt_reconnects")
+                self.last_error = str(e)
                 # The error names the broker, never the credentials.
                 log.warning("MQTT connection to %s:%d lost or refused (%s); again in %.1f s",
                             self.host, self.port, e, delay)

@@ -15,7 +15,7 @@ import sys
 
 import uvloop
 
-from sfc_host.config import ConfigError, HostConfig
+from sfc_host.config import ConfigError, HostConfig, without_credentials
 
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 1
@@ -50,6 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 async def _serve(cfg: HostConfig) -> int:
     from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ResponseError
 
     from sfc_host.app import App
 
@@ -62,20 +63,26 @@ async def _serve(cfg: HostConfig) -> int:
     except ValueError as e:
         print(f"sfc-host: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    redis_at, mqtt_at = without_credentials(cfg.redis_url), without_credentials(cfg.mqtt_url)
     try:
         await app.start()
-    except RedisConnectionError as e:
+    except RedisConnectionError as e:      # also a wrong password (AuthenticationError)
         await app.aclose()
-        print(f"sfc-host: error: cannot reach Redis at {cfg.redis_url} ({e})", file=sys.stderr)
+        print(f"sfc-host: error: cannot reach Redis at {redis_at} ({e})", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except ResponseError as e:             # e.g. an ACL that lacks a command the host needs
+        await app.aclose()
+        print(f"sfc-host: error: Redis at {redis_at} refused the host: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except TimeoutError:
+        why = app.link.last_error
         await app.aclose()
-        print(f"sfc-host: error: cannot reach the MQTT broker at {cfg.mqtt_url}",
-              file=sys.stderr)
+        print(f"sfc-host: error: cannot reach the MQTT broker at {mqtt_at}"
+              + (f" ({why})" if why else ""), file=sys.stderr)
         return EXIT_UNREACHABLE
     logging.getLogger("sfc_host").info(
-        "host %s running: Redis %s, MQTT %s, %d scopes", cfg.consumer_name, cfg.redis_url,
-        cfg.mqtt_url, len(app.host.streams.scopes))
+        "host %s running: Redis %s, MQTT %s, %d scopes", cfg.consumer_name, redis_at,
+        mqtt_at, len(app.host.streams.scopes))
     await stop.wait()
     await app.aclose()
     return 0
