@@ -174,11 +174,13 @@ class Settler:
         batches: dict[str, list[Record]] = {}
         plans: dict[str, list[tuple[list[Item], Record, Graph, list]]] = {}
         stale: list[Item] = []
+        decided = 0          # the oldest server time a decision of this round was made at
         for s, jobs in wanted.items():
             now, byjob = rows[s]
             if not now:
                 now = self.store.clock.now_ms() if self.store.clock.synced else \
                     await self.store.now_ms()
+            decided = min(decided or now, now)
             loaded_now = set(to_load.get(s, ()))
             for job, its in jobs.items():
                 planned = await self._plan(s, now, byjob[job], its)
@@ -200,7 +202,11 @@ class Settler:
             return stale
         c = self.config
         deliver = (c.group, c.consumer_name, c.read_count)
-        results = await self.store.commit(batches, deliver, self.serves)
+        # A decision older than the outage threshold when it reaches Redis (the host was
+        # frozen in between) may predate an outage whose sweep did not see this job yet:
+        # its deadlines would not move by the gap. It is not written; read and decide again.
+        results = await self.store.commit(batches, deliver, self.serves,
+                                          not_after=decided + c.outage_threshold_ms)
         retry: list[Item] = stale
         fresh: list[Fresh] = []
         for s, lst in plans.items():

@@ -261,8 +261,10 @@ class Store:
     # ---- writing
 
     def cas_call(self, groups: Sequence[tuple[str, Sequence[Record],
-                                              tuple[str, str, int] | None]]) -> Call:
-        """One compare-and-set call over ``(scope, records, deliver)`` groups."""
+                                              tuple[str, str, int] | None]],
+                 not_after: int = 0) -> Call:
+        """One compare-and-set call over ``(scope, records, deliver)`` groups, written
+        only up to the server time ``not_after`` (ms; 0: any time)."""
         keys: list[Any] = []
         index: dict[str, int] = {}
 
@@ -273,7 +275,7 @@ class Store:
                 i = index[name] = len(keys)
             return i
 
-        args: list[Any] = [len(groups)]
+        args: list[Any] = [len(groups), not_after]
         for scope, records, deliver in groups:
             k = self.keys(scope)
             args += (ki(k.due), ki(k.active), ki(k.work))
@@ -306,15 +308,16 @@ class Store:
 
     async def commit(self, batches: dict[str, Sequence[Record]],
                      deliver: tuple[str, str, int] | None = None,
-                     serves: Any = None) -> dict[str, Committed]:
-        """Write records of several scopes; per scope the new versions (0 = lost race),
-        the markers of the dispatch entries written, and (with ``deliver`` = group,
+                     serves: Any = None, not_after: int = 0) -> dict[str, Committed]:
+        """Write records of several scopes; per scope the new versions (0 = lost race,
+        or the server clock was past ``not_after`` ms: decided too long ago), the
+        markers of the dispatch entries written, and (with ``deliver`` = group,
         consumer, count) the scope's new entries, now pending on that consumer."""
         scopes = [s for s, recs in batches.items() if recs]
         groups = self._calls_by_slot(scopes)
         calls = [self.cas_call([
             (s, batches[s], deliver if deliver and (serves is None or serves(s)) else None)
-            for s in group]) for group in groups]
+            for s in group], not_after) for group in groups]
         results = await self.scripts.run(calls)
         out: dict[str, Committed] = {}
         cache = self.cache

@@ -2,7 +2,10 @@
 -- group per call (every key of a scope shares its hash tag, so a call touches one
 -- slot); on a single Redis one call may carry the groups of many scopes.
 -- KEYS: every key the groups name, by index.
--- ARGV[1] = number of groups; then per group:
+-- ARGV[1] = number of groups; ARGV[2] = the latest server time (ms) at which these
+-- decisions may still be written ('0': any time): a host frozen between reading a job
+-- and this call decided on a clock from before a possible outage, so nothing is
+-- written (every record loses, and the host reads the jobs again); then per group:
 --   due index key index, active set key index, work stream key index,
 --   deliver ('1': then group, consumer, count follow; '0': nothing follows),
 --   number of records, then each record:
@@ -24,7 +27,12 @@
 -- the action's markers sent:{action} and sent:{action}:hold (false when unset); the
 -- XREADGROUP reply (or false).
 local result = {}
-local p = 2
+local p = 3
+local too_late = false
+if tonumber(ARGV[2]) > 0 then
+  local t = redis.call('TIME')
+  too_late = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[2])
+end
 for g = 1, tonumber(ARGV[1]) do
   local due_key = KEYS[tonumber(ARGV[p])]
   local active_key = KEYS[tonumber(ARGV[p + 1])]
@@ -59,7 +67,7 @@ for g = 1, tonumber(ARGV[1]) do
     local rval = ARGV[e + 3 * ne + 1]
     p = e + 3 * ne + 2
     local current = redis.call('HGET', key, 'v') or '0'
-    if current ~= expected then
+    if too_late or current ~= expected then
       out[r] = 0
     else
       local v = tonumber(current) + 1

@@ -1,0 +1,642 @@
+"""The fault harness: a load of jobs across real host processes, one fault injected
+mid-load, then the invariants checked.
+
+Everything is a real process: redis-server (AOF ``everysec``), mosquitto (persistent, so
+a restart keeps the station's queued commands), the station (``fault_station.py``,
+which logs every command id it receives with its time) and two or more ``sfc-host run``
+processes (``run_host.py``: plain ``sfc-host run`` with a generated TOML config, or
+with a jumping wall clock). Jobs are ``tighten_rework`` orders stored directly in
+Redis (as the MES path does); equipment answers go over MQTT.
+
+After the fault, ``Cluster.check`` waits (bounded) for every job to end and the work
+stream to drain, and measures:
+
+- jobs lost: a job that did not end ``Ended_Completed`` with a job response of the
+  same shape as without a fault (every job's response data has the same fields,
+  ``tighten.torque`` 85);
+- commands lost: an id of the job's expected sequence the station never received
+  (and ids it received that a fault-free run would not send: timeouts, retries);
+- duplicates: an id received more than once; each is inside the fault's window
+  (its first copy went out within ``WINDOW_S`` before the fault, or while it lasted:
+  the documented window between a command being queued and its sent marker) or not;
+- anything left: entries pending or dead, jobs on the due index or the active set.
+
+Each scenario is a coroutine returning an ``Outcome``; the tests assert ``ok`` and
+``benchmarks/reliability.py`` tabulates them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+from servers import MosquittoServer, RedisServer, free_port
+from test_host_faults import expected_ids
+
+from sfc_host.config import HostConfig
+from sfc_host.host import Host
+from sfc_host.keys import ScopeKeys
+from sfc_host.mes_client import MesClient
+from sfc_host.orders import INVALID_JOB_ORDER_STATUS, OrderError
+
+HERE = Path(__file__).resolve().parent
+EXAMPLES = HERE.parents[1] / "src" / "sfc_host" / "examples"
+SCOPE = "line1"
+K = ScopeKeys(SCOPE)
+GROUP = "sfc-host"
+WINDOW_S = 1.0          # a duplicate's first copy went out at most this long before the fault
+BASE_SETTINGS: dict[str, Any] = {
+    "scopes": [SCOPE], "claim_min_idle_ms": 300, "claim_interval_ms": 100,
+    "sweep_interval_ms": 50, "read_block_ms": 20, "discover_interval_ms": 100,
+    "outage_threshold_ms": 3000, "max_deliveries": 10, "log_level": "WARNING",
+}
+
+
+def work_master(timeout_s: int | None = None) -> dict[str, Any]:
+    """The ``tighten_rework`` example as Work Master ``wm1`` (optionally every action's
+    timeout shortened, so that a missed outage would time actions out)."""
+    wm = json.loads((EXAMPLES / "tighten_rework.json").read_text())
+    wm["ID"] = "wm1"
+    if timeout_s is not None:
+        for a in wm["data"]["Actions"]:
+            a["TimeoutSeconds"] = timeout_s
+    return wm
+
+
+class PersistentMosquitto(MosquittoServer):
+    """mosquitto that saves its sessions and queued QoS 1 messages at shutdown. It
+    stays the user that started it (as root it would switch to ``mosquitto``, which
+    cannot write the private temp folder)."""
+
+    def _argv(self) -> list[str]:
+        conf = self.workdir / "mosquitto.conf"
+        conf.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            f"user {getpass.getuser()}\n"
+            "allow_anonymous true\n"
+            "persistence true\n"
+            f"persistence_location {self.workdir}/\n"
+            "max_queued_messages 100000\n"
+            "max_inflight_messages 1000\n"
+            "log_dest stderr\nlog_type error\nlog_type warning\n")
+        return [self.path, "-c", str(conf)]
+
+
+def scrape(port: int) -> str | None:
+    """A host's Prometheus text, None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return str(r.read().decode())
+    except OSError:
+        return None
+
+
+class HostProcess:
+    """One ``sfc-host run`` process (through ``run_host.py``) with its own TOML config."""
+
+    def __init__(self, name: str, workdir: Path, settings: dict[str, Any],
+                 clock_jumps: str = "") -> None:
+        self.name = name
+        self.metrics_port = free_port()
+        conf = workdir / f"{name}.toml"
+        values = {**settings, "consumer": name, "metrics_port": self.metrics_port}
+        # JSON strings, numbers, booleans and arrays of strings are TOML as they are
+        conf.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+        self.log = workdir / f"{name}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SFC_")}
+        if clock_jumps:
+            env["FAULT_CLOCK_JUMPS"] = clock_jumps
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, str(HERE / "run_host.py"), str(conf)],
+                                         stdout=out, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+
+    async def ready(self, timeout: float = 30) -> None:
+        end = time.monotonic() + timeout
+        while await asyncio.to_thread(scrape, self.metrics_port) is None:
+            if self.proc.poll() is not None or time.monotonic() > end:
+                raise AssertionError(f"host {self.name} did not start:\n{self.tail()}")
+            await asyncio.sleep(0.05)
+
+    def tail(self, n: int = 1500) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+    def signal(self, sig: int) -> float:
+        """Send ``sig``; the wall-clock time it was sent."""
+        at = time.time()
+        os.kill(self.proc.pid, sig)
+        if sig == signal.SIGKILL:
+            self.proc.wait(timeout=10)
+        return at
+
+    def rss_kb(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)    # a stopped host cannot exit
+                self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@dataclass
+class Outcome:
+    """What one fault run did to the load."""
+
+    fault: str
+    seed: int
+    jobs: int = 0
+    jobs_lost: int = 0            # not completed, or a job response of another shape
+    commands_lost: int = 0        # expected ids never received
+    unexpected: int = 0           # ids a fault-free run would not send (timeouts, retries)
+    duplicates: int = 0           # ids received more than once
+    dups_in_window: int = 0       # ... of which inside the fault's window
+    left: int = 0                 # pending or dead entries, due or active jobs at the end
+    faults: int = 0               # faults injected (kills, restarts, stops, jumps, requests)
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return (not self.problems and self.jobs_lost == 0 and self.commands_lost == 0
+                and self.unexpected == 0 and self.left == 0
+                and self.duplicates == self.dups_in_window)
+
+    def summary(self) -> str:
+        return (f"{self.fault} seed {self.seed}: {self.jobs} jobs, lost {self.jobs_lost}, "
+                f"commands lost {self.commands_lost}, unexpected {self.unexpected}, "
+                f"duplicates {self.duplicates} ({self.dups_in_window} in window), "
+                f"left {self.left}, {self.seconds:.1f} s {self.notes}"
+                + ("" if not self.problems else "\n" + "\n".join(self.problems[:20])))
+
+
+class Cluster:
+    """redis-server, mosquitto, the station and host processes in one temp folder."""
+
+    def __init__(self, seed: int, *, hosts: int = 2, settings: dict[str, Any] | None = None,
+                 clock_jumps: dict[str, str] | None = None, station_delay_s: float = 0.1,
+                 repeat_s: float = 1.0, wm_timeout_s: int | None = None) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.n_hosts = hosts
+        self.settings = {**BASE_SETTINGS, **(settings or {})}
+        self.clock_jumps = clock_jumps or {}
+        self.station_delay_s = station_delay_s
+        self.repeat_s = repeat_s
+        self.wm_timeout_s = wm_timeout_s
+        self.dir = Path(tempfile.mkdtemp(prefix="sfc-faults-"))
+        self.redis = RedisServer(self.dir / "redis", aof=True)
+        self.broker = PersistentMosquitto(self.dir / "mqtt")
+        self.hosts: dict[str, HostProcess] = {}
+        self.station: subprocess.Popen[bytes] | None = None
+        self.station_log = self.dir / "station.jsonl"
+        self.jobs: list[str] = []
+        self.client: Any = None
+        self.orders: Host | None = None
+        self.windows: list[tuple[float, float]] = []   # (from, to): duplicates allowed
+        self.t0 = 0.0
+
+    # ---- life cycle
+
+    async def __aenter__(self) -> Cluster:
+        try:
+            await asyncio.to_thread(self.redis.start)
+            await asyncio.to_thread(self.broker.start)
+            self.settings.update(redis_url=self.redis.url, mqtt_url=self.broker.url)
+            self.client = aioredis.Redis.from_url(self.redis.url)
+            self.orders = Host(HostConfig(redis_url=self.redis.url, consumer="faults"),
+                               loops=False)
+            await self.orders.store.put_work_master(SCOPE, work_master(self.wm_timeout_s))
+            await self.orders.orders.register_scope(SCOPE)
+            await self.start_station()
+            for i in range(1, self.n_hosts + 1):
+                self.add_host(f"h{i}")
+            for h in self.hosts.values():
+                await h.ready()
+            self.t0 = time.time()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start_station(self) -> None:
+        self.station = subprocess.Popen(
+            [sys.executable, str(HERE / "fault_station.py"), str(self.broker.port),
+             str(self.station_log), str(self.seed), str(self.station_delay_s),
+             str(self.repeat_s)],
+            stdout=subprocess.PIPE, stderr=(self.dir / "station.log").open("ab"))
+        assert self.station.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.station.stdout.readline), 15)
+        if line.strip() != b"ready":
+            raise AssertionError(f"the station did not start: {line!r}")
+
+    def add_host(self, name: str) -> HostProcess:
+        h = HostProcess(name, self.dir, self.settings, self.clock_jumps.get(name, ""))
+        self.hosts[name] = h
+        return h
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(asyncio.to_thread(h.stop) for h in self.hosts.values()))
+        if self.station is not None and self.station.poll() is None:
+            self.station.kill()
+            self.station.wait(timeout=10)
+        if self.orders is not None:
+            await self.orders.aclose()
+        if self.client is not None:
+            await self.client.aclose()
+        await asyncio.to_thread(self.broker.stop)
+        await asyncio.to_thread(self.redis.stop)
+        if not os.environ.get("FAULT_KEEP"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---- load
+
+    async def store(self, job: str) -> None:
+        """Store-and-start one order, again after a connection error (Redis restarts)."""
+        assert self.orders is not None
+        for attempt in range(50):
+            try:
+                await self.orders.orders.store_order(
+                    SCOPE, {"ID": job, "WorkMasterID": "wm1"}, start=True)
+                return
+            except OrderError as e:
+                if e.status == INVALID_JOB_ORDER_STATUS:
+                    return                      # a repeat that found the order stored
+                raise
+            except RedisError:
+                if attempt == 49:
+                    raise
+                await asyncio.sleep(0.1)
+
+    async def load(self, n: int, gap_s: float, burst: int = 1) -> None:
+        """Store ``n`` jobs, ``burst`` at once, ``gap_s`` apart (bursts fill the hosts'
+        outgoing queues, so a fault finds commands between queue and marker)."""
+        new = [f"J{i:03d}" for i in range(len(self.jobs), len(self.jobs) + n)]
+        self.jobs += new
+        for i in range(0, n, burst):
+            await asyncio.gather(*(self.store(j) for j in new[i:i + burst]))
+            await asyncio.sleep(gap_s)
+
+    def received(self) -> list[dict[str, Any]]:
+        """Every command the station received so far, in order."""
+        if not self.station_log.exists():
+            return []
+        out = []
+        for line in self.station_log.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return out
+
+    async def wait_received(self, n: int, timeout: float = 20) -> None:
+        end = time.monotonic() + timeout
+        while len(self.received()) < n and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+
+    # ---- checks
+
+    async def states(self) -> list[bytes | None]:
+        pipe = self.client.pipeline(transaction=False)
+        for j in self.jobs:
+            pipe.hget(K.order(j), "state")
+        return list(await pipe.execute())
+
+    async def wait_ended(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with contextlib.suppress(Exception):
+                if all(s is not None and not s.startswith((b"Running", b"AllowedToStart",
+                                                           b"Interrupted"))
+                       for s in await self.states()):
+                    return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def pending(self) -> int:
+        return int((await self.client.xpending(K.work, GROUP))["pending"])
+
+    async def check(self, out: Outcome, timeout: float = 40) -> Outcome:
+        """Wait for the load to end, then measure it against a fault-free run."""
+        out.jobs = len(self.jobs)
+        await self.wait_ended(timeout)
+        end = time.monotonic() + 10
+        while await self.pending() and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)     # late copies of commands reach the station's log
+        assert self.orders is not None
+        shapes: Counter[tuple[str, ...]] = Counter()
+        for j, st in zip(self.jobs, await self.states(), strict=True):
+            raw = await self.client.get(K.response(j))
+            resp = json.loads(raw) if raw else {}
+            data = {d["ID"]: d["Value"] for d in resp.get("JobResponseData", [])}
+            if st != b"Ended_Completed" or resp.get("JobState") != "Ended_Completed" \
+                    or data.get("tighten.torque") != 85:
+                out.jobs_lost += 1
+                view = await self.orders.inspect(SCOPE, j) or {}
+                out.problems.append(
+                    f"job {j}: order {st!r}, status {view.get('status')}, reason "
+                    f"{await self.client.hget(K.order(j), 'reason')!r}, "
+                    f"markers {view.get('markers')}, response {resp or None}")
+            shapes[tuple(sorted(data))] += 1
+            out.notes.setdefault("times", []).append(
+                (resp.get("StartTime"), resp.get("EndTime")))
+        if len(shapes) > 1:
+            out.jobs_lost += sum(shapes.values()) - shapes.most_common(1)[0][1]
+            out.problems.append(f"job responses of {len(shapes)} shapes: {dict(shapes)}")
+        self._check_commands(out)
+        left = {"pending": await self.pending(), "dead": await self.client.xlen(K.dead),
+                "due": await self.client.zcard(K.due),
+                "active": await self.client.scard(K.active)}
+        out.left = sum(left.values())
+        if out.left:
+            out.problems.append(f"left at the end: {left}")
+            pend = await self.client.xpending_range(K.work, GROUP, "-", "+", 10)
+            out.problems.append(f"pending: {pend}")
+        out.seconds = time.time() - self.t0
+        if not out.ok:
+            for h in self.hosts.values():
+                out.problems.append(f"--- {h.name} log:\n{h.tail(800)}")
+        out.notes.pop("times", None) if out.ok else None
+        return out
+
+    def _check_commands(self, out: Outcome) -> None:
+        got = self.received()
+        per_job: dict[str, list[str]] = defaultdict(list)
+        at: dict[str, list[float]] = defaultdict(list)
+        for r in got:
+            per_job[r["job"]].append(r["id"])
+            at[r["id"]].append(r["t"])
+        for j in self.jobs:
+            want = expected_ids(j)
+            seen = list(dict.fromkeys(per_job.get(j, [])))
+            lost = [c for c in want if c not in seen]
+            extra = [c for c in seen if c not in want]
+            out.commands_lost += len(lost)
+            out.unexpected += len(extra)
+            if lost or extra or [c for c in seen if c in want] != want[:len(seen)]:
+                out.problems.append(f"job {j}: lost {lost}, unexpected {extra}, "
+                                    f"received {per_job.get(j)}")
+        for cid, times in at.items():
+            if len(times) < 2:
+                continue
+            out.duplicates += 1
+            first = times[0]
+            inside = len(times) == 2 and any(a - WINDOW_S <= first <= b
+                                             for a, b in self.windows)
+            if inside:
+                out.dups_in_window += 1
+            else:
+                wins = [(round(a - self.t0, 3), round(b - self.t0, 3)) for a, b in self.windows]
+                out.problems.append(f"duplicate {cid} outside the window: received at "
+                                    f"{[round(t - self.t0, 3) for t in times]} s, "
+                                    f"windows {wins}")
+        out.notes["commands"] = len(got)
+
+
+# ---- scenarios
+
+
+async def _during(load: Awaitable[None], fault: Callable[[], Awaitable[None]]) -> None:
+    task = asyncio.ensure_future(load)
+    try:
+        await fault()
+        await task
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def kill9(seed: int, n_jobs: int = 200) -> Outcome:
+    """``kill -9`` of a host at a random point of the load (on odd seeds the other
+    original host is killed later too); the other host takes its pending entries over
+    (XAUTOCLAIM), and a restarted host joins (recovery runs while jobs run)."""
+    out = Outcome("kill -9 of a host", seed)
+    async with Cluster(seed) as c:
+        rng = c.rng
+
+        async def fault() -> None:
+            originals = ["h1", "h2"]
+            rng.shuffle(originals)
+            kills = 1 + seed % 2
+            for k, victim in enumerate(originals[:kills]):
+                await asyncio.sleep(rng.uniform(0.1, 1.5))
+                at = c.hosts[victim].signal(signal.SIGKILL)
+                c.windows.append((at, at + 0.2))
+                out.faults += 1
+                busy = {x["name"].decode(): x["pending"]
+                        for x in await c.client.xinfo_consumers(K.work, GROUP)}
+                out.notes["pending at kill"] = [*out.notes.get("pending at kill", []),
+                                                busy.get(victim, 0)]
+                await asyncio.sleep(rng.uniform(0.3, 1.0))
+                await c.add_host(f"{victim}r{k}").ready()
+        await _during(c.load(n_jobs, 0.1, burst=25), fault)
+        return await c.check(out)
+
+
+async def _restart(out: Outcome, c: Cluster, server: RedisServer | MosquittoServer,
+                   n_jobs: int) -> Outcome:
+    async def fault() -> None:
+        await asyncio.sleep(c.rng.uniform(0.5, 2.0))
+        down = time.time()
+        await asyncio.to_thread(server.stop)
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(server.start)
+        c.windows.append((down, time.time()))
+        out.faults += 1
+    await _during(c.load(n_jobs, 0.02), fault)
+    return await c.check(out)
+
+
+async def redis_restart(seed: int, n_jobs: int = 150) -> Outcome:
+    """Redis (AOF everysec) stopped and started again mid-load, down for 0.5 s."""
+    async with Cluster(seed) as c:
+        return await _restart(Outcome("Redis restart (AOF everysec)", seed), c, c.redis,
+                              n_jobs)
+
+
+async def broker_restart(seed: int, n_jobs: int = 150) -> Outcome:
+    """mosquitto stopped and started again mid-load, down for 0.5 s: the hosts send
+    what was not acknowledged again after the reconnect, the station's session keeps
+    what the broker held for it."""
+    async with Cluster(seed) as c:
+        return await _restart(Outcome("MQTT broker restart", seed), c, c.broker, n_jobs)
+
+
+OUTAGE_MS = 1500
+
+
+async def sigstop(seed: int, n_jobs: int = 100, every_host: bool = False) -> Outcome:
+    """SIGSTOP past the outage threshold, then SIGCONT.
+
+    One host: the other takes its pending entries over (XAUTOCLAIM) and keeps sweeping,
+    so there is no outage; what the stopped host held (answers in its socket, a send
+    half done) is applied or absorbed when it continues. Action timeouts stay as in the
+    recipe (20-30 s): a freeze longer than a timeout times the action out by design.
+
+    Every host: an outage. The sweep finds the heartbeat older than the threshold and
+    moves every deadline by the gap; action timeouts are 3 s and the stop lasts 4.5 s,
+    so a missed outage would time actions out (unexpected ids, aborted jobs)."""
+    what = "every host" if every_host else "one host"
+    out = Outcome(f"SIGSTOP of {what} past the outage threshold", seed)
+    async with Cluster(seed, settings={"outage_threshold_ms": OUTAGE_MS},
+                       wm_timeout_s=3 if every_host else None) as c:
+        async def fault() -> None:
+            await asyncio.sleep(c.rng.uniform(0.3, 1.0))
+            victims = ["h1", "h2"] if every_host else [c.rng.choice(["h1", "h2"])]
+            at = min(c.hosts[v].signal(signal.SIGSTOP) for v in victims)
+            await asyncio.sleep(OUTAGE_MS / 1000 + 3.0)
+            for v in victims:
+                c.hosts[v].signal(signal.SIGCONT)
+            c.windows.append((at, time.time() + 0.5))
+            out.faults += 1
+        await _during(c.load(n_jobs, 0.01), fault)
+        return await c.check(out)
+
+
+async def clock_jump(seed: int, n_jobs: int = 100) -> Outcome:
+    """The hosts' wall clocks jump mid-load (one an hour ahead and then two back, the
+    other half an hour back): deadlines and job times follow the Redis server clock, so
+    nothing times out and the job responses carry real times."""
+    out = Outcome("host wall clock jumped", seed)
+    jumps = {"h1": "1.0:3600,2.5:-7200", "h2": "1.5:-1800"}
+    async with Cluster(seed, clock_jumps=jumps, wm_timeout_s=5) as c:
+        real_start = time.time()
+        await c.load(n_jobs, 0.03)
+        out.faults = 3
+        res = await c.check(out)
+        real_end = time.time()
+        bad = 0
+        for s, e in res.notes.get("times", []):
+            for iso in (s, e):
+                if iso is None:
+                    continue
+                t = _parse_iso(iso)
+                if not real_start - 60 <= t <= real_end + 5:
+                    bad += 1
+        if bad:
+            res.problems.append(f"{bad} job response times off the server clock")
+        res.notes.pop("times", None)
+        return res
+
+
+def _parse_iso(s: str) -> float:
+    import datetime as dt
+    return dt.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+
+async def pause_storm(seed: int, n_jobs: int = 40, seconds: float = 4.0) -> Outcome:
+    """Two MES clients race Pause/Resume/Pause requests over MQTT at running jobs
+    (shared subscriptions split them between two hosts). Accepted Pauses and Resumes of
+    one job alternate, so after the storm a job with one Pause more than Resumes must be
+    Interrupted with its recipe held, any other not Interrupted and not held. Then every
+    Interrupted job is resumed and every job must complete, nothing stuck."""
+    out = Outcome("Pause/Resume storm from two MES clients", seed)
+    async with Cluster(seed, station_delay_s=0.4) as c:
+        rng = c.rng
+        cfg = HostConfig(mqtt_url=c.broker.url)
+        accepted: dict[str, Counter[str]] = defaultdict(Counter)
+        paused_at: dict[str, float] = {}       # job -> when its last Pause was accepted
+        refused = 0
+        sent = 0
+        async with MesClient(cfg, timeout_s=10) as m1, MesClient(cfg, timeout_s=10) as m2:
+            async def storm(mes: MesClient, r: random.Random) -> None:
+                nonlocal refused, sent
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    job = r.choice(c.jobs) if c.jobs else None
+                    if job is None:
+                        await asyncio.sleep(0.05)
+                        continue
+                    method = r.choice(["Pause", "Resume", "Pause"])
+                    reply = await mes.control(SCOPE, method, job)
+                    sent += 1
+                    if reply.ok:
+                        accepted[job][method] += 1
+                        if method == "Pause":
+                            paused_at[job] = time.time()
+                    else:
+                        refused += 1
+                    await asyncio.sleep(r.uniform(0.0, 0.02))
+
+            load = asyncio.ensure_future(c.load(n_jobs, 0.02))
+            await asyncio.gather(*(storm(m, random.Random(rng.random()))
+                                   for m in (m1, m2, m1, m2)))
+            await load
+            out.faults = sent
+            await asyncio.sleep(1.0)   # hold and release entries settle
+            assert c.orders is not None
+            states = dict(zip(c.jobs, await c.states(), strict=True))
+            for j in c.jobs:
+                p, r = accepted[j]["Pause"], accepted[j]["Resume"]
+                st = (states[j] or b"").decode()
+                view = await c.orders.inspect(SCOPE, j) or {}
+                held = view.get("held_ms") is not None
+                if p - r not in (0, 1):
+                    out.problems.append(f"job {j}: {p} Pauses and {r} Resumes accepted")
+                elif p - r == 1 and st == "Ended_Completed":
+                    # The recipe's last step ended before the hold reached it (the order
+                    # goes Interrupted -> Ended_Completed): only if it ended by then.
+                    raw = await c.client.get(K.response(j))
+                    ended = _parse_iso(json.loads(raw)["EndTime"]) if raw else None
+                    if ended is None or ended > paused_at[j] + 0.5:
+                        out.problems.append(f"job {j}: completed at {ended} under a Pause "
+                                            f"accepted at {paused_at[j]}")
+                    out.notes["completed under a late Pause"] = \
+                        out.notes.get("completed under a late Pause", 0) + 1
+                elif p - r == 1 and not (st.startswith("Interrupted") and held):
+                    out.problems.append(f"job {j}: last accepted Pause, but {st} held {held}")
+                elif p == r and (st.startswith("Interrupted") or held):
+                    out.problems.append(f"job {j}: last accepted Resume, but {st} held {held}")
+            for j in c.jobs:
+                if (states[j] or b"").startswith(b"Interrupted"):
+                    reply = await m1.control(SCOPE, "Resume", j)
+                    if not reply.ok:
+                        out.problems.append(f"job {j}: the final Resume was refused: "
+                                            f"{reply.data}")
+        out.notes.update(requests=sent, refused=refused,
+                         accepted=sum(sum(v.values()) for v in accepted.values()))
+        c.windows.clear()        # no fault window: a hold re-issues ids, never twice
+        return await c.check(out)
+
+
+SCENARIOS: dict[str, Callable[[int], Awaitable[Outcome]]] = {
+    "kill9": kill9,
+    "redis_restart": redis_restart,
+    "broker_restart": broker_restart,
+    "sigstop_one": sigstop,
+    "sigstop_all": lambda seed: sigstop(seed, every_host=True),
+    "clock_jump": clock_jump,
+    "pause_storm": pause_storm,
+}
