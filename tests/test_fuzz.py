@@ -20,6 +20,7 @@ import copy
 import itertools
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 from conftest import load_reference
-from hosts import flush, quick_config, wait_until, work_master
+from hosts import Station, flush, quick_config, quiet, torque_ok, wait_until, work_master
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mqtt_station import MqttStation
@@ -51,6 +52,7 @@ from sfc_fast.state import StateFormatError, check_state
 from sfc_host.app import App
 from sfc_host.cloudevents import CloudEventError, decode
 from sfc_host.equipment_mqtt import answer_event
+from sfc_host.host import Host
 from sfc_host.keys import ScopeKeys
 from sfc_host.stream import InvalidEntry, parse_entry
 
@@ -678,3 +680,37 @@ def test_the_million_input_benchmark_runs_clean_on_a_small_sample() -> None:
         assert t.inputs == 1000 and t.crashes == 0, (t.name, t.examples)
         assert t.accepted and t.refused, t.name       # both sides of each decoder reached
         assert t.slowest_s < SLOW_S, (t.name, t.slowest)
+
+
+def test_random_stream_entries_through_a_running_host(redis_url: str) -> None:
+    """A few hundred mutated and random entries (the benchmark's generator) in a scope's
+    work stream, as the work handler receives them: each is handled, refused (counted,
+    acked) or dead-lettered; none stays pending, no loop fails, and jobs still run."""
+    async def main() -> None:
+        await flush(redis_url)
+        st = Station(torque_ok)
+        host = Host(quick_config(redis_url, claim_min_idle_ms=200, max_deliveries=2), st.sink)
+        st.attach(host)
+        await host.store.put_work_master(S, work_master("tighten_rework", "wm"))
+        await host.add_scope(S)
+        await host.start()
+        try:
+            make = BENCH.stream_decoder().make
+            rng = random.Random(11)
+            entries = [make(rng) for _ in range(300)]
+            for f in entries:
+                await host.client.xadd(K.work, {k or b"_": v for k, v in f.items()} or
+                                       {b"_": b""})
+            await wait_until(lambda: host.metrics["invalid_entries"] > 50, 10, "refusals")
+            await wait_until(lambda: quiet(host), 20, "every entry acked")
+            await host.orders.store_order(S, {"ID": "OK", "WorkMasterID": "wm"}, start=True)
+
+            async def done() -> bool:
+                o = await host.orders.get(S, "OK")
+                return bool(o) and o["state"] == "Ended_Completed"
+            await wait_until(done, 15, "a job completed after them")
+            assert not [k for k, v in host.metrics.snapshot().items()
+                        if v and k.startswith("loop_errors")]
+        finally:
+            await host.aclose()
+    run(main())
