@@ -1,0 +1,222 @@
+"""Every fault scenario of ``tests/faults`` and the fuzz summary, in one table.
+
+    python benchmarks/reliability.py                 # 20 kill -9 seeds, 4 of each other fault
+    python benchmarks/reliability.py --seeds 5 --other-seeds 1 --fuzz-n 2000 --out -
+
+Each fault run is a real load over real processes (``tests/faults/fault_harness.py``:
+redis-server with AOF, mosquitto, the station, two ``sfc-host run`` hosts) with one
+fault injected, then measured against a fault-free run: jobs lost, command ids lost,
+ids a fault-free run would not send, ids received twice and whether inside the fault's
+window, anything left pending. If ``benchmarks/fuzz.py`` exists it runs too
+(``--fuzz-n`` inputs per decoder). Writes ``docs/reliability.md`` (``--out``; ``-``
+prints it) and exits 1 if any run failed an invariant or any decoder crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "faults")]
+
+from fault_harness import SCENARIOS, WINDOW_S, Outcome  # noqa: E402
+
+RUN_TIMEOUT_S = 180
+# What each scenario does to the load, for the table (the harness has the details).
+WHAT = {
+    "kill9": "`kill -9` of a host at a random point of 200 jobs (odd seeds: both "
+             "original hosts, one after the other); the other takes over, a restarted "
+             "host recovers and joins",
+    "redis_restart": "redis-server (AOF `everysec`) stopped and started again mid-load, "
+                     "down 0.5 s",
+    "broker_restart": "mosquitto stopped and started again mid-load, down 0.5 s",
+    "sigstop_one": "one host stopped (SIGSTOP) for 4.5 s, past the 1.5 s outage "
+                   "threshold, then continued",
+    "sigstop_all": "both hosts stopped for 4.5 s with 3 s action timeouts (an outage: "
+                   "deadlines must move by the gap), then continued",
+    "clock_jump": "the hosts' wall clocks jump mid-load (+1 h then -2 h; -30 min)",
+    "pause_storm": "two MES clients race Pause/Resume requests over MQTT at 40 running "
+                   "jobs on two hosts",
+}
+
+
+@dataclass
+class Row:
+    name: str
+    runs: list[Outcome] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def total(self, attr: str) -> int:
+        return sum(int(getattr(o, attr)) for o in self.runs)
+
+
+def run_one(name: str, seed: int) -> Outcome | str:
+    try:
+        return asyncio.run(asyncio.wait_for(SCENARIOS[name](seed), RUN_TIMEOUT_S))
+    except Exception as e:          # a run that could not finish is a failed run
+        return f"{name} seed {seed}: {type(e).__name__}: {e}"
+
+
+def fuzz(n: int) -> list[dict[str, Any]] | None:
+    script = ROOT / "benchmarks" / "fuzz.py"
+    if not script.exists():
+        return None
+    p = subprocess.run([sys.executable, str(script), "-n", str(n), "--json"],
+                       capture_output=True, text=True, timeout=3600)
+    rows = []
+    for line in p.stdout.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.Namespace,
+           seconds: float) -> str:
+    cpu = os.cpu_count()
+    out = [
+        "# Reliability: faults survived, bad inputs tried",
+        "",
+        f"Produced by `python benchmarks/reliability.py --seeds {args.seeds} "
+        f"--other-seeds {args.other_seeds} --fuzz-n {args.fuzz_n}` "
+        f"({time.strftime('%Y-%m-%d', time.gmtime())}, Python {platform.python_version()}, "
+        f"{cpu} CPUs, {seconds / 60:.1f} min). Do not edit by hand: run it again.",
+        "",
+        "## Faults",
+        "",
+        "Every run is real processes: redis-server (AOF `everysec`), mosquitto "
+        "(persistent), a station process that logs every command id it receives with "
+        "its time and answers at least once (it repeats the answer to a job's latest "
+        "command every second until the job moves on), and two `sfc-host run` hosts "
+        "sharing one scope. The load is `tighten_rework` jobs (3, 5 or 7 push commands "
+        "each, decided by the job id), stored while the fault happens. After the fault "
+        "the run waits for every job to end and the work stream to drain, then compares "
+        "with what a fault-free run does ([tests/faults](../tests/faults/fault_harness.py)):",
+        "",
+        "- **jobs lost**: not `Ended_Completed`, or a job response of another shape "
+        "(every job has the same response fields, `tighten.torque` 85);",
+        "- **commands lost**: an id of the job's expected sequence the station never "
+        "received; **unexpected**: an id a fault-free run would not send (a timeout's "
+        "retry, an abort);",
+        "- **duplicates**: ids received more than once; *in window* when the first copy "
+        f"arrived at most {WINDOW_S:g} s before the fault began or while it lasted (the "
+        "documented window between a command being queued and its sent marker, or a "
+        "QoS 1 message sent again after a reconnect) and the id came exactly twice;",
+        "- **left**: work entries pending or dead, jobs still on the due index or the "
+        "active set.",
+        "",
+        "| fault | runs | faults injected | jobs | commands received | jobs lost | "
+        "commands lost | unexpected | duplicates (in window) | left | outcome |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ok = not r.errors and all(o.ok for o in r.runs)
+        dups = r.total("duplicates")
+        inside = r.total("dups_in_window")
+        cmds = sum(int(o.notes.get("commands", 0)) for o in r.runs)
+        out.append(
+            f"| {WHAT[r.name]} | {len(r.runs) + len(r.errors)} | {r.total('faults')} | "
+            f"{r.total('jobs')} | {cmds} | {r.total('jobs_lost')} | "
+            f"{r.total('commands_lost')} | {r.total('unexpected')} | {dups} ({inside}) | "
+            f"{r.total('left')} | {'pass' if ok else '**FAIL**'} |")
+    out += ["", "Per run (seed: seconds, duplicates, notes):", ""]
+    for r in rows:
+        parts = []
+        for o in r.runs:
+            notes = {k: v for k, v in o.notes.items() if k != "commands"}
+            extra = f", {notes}" if notes else ""
+            parts.append(f"{o.seed}: {o.seconds:.1f} s, {o.duplicates} dup{extra}"
+                         + ("" if o.ok else " **FAIL**"))
+        parts += [f"**{e}**" for e in r.errors]
+        out.append(f"- `{r.name}`: " + "; ".join(parts))
+    failures = [o.summary() for r in rows for o in r.runs if not o.ok]
+    if failures:
+        out += ["", "Failed runs:", "", "```"]
+        out += [f[:3000] for f in failures]
+        out += ["```"]
+    out += ["", "## Bad input", ""]
+    if fuzzed is None:
+        out.append("`benchmarks/fuzz.py` is not there: no fuzz summary.")
+    else:
+        out += [f"`python benchmarks/fuzz.py -n {args.fuzz_n}`: inputs per decoder, mostly "
+                "mutations of valid ones. A crash is any exception but the decoder's one "
+                "clear error. The full run (1,000,000 per decoder) is "
+                "`python benchmarks/fuzz.py`.", "",
+                "| decoder | inputs | accepted | refused with the clear error | crashes | "
+                "slowest input |", "|---|---|---|---|---|---|"]
+        for f in fuzzed:
+            out.append(f"| {f['name']} | {f['inputs']:,} | {f['accepted']:,} | "
+                       f"{f['refused']:,} | {f['crashes']} | "
+                       f"{f['slowest_s'] * 1000:.2f} ms |")
+    out += ["", "Other bad input is covered by the test suite with the host running and "
+            "counting it: malformed and oversized MQTT payloads, wrong scopes, unknown "
+            "command ids, garbled stream entries, recipes that do not compile "
+            "(`tests/test_mqtt_equipment.py`, `tests/test_mes.py`, "
+            "`tests/test_recipe_bad_input.py`, `tests/test_host_rules.py`).", ""]
+    out += ["## Found and fixed", "",
+            "- **A decision written after an outage with a clock from before it** (found "
+            "by *both hosts stopped*): a host frozen between reading a job (and the server "
+            "time) and its compare-and-set wrote deadlines computed before the freeze, "
+            "after the other host's outage sweep had moved every deadline on the index "
+            "by the gap; the job was not on the index yet, so its action timed out at "
+            "once and the job aborted. `cas.lua` now refuses a decision older than "
+            "`outage_threshold_ms` and the host decides again on a fresh clock "
+            "(`tests/faults/test_stale_clock_write.py`).", ""]
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, default=20, help="kill -9 seeds (1..N)")
+    p.add_argument("--other-seeds", type=int, default=4,
+                   help="seeds of every other fault (1..N)")
+    p.add_argument("--only", default="", help=f"comma-separated of {','.join(SCENARIOS)}")
+    p.add_argument("--fuzz-n", type=int, default=20_000, help="fuzz inputs per decoder")
+    p.add_argument("--out", default=str(ROOT / "docs" / "reliability.md"),
+                   help="where to write the report (- prints it)")
+    args = p.parse_args()
+    only = [s for s in args.only.split(",") if s]
+    t0 = time.time()
+    rows: dict[str, Row] = defaultdict(lambda: Row(""))
+    for name in SCENARIOS:
+        if only and name not in only:
+            continue
+        rows[name] = Row(name)
+        seeds = args.seeds if name == "kill9" else args.other_seeds
+        for seed in range(1, seeds + 1):
+            res = run_one(name, seed)
+            if isinstance(res, str):
+                rows[name].errors.append(res)
+                print(f"ERROR {res}", flush=True)
+                continue
+            rows[name].runs.append(res)
+            print(("ok   " if res.ok else "FAIL ") + res.summary().split("\n")[0][:300],
+                  flush=True)
+            if not res.ok:
+                print(res.summary()[:3000], flush=True)
+    fuzzed = fuzz(args.fuzz_n) if args.fuzz_n > 0 and not only else None
+    text = render(list(rows.values()), fuzzed, args, time.time() - t0)
+    if args.out == "-":
+        print(text)
+    else:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+    failed = any(r.errors or not all(o.ok for o in r.runs) for r in rows.values())
+    crashed = any(f.get("crashes") for f in fuzzed or [])
+    return 1 if failed or crashed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
