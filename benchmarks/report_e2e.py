@@ -181,4 +181,33 @@ async def profiled_saturation(e: E2E, prefix: str, n: int) -> dict[str, Any]:
         prof.disable()
     table, groups, cum = profile_text(prof)
     return {"rate": rate, "table": table, "groups": groups, "cumulative": cum, "jobs": n,
-            "cpu_share": e.cpu_share}
+            "cpu_share": e.cpu_share, "counts": call_counts(prof)}
+
+
+# Plain (not async) functions whose call counts tell how batched the path is: cProfile
+# counts every resumption of a coroutine as a call, so async ones would mislead.
+COUNTED = {
+    ("store.py", "cas_call"): "compare-and-set script calls",
+    ("jobs.py", "_record"): "job records written",
+    ("scripts.py", "_pipe"): "script pipelines",
+    ("", "<built-in method hiredis.hiredis.pack_command>"): "Redis commands packed",
+    ("", "<method 'send' of '_socket.socket' objects>"): "socket send calls (paho)",
+    ("streams.py", "writelines"): "Redis socket writes (asyncio streams)",
+    ("client.py", "_send_publish"): "MQTT PUBLISH packets sent (paho)",
+    ("client.py", "_handle_pubackcomp"): "MQTT PUBACKs handled (paho)",
+    ("reasoncodes.py", "__init__"): "paho ReasonCode objects made",
+    ("cloudevents.py", "encode_binary"): "CloudEvents encoded",
+    ("cloudevents.py", "decode"): "CloudEvents decoded",
+    ("encoder.py", "encode"): "json.dumps-style encodes",
+    ("mes.py", "_publish_retained"): "MES retained publishes (each resume counted)",
+}
+
+
+def call_counts(prof: cProfile.Profile) -> dict[str, int]:
+    st = pstats.Stats(prof, stream=io.StringIO())
+    out: dict[str, int] = {}
+    for (fname, _line, func), v in st.stats.items():  # type: ignore[attr-defined]
+        for (where, name), label in COUNTED.items():
+            if func == name and fname.endswith(where):
+                out[label] = out.get(label, 0) + v[1]
+    return out
