@@ -151,3 +151,39 @@ def test_start_status_stop_and_missions_list(tmp_path: Path, capsys, redis_url: 
     rc, out, _ = run(capsys, "missions", "list", "--redis", redis_url, "--name",
                      f"none-{uuid.uuid4().hex[:6]}")
     assert out.strip() == "0 mission records"
+
+
+def test_missions_list_reads_a_cluster_hosts_records(tmp_path: Path, capsys,
+                                                     redis_cluster) -> None:
+    """A host on a cluster writes under ``{sfc:engine}:``; ``--cluster`` or a config with
+    ``redis_cluster = true`` reads them there."""
+    import asyncio
+
+    from redis.asyncio.cluster import RedisCluster
+
+    from sfc_host.engine.missions import RedisMissionStore, mission_prefix
+
+    name = f"clustered-{uuid.uuid4().hex[:6]}"
+    rid = f"{name}-1"
+
+    async def save() -> None:
+        store = RedisMissionStore(RedisCluster.from_url(redis_cluster.url),
+                                  prefix=mission_prefix(True))
+        try:
+            await store.save({"id": rid, "name": name, "state": "Completed", "score": 2,
+                              "steps": 1, "ended_at": int(time.time() * 1000), "log": []})
+        finally:
+            await store.close()
+
+    asyncio.run(save())
+    rc, out, err = run(capsys, "missions", "list", "--redis", redis_cluster.url, "--cluster",
+                       "--name", name, "--json")
+    assert rc == 0, err
+    assert [r["id"] for r in json.loads(out)] == [rid]
+    conf = tmp_path / "host.toml"
+    conf.write_text(f'[host]\nredis_url = "{redis_cluster.url}"\nredis_cluster = true\n')
+    rc, out, err = run(capsys, "missions", "list", "--config", str(conf), "--name", name)
+    assert rc == 0, err
+    assert out.splitlines()[0].startswith(rid) and out.strip().endswith("1 mission record")
+    rc, _, err = run(capsys, "missions", "list", "--config", str(tmp_path / "nope.toml"))
+    assert rc == 2 and "cannot read" in err and len(err.strip().splitlines()) == 1

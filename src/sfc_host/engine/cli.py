@@ -276,22 +276,36 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_missions_list(args: argparse.Namespace) -> int:
-    from sfc_host.engine.missions import RedisMissionStore, summarize
+    from sfc_host.config import ConfigError, HostConfig
+    from sfc_host.engine.missions import RedisMissionStore, mission_prefix, summarize
+    from sfc_host.host import connect
+    from sfc_host.logs import redact
+
+    # The host's own settings find its records: the same URL, and on a cluster the
+    # same client kind and hash-tagged prefix the host wrote them with.
+    try:
+        cfg = HostConfig.load(args.config, redis_url=args.redis,
+                              redis_cluster=True if args.cluster else None)
+    except ConfigError as e:
+        return _err(str(e))
+    where = redact(cfg.redis_url)
 
     async def run() -> list[dict[str, Any]]:
-        store = RedisMissionStore.from_url(args.redis)
+        store = RedisMissionStore(connect(cfg), prefix=mission_prefix(cfg.redis_cluster))
         try:
             return await store.list(name=args.name, state=args.state, limit=args.limit)
         finally:
             await store.close()
 
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
     try:
         records = asyncio.run(run())
-    except (OSError, ConnectionError) as e:
-        return _err(f"cannot reach Redis at {args.redis} ({e})")
+    except (OSError, ConnectionError, RedisConnectionError) as e:
+        return _err(f"cannot reach Redis at {where} ({redact(str(e))})")
     except Exception as e:
         if type(e).__module__.startswith("redis"):
-            return _err(f"cannot read mission records from {args.redis} ({e})")
+            return _err(f"cannot read mission records from {where} ({redact(str(e))})")
         raise
     if args.json:
         print(json.dumps(records, indent=2))
@@ -350,7 +364,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    parser_class=parser_class)
     msub.required = True
     ml = msub.add_parser("list", help="list ended mission instances (newest first)")
-    ml.add_argument("--redis", default=DEFAULT_REDIS, metavar="URL")
+    ml.add_argument("--redis", metavar="URL",
+                    help=f"the host's Redis (default: the config's, else {DEFAULT_REDIS})")
+    ml.add_argument("--cluster", action="store_true",
+                    help="the URL names a node of a Redis Cluster (as redis_cluster = true)")
+    ml.add_argument("--config", metavar="FILE",
+                    help="the host's TOML settings: redis_url and redis_cluster")
     ml.add_argument("--name", help="only this mission")
     ml.add_argument("--state", choices=("Completed", "Canceled", "Error"),
                     help="only this final state")

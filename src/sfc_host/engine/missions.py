@@ -340,6 +340,12 @@ class MemoryMissionStore:
         return self.records.get(mission_id)
 
 
+def mission_prefix(cluster: bool) -> str:
+    """The key prefix of mission records: one hash tag on a cluster, so that a record
+    and the index change in one transaction (one slot)."""
+    return "{sfc:engine}:" if cluster else "sfc:engine:"
+
+
 class RedisMissionStore:
     """Records in Redis: ``{prefix}mission:{id}`` (JSON, with a TTL) and the index
     ``{prefix}missions`` (sorted set by end time, capped at ``keep`` entries)."""
