@@ -201,6 +201,62 @@ def test_exposition_parses_back() -> None:
     assert pairs[math.inf] == 4
 
 
+def test_observe_n_records_a_batch_as_a_valid_histogram() -> None:
+    m = Metrics()
+    m.observe_n("evolve_seconds", 0.0003, 40)   # a batch of 40 calls, 0.3 ms each
+    m.observe_n("evolve_seconds", 0.002, 2)
+    m.observe_n("evolve_seconds", math.nan, 5)  # ignored, like observe
+    m.observe_n("evolve_seconds", 0.001, 0)     # nothing
+    h = m.histograms["evolve_seconds"]
+    assert h.count == 42 and h.sum == pytest.approx(0.0003 * 40 + 0.004)
+    pairs = dict(_check_histogram(parse(m.exposition())["sfc_evolve_seconds"], 42,
+                                  0.016))
+    assert pairs[0.00025] == 0 and pairs[0.0005] == 40 and pairs[0.0025] == 42
+    one_by_one, at_once = Histogram(), Histogram()
+    for _ in range(40):
+        one_by_one.observe(0.0003)
+    at_once.observe_n(0.0003, 40)
+    assert one_by_one.counts == at_once.counts and one_by_one.count == at_once.count
+
+
+def _emitted_names() -> set[str]:
+    """Every counter and histogram name the host's code emits (literal names, and the
+    ``bad_{what}`` family with its two members)."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "sfc_host"
+    text = "\n".join(p.read_text() for p in src.rglob("*.py"))
+    names: set[str] = set()
+    for a, b in re.findall(r'\binc\(\s*"([a-z_]+)"(?: if \w+ else "([a-z_]+)")?', text):
+        names |= {a, b} - {""}
+    names |= set(re.findall(r'observe(?:_n)?\(\s*"([a-z_]+)"', text))
+    assert 'inc(f"bad_{what}")' in text
+    names |= {"bad_answers", "bad_events"}
+    return names
+
+
+def test_every_emitted_metric_has_a_help_text_and_every_help_text_is_emitted() -> None:
+    from sfc_host.metrics import HELP
+
+    emitted = _emitted_names()
+    assert {"commands_sent", "mqtt_status_dropped", "answers_dropped", "evolve_seconds",
+            "event_to_command_seconds", "answer_to_command_seconds"} <= emitted
+    assert sorted(emitted - set(HELP)) == []
+    assert sorted(set(HELP) - emitted) == []
+
+
+def test_operations_md_lists_exactly_the_metrics_the_host_emits() -> None:
+    from pathlib import Path
+
+    from sfc_host.metrics import HELP
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    section = doc.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([a-z_{}]+)` \|", section, re.M))
+    assert listed - set(HELP) == {"loop_errors_{loop}"}
+    assert sorted(set(HELP) - listed) == []
+
+
 def test_exposition_names_and_prefix() -> None:
     m = Metrics()
     m.inc("loop_errors_mqtt-in/eq 1")

@@ -60,3 +60,40 @@ def test_run_serves_until_sigterm(redis_url: str, mqtt_url: str, tmp_path: Path)
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def _config(tmp_path: Path, redis_url: str, mqtt_url: str, **extra: str) -> Path:
+    conf = tmp_path / "host.toml"
+    lines = [f'redis_url = "{redis_url}"', f'mqtt_url = "{mqtt_url}"',
+             *(f"{k} = {v}" for k, v in extra.items())]
+    conf.write_text("[host]\n" + "\n".join(lines) + "\n")
+    return conf
+
+
+def test_scripts_that_do_not_build_are_one_line_and_exit_2(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "broken.py").write_text("def oops(:\n")
+    conf = _config(tmp_path, redis_url, mqtt_url, scripts_dir=f'"{scripts}"')
+    r = _run(["run", "--config", str(conf)])
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "scripts do not build" in errors[0] and "broken.py" in errors[0]
+
+
+def test_an_unknown_mission_is_one_line_and_exit_2(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "ok.py").write_text(
+        "from sfc_host.engine import mission\n\n"
+        "@mission\nasync def known(api):\n    yield\n")
+    conf = _config(tmp_path, redis_url, mqtt_url, scripts_dir=f'"{scripts}"',
+                   missions='["nosuch"]')
+    r = _run(["run", "--config", str(conf)])
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "no mission 'nosuch'" in errors[0] and "known" in errors[0]

@@ -42,14 +42,13 @@ class App:
         self.script_link: MqttLink | None = None
         if config.scripts_dir:
             from sfc_host.engine.manager import Engine
-            from sfc_host.engine.missions import RedisMissionStore
+            from sfc_host.engine.missions import RedisMissionStore, mission_prefix
             from sfc_host.script_host import ScriptJobs, ScriptLink
 
             self.script_link = MqttLink(config, self.metrics, fan_out=True,
                                         client_id=f"{self.link.client_id}-scripts")
-            # one hash tag on a cluster: a record and the index change in one transaction
-            prefix = "{sfc:engine}:" if config.redis_cluster else "sfc:engine:"
-            missions = RedisMissionStore(self.host.client, prefix=prefix)
+            missions = RedisMissionStore(self.host.client,
+                                         prefix=mission_prefix(config.redis_cluster))
             self.engine = Engine(config.scripts_dir, store=missions,
                                  mqtt=ScriptLink(self.script_link), jobs=ScriptJobs(self.mes))
 
@@ -82,13 +81,17 @@ class App:
                 raise ConfigError(f"missions: {spec!r}: arguments are not JSON ({e})") from None
             if not isinstance(args, dict):
                 raise ConfigError(f"missions: {spec!r}: arguments must be a JSON object")
-            inst = await engine.start_mission(name, **args)
+            try:
+                inst = await engine.start_mission(name, **args)
+            except KeyError as e:  # an unknown mission: the message names the known ones
+                raise ConfigError(f"missions: {spec!r}: {e.args[0]}") from None
             log.info("mission %s (%s) started", inst.id, name)
 
     async def aclose(self) -> None:
         if self.metrics_server is not None:
             await self.metrics_server.aclose()
-        if self.engine is not None:
+        # An engine that never started (its scripts did not build) has nothing to stop.
+        if self.engine is not None and self.engine.state == "Running":
             try:
                 await self.engine.stop()
             except Exception:

@@ -59,6 +59,7 @@ class HostConfig:
     # Answers from equipment
     answer_batch: int = 256              # answers settled together (per worker)
     answer_workers: int = 3              # batches in flight at once (overlap Redis and CPU)
+    answer_queue_max: int = 100_000      # answers waiting (Redis away); beyond, the oldest go
     # Caches
     graph_cache_size: int = 512          # compiled recipes kept in memory
     state_cache_size: int = 100_000      # job states kept to evolve answers without a read
@@ -90,6 +91,7 @@ class HostConfig:
     tune_gc: bool = True                 # raise the GC thresholds while the host runs
     # Logging
     log_level: str = "INFO"
+    log_format: str = "text"             # text or json (one object a line, with job fields)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -115,9 +117,12 @@ class HostConfig:
                 raise ConfigError(f"setting {name}: expected a list of strings, got {v!r}")
         for name in ("read_count", "sweep_interval_ms", "sweep_limit", "answer_batch",
                      "cas_rounds", "max_deliveries", "graph_cache_size", "redis_pool_size",
-                     "answer_workers"):
+                     "answer_workers", "answer_queue_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be at least 1")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"setting log_format: expected text or json, got "
+                              f"{self.log_format!r}")
         if self.outage_threshold_ms <= self.sweep_interval_ms:
             raise ConfigError("setting outage_threshold_ms: must be longer than "
                               "sweep_interval_ms")

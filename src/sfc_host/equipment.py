@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -71,6 +72,9 @@ class Dispatcher:
         self.settler = settler
         self.sink = sink
         self.metrics = metrics
+        # (scope, job) -> when the pull event it is taking arrived (perf_counter), only
+        # while that event settles: its command then feeds event_to_command_seconds
+        self.event_arrived: dict[tuple[str, str], float] = {}
 
     async def send_fresh(self, fresh: Sequence[Fresh]) -> None:
         """Send commands this host just made (their entries are pending on it), then
@@ -103,7 +107,8 @@ class Dispatcher:
             if graph is None:
                 self.metrics.inc("dispatch_skipped")
                 log.error("job %s/%s: recipe %s is not stored; %s not sent", scope, job,
-                          row.fingerprint, cid)
+                          row.fingerprint, cid, extra={"scope": scope, "job": job,
+                                                       "action": action, "command_id": cid})
                 continue
             cmd = open_command(graph, row.state, action)
             if cmd is None or cmd.command_id != cid:
@@ -114,6 +119,13 @@ class Dispatcher:
                                row.markers.get(f"sent:{action}:hold".encode()),
                                started_at(row.state)))
         await self._send(items, {})
+
+    def _event_latency(self, commands: Sequence[Command], queued: Sequence[bool]) -> None:
+        now = time.perf_counter()
+        for c, ok in zip(commands, queued, strict=True):
+            t = self.event_arrived.pop((c.scope, c.job), None) if ok else None
+            if t is not None:
+                self.metrics.observe("event_to_command_seconds", now - t)
 
     async def _send(self, items: Sequence[Fresh], acks: dict[str, list[bytes]]) -> None:
         """The one sending path: skip what the marker says went out, answer a hold of
@@ -137,6 +149,8 @@ class Dispatcher:
         marks: dict[str, list[tuple[str, str, str]]] = {}
         if to_send:
             queued = await self.sink.send(to_send)
+            if self.event_arrived:
+                self._event_latency(to_send, queued)
             n = 0
             for f, ok in zip(sent, queued, strict=True):
                 if ok:

@@ -129,7 +129,7 @@ class EquipmentIn:
             ev = decode(payload_bytes(message), message.properties, max_bytes=self.max_bytes)
         except CloudEventError as e:
             self.metrics.inc(f"bad_{what}")
-            log.warning("%s on %s refused: %s", what, topic, e)
+            log.warning("%s on %s refused: %s", what, topic, e, extra={"scope": scope})
             return None
         return scope, ev
 
@@ -141,7 +141,10 @@ class EquipmentIn:
         event = answer_event(ev)
         if isinstance(event, str):
             self.metrics.inc("bad_answers")
-            log.warning("answer %s on %s refused: %s", ev.id, message.topic.value, event)
+            cid = ev.extensions.get("causationid")
+            log.warning("answer %s on %s refused: %s", ev.id, message.topic.value, event,
+                        extra={"scope": scope, **command_fields(cid if isinstance(cid, str)
+                                                                else "")})
             return
         self.metrics.inc("answers_received")
         if isinstance(event, (Completed, Failed)):
@@ -165,11 +168,23 @@ class EquipmentIn:
         if ev.data is not None and not isinstance(ev.data, dict):
             self.metrics.inc("bad_events")
             log.warning("event %s on %s refused: data is not an object", ev.id,
-                        message.topic.value)
+                        message.topic.value, extra={"scope": scope})
             return
         self.metrics.inc("events_received")
         await self.host.queue_event(scope, ev.type, ev.subject,
                                     ev.extensions.get("correlationid"), ev.data)
+
+
+def command_fields(command_id: str) -> dict[str, str]:
+    """Log fields of a command id (``{job}:{action}#{n}``, maybe ``:hold``): job,
+    action and the id; only the id when it names no job, none for a long or empty one."""
+    if not command_id or len(command_id) > 600:
+        return {}
+    job = job_of_command(command_id)
+    if not job:
+        return {"command_id": command_id}
+    action = command_id[len(job) + 1:command_id.rfind("#")]
+    return {"job": job, "action": action, "command_id": command_id}
 
 
 def answer_event(ev: CloudEvent) -> BaseEvent | str:

@@ -97,6 +97,7 @@ class Host:
         self._loops = loops
         self._tasks: list[asyncio.Task[None]] = []
         self._answers: list[tuple[str, BaseEvent]] = []
+        self._answers_dropping = False       # warned about this overflow already
         self._answers_ready = asyncio.Event()
         self._closing = False
 
@@ -252,18 +253,35 @@ class Host:
     # ---- answers from equipment (the MQTT path calls these)
 
     def answer(self, scope: str, event: BaseEvent) -> None:
-        """Queue an answer (Completed, Failed, Held, NotHeld) for the applier."""
-        self._answers.append((scope, event))
+        """Queue an answer (Completed, Failed, Held, NotHeld) for the applier. Beyond
+        ``answer_queue_max`` (Redis away) the oldest 1 % go: a dropped answer is settled
+        by its action's deadline (the command goes out again and is answered again)."""
+        answers = self._answers
+        answers.append((scope, event))
         self._answers_ready.set()
+        limit = self.config.answer_queue_max
+        if len(answers) > limit:
+            # in chunks: deleting one at the front per answer moves the whole list each time
+            n = len(answers) - limit + (limit - 1) // 100
+            del answers[:n]
+            self.metrics.inc("answers_dropped", n)
+            if not self._answers_dropping:
+                self._answers_dropping = True
+                log.warning("answer queue full (%d answers; is Redis away?): the oldest "
+                            "dropped, their deadlines settle them; warned again after the "
+                            "queue has emptied", limit)
 
     async def settle_answers(self, answers: Sequence[tuple[str, BaseEvent]]) -> list[Item]:
         """Apply answers now; faults are counted and logged, never raised: an answer
         that cannot be applied is left to the action's deadline."""
         items = []
         for scope, ev in answers:
-            job = job_of_command(getattr(ev, "command_id", ""))
+            cid = getattr(ev, "command_id", "")
+            job = job_of_command(cid)
             if not job:
                 self.metrics.inc("answers_unknown_id")
+                log.warning("answer in scope %s refused: command id %r names no job", scope,
+                            cid[:100], extra={"scope": scope, "command_id": cid[:100]})
                 continue
             items.append(Item(scope, job, [ev]))
         try:
@@ -304,12 +322,14 @@ class Host:
                 # Redis is away: the answers wait (in order) for the loop's next pass.
                 self._answers[:0] = batch
                 raise
+        self._answers_dropping = False   # drained: the next overflow is warned of again
 
     async def queue_event(self, scope: str, type_id: str, subject: str | None = None,
                           correlation_id: str | None = None,
                           data: dict[str, Any] | None = None) -> bool:
         """Queue a pull event as an ``event`` entry, only when some job of the scope
         waits for its type; False (counted) when none does."""
+        arrived = time.perf_counter()
         k = self.store.keys(check_scope(scope))
         if not await self.client.exists(k.waits(type_id)):
             self.metrics.inc("events_unmatched")
@@ -321,7 +341,8 @@ class Host:
             fields["r"] = correlation_id
         if data is not None:
             fields["d"] = json.dumps(data)
-        await self.client.xadd(k.work, fields)
+        eid = await self.client.xadd(k.work, fields)
+        self.work.event_queued(eid, arrived)
         return True
 
     # ---- time

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any
 
 from sfc_fast import Graph, evolve, job_index, open_command, sent_markers, state_to_json
@@ -132,6 +133,10 @@ class Settler:
         self.dispatcher: Any = None
         self.on_delivered: Callable[[str, list[Delivered]], None] | None = None
         self.serves: Callable[[str], bool] = lambda scope: False
+        # evolve time and calls since the last flush to the evolve_seconds histogram:
+        # timed per job's loop, not per call, so the hot path gains no Python call
+        self._evolve_s = 0.0
+        self._evolve_n = 0
 
     async def settle(self, items: Sequence[Item]) -> None:
         pending = list(items)
@@ -145,7 +150,7 @@ class Settler:
             it.outcome = CONFLICT
             self.metrics.inc("cas_conflicts")
             log.warning("job %s/%s: lost the race %d times; left for later", it.scope, it.job,
-                        self.config.cas_rounds)
+                        self.config.cas_rounds, extra={"scope": it.scope, "job": it.job})
 
     async def _round(self, items: list[Item], first: bool) -> list[Item]:
         wanted: dict[str, dict[str, list[Item]]] = {}
@@ -194,6 +199,11 @@ class Settler:
                     rec, graph, decisions = planned
                     batches.setdefault(s, []).append(rec)
                     plans.setdefault(s, []).append((its, rec, graph, decisions))
+        if self._evolve_n:
+            # each call of the batch counts once, at the batch's mean time per call
+            n, self._evolve_n = self._evolve_n, 0
+            self.metrics.observe_n("evolve_seconds", self._evolve_s / n, n)
+            self._evolve_s = 0.0
         if stale:
             self.metrics.inc("cache_rereads", len(stale))
             for it in stale:
@@ -283,6 +293,8 @@ class Settler:
                     it.outcome, it.error = ERROR, f"recipe {row.fingerprint} is not stored"
             return None
         decisions = []
+        calls = 0
+        t0 = perf_counter()
         try:
             for it in its:
                 it.outcome = ABSORBED
@@ -293,6 +305,7 @@ class Settler:
                         it.outcome = MISSING
                         continue
                     d = evolve(graph, state, ev, now)
+                    calls += 1
                     it.decision = d
                     if d.applied:
                         if isinstance(ev, Start) and state is not None:
@@ -304,8 +317,12 @@ class Settler:
             for it in its:
                 it.outcome, it.error = ERROR, f"{type(e).__name__}: {e}"
             self.metrics.inc("state_errors")
-            log.error("job %s/%s cannot be evaluated: %s", scope, row.job, e)
+            log.error("job %s/%s cannot be evaluated: %s", scope, row.job, e,
+                      extra={"scope": scope, "job": row.job})
             return None
+        finally:
+            self._evolve_s += perf_counter() - t0
+            self._evolve_n += calls
         if not decisions:
             if any(it.putback for it in its):
                 return self._putback(row, its), graph, []
@@ -370,12 +387,22 @@ class Settler:
 
     # ---- pull events: the oldest matching wait takes it
 
-    async def match_event(self, scope: str, ev: Event, candidates: Sequence[str]) -> str | None:
+    async def match_event(self, scope: str, ev: Event, candidates: Sequence[str],
+                          arrived: float | None = None) -> str | None:
         """Give ``ev`` to the first candidate (oldest wait first) that takes it; the job
-        id, or None. A candidate that lost a race is read again; then the next one."""
+        id, or None. A candidate that lost a race is read again; then the next one.
+        ``arrived`` (perf_counter) times the taker's command, when this settle sends it."""
+        waiting = self.dispatcher.event_arrived if self.dispatcher is not None else None
         for job in candidates:
             it = Item(scope, job, [ev])
-            await self.settle([it])
+            if arrived is None or waiting is None:
+                await self.settle([it])
+            else:
+                waiting[(scope, job)] = arrived
+                try:
+                    await self.settle([it])
+                finally:
+                    waiting.pop((scope, job), None)
             if it.outcome == APPLIED:
                 return job
         return None

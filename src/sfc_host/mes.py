@@ -167,11 +167,13 @@ class MesControl:
             status, data = await self.handle(scope, ev)
         except Invalid as e:
             self.metrics.inc("bad_mes_requests")
-            log.warning("MES request %s (%s) in %s refused: %s", ev.id, ev.type, scope, e)
+            log.warning("MES request %s (%s) in %s refused: %s", ev.id, ev.type, scope, e,
+                        extra={"scope": scope})
             status, data = INVALID_REQUEST, {"Message": str(e)}
         except OrderError as e:
             self.metrics.inc("mes_requests_refused")
-            log.info("MES request %s (%s) in %s refused: %s", ev.id, ev.type, scope, e)
+            log.info("MES request %s (%s) in %s refused: %s", ev.id, ev.type, scope, e,
+                     extra={"scope": scope})
             status, data = e.status, {"Message": str(e)}
         self.metrics.inc("mes_requests")
         self.reply(ev, scope, status, **data)
@@ -333,7 +335,8 @@ class MesControl:
             self.link.publish_nowait(f"{self.prefix}/{scope}/events", payload, props,
                                      status=True)
         except CloudEventError as e:
-            log.warning("status event of %s/%s could not be encoded: %s", scope, job, e)
+            log.warning("status event of %s/%s could not be encoded: %s", scope, job, e,
+                        extra={"scope": scope, "job": job})
         self._dirty.setdefault(scope, set()).add(job)
         if scope not in self._index_tasks:
             t = asyncio.get_running_loop().create_task(self._publish_retained(scope))
@@ -372,7 +375,7 @@ class MesControl:
                 await self._publish_index(scope, k)
         except Exception:
             self.metrics.inc("mes_index_errors")
-            log.exception("retained state of %s not published", scope)
+            log.exception("retained state of %s not published", scope, extra={"scope": scope})
         finally:
             self._index_tasks.pop(scope, None)
 

@@ -36,6 +36,8 @@ HELP: dict[str, str] = {
     "hold_answered_not_held": "Held commands answered not_held (the hold was not in effect).",
     "queue_full": "Commands not sent because the outgoing queue was full.",
     "answers_received": "Equipment answers received.",
+    "answers_dropped": "Queued equipment answers dropped, oldest first, because the queue "
+                       "was full (Redis away); the action's deadline settles them.",
     "answers_applied": "Equipment answers applied to a job.",
     "answers_absorbed": "Late or duplicate equipment answers absorbed without effect.",
     "answers_unknown_id": "Equipment answers with an unknown command id.",
@@ -69,8 +71,24 @@ HELP: dict[str, str] = {
     "mqtt_unrouted": "MQTT messages on a topic no handler subscribed to.",
     "mqtt_handler_errors": "MQTT messages whose handler raised.",
     "mqtt_reconnects": "MQTT reconnections.",
-    "evolve_seconds": "Time to evolve a batch of job states.",
-    "event_to_command_seconds": "Latency from an event to the command it causes.",
+    "mqtt_status_dropped": "MES status events and retained state not sent because the "
+                           "outgoing MQTT queue was 80 % full.",
+    "order_hook_errors": "Job order changes whose publishing hook raised.",
+    "capabilities_received": "Equipment capability announcements stored or withdrawn.",
+    "bad_capabilities": "Equipment capability announcements refused.",
+    "mes_requests": "Replies sent to MES job control requests.",
+    "mes_requests_refused": "MES requests refused (unknown job order, invalid state, "
+                            "unable to accept).",
+    "bad_mes_requests": "MES requests answered INVALID_REQUEST or not CloudEvents at all.",
+    "bad_mes_replies": "MES replies that could not be encoded.",
+    "mes_index_errors": "Failures publishing a retained order, result or state index.",
+    "evolve_seconds": "Time of one evolve call in the host (the mean of its batch, "
+                      "counted once per call).",
+    "answer_to_command_seconds": "Latency from an equipment answer arriving to the job's "
+                                 "next command being queued.",
+    "event_to_command_seconds": "Latency from a pull event arriving to the command of the "
+                                "job that took it being queued (events this host received "
+                                "and handled).",
 }
 _HELP_PREFIXES: tuple[tuple[str, str], ...] = (
     ("loop_errors_", "Errors in the host loop {}."),
@@ -144,6 +162,15 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
         self.count += 1
+
+    def observe_n(self, value: float, n: int) -> None:
+        """``n`` observations of ``value`` at once (a batch's mean per item): one bucket
+        gains ``n``, so the exposition stays a valid histogram."""
+        if value != value or n <= 0:
+            return
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        self.count += n
 
     def cumulative(self) -> list[int]:
         """Counts per bucket, cumulative, the +Inf bucket last (== ``count``)."""
@@ -236,6 +263,13 @@ class Metrics:
         h.counts[bisect_left(h.bounds, value)] += 1
         h.sum += value
         h.count += 1
+
+    def observe_n(self, name: str, value: float, n: int) -> None:
+        """Record ``value`` ``n`` times in histogram ``name`` (see ``Histogram.observe_n``)."""
+        h = self.histograms.get(name)
+        if h is None:
+            h = self.histograms[name] = Histogram(self.buckets)
+        h.observe_n(value, n)
 
     def timer(self, name: str) -> _Timer:
         """``with metrics.timer("evolve_seconds"): ...`` observes the block's duration."""

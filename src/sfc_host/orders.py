@@ -101,7 +101,8 @@ class Orders:
                 await res
         except Exception:
             self.metrics.inc("order_hook_errors")
-            log.exception("order change hook for %s/%s failed", scope, job)
+            log.exception("order change hook for %s/%s failed", scope, job,
+                          extra={"scope": scope, "job": job})
 
     async def register_scope(self, scope: str) -> None:
         # the registry only grows: once per scope and process is enough

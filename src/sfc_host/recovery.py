@@ -46,7 +46,7 @@ async def _recover(store: Store, settler: Settler, metrics: Metrics, scope: str,
         if graph is None:
             metrics.inc("recovery_errors")
             log.error("recovery: job %s/%s: recipe %s is not stored", scope, job,
-                      row.fingerprint)
+                      row.fingerprint, extra={"scope": scope, "job": job})
             continue
         try:
             status, deadline, waits = job_index(graph, row.state)
@@ -57,7 +57,8 @@ async def _recover(store: Store, settler: Settler, metrics: Metrics, scope: str,
             d = evolve(graph, row.state, Resume(), now)
         except ValueError as e:
             metrics.inc("recovery_errors")
-            log.error("recovery: job %s/%s cannot be evaluated: %s", scope, job, e)
+            log.error("recovery: job %s/%s cannot be evaluated: %s", scope, job, e,
+                      extra={"scope": scope, "job": job})
             continue
         if d.applied:
             rec = settler._record(scope, now, row, graph, [d], False, None)

@@ -15,6 +15,7 @@ import sys
 
 import uvloop
 
+from sfc_host import logs
 from sfc_host.config import ConfigError, HostConfig, without_credentials
 
 EXIT_USAGE = 2
@@ -43,8 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"sfc-host: error: setting log_level: unknown level {cfg.log_level!r}",
               file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(level, cfg.log_format, sys.stderr)
     return int(uvloop.run(_serve(cfg)))
 
 
@@ -66,6 +66,10 @@ async def _serve(cfg: HostConfig) -> int:
     redis_at, mqtt_at = without_credentials(cfg.redis_url), without_credentials(cfg.mqtt_url)
     try:
         await app.start()
+    except ConfigError as e:  # scripts that do not build, an unknown mission
+        await app.aclose()
+        print(f"sfc-host: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except RedisConnectionError as e:      # also a wrong password (AuthenticationError)
         await app.aclose()
         print(f"sfc-host: error: cannot reach Redis at {redis_at} ({e})", file=sys.stderr)

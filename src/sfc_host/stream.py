@@ -129,6 +129,24 @@ def parse_entry(scope: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entr
 Raw = tuple[str, bytes, dict[bytes, bytes]]
 
 
+def log_fields(e: Entry) -> dict[str, str]:
+    """The fields of structured log lines about an entry: scope, job, and for a dispatch
+    the action and command id (a job entry's action is a job order transition)."""
+    out = {"scope": e.scope}
+    if e.job:
+        out["job"] = e.job
+    if e.kind == "dispatch":
+        out["action"], out["command_id"] = e.action, e.cid
+    return out
+
+
+def _raw_fields(scope: str, eid: bytes, fields: dict[bytes, bytes]) -> dict[str, str]:
+    try:
+        return log_fields(parse_entry(scope, eid, fields))
+    except ValueError:  # InvalidEntry too: only the scope is sure
+        return {"scope": scope}
+
+
 class Streams:
     """Reads, acks, claims and dead-letters work entries of many scopes."""
 
@@ -214,10 +232,12 @@ class Streams:
                 continue
             self.metrics.inc("read_errors")
             if isinstance(r, ResponseError) and "NOGROUP" in str(r):
-                log.warning("scope %s: work stream or group gone; creating it again", k.scope)
+                log.warning("scope %s: work stream or group gone; creating it again", k.scope,
+                            extra={"scope": k.scope})
                 await self._create_group(k)
             else:
-                log.error("scope %s: reading the work stream failed: %s", k.scope, r)
+                log.error("scope %s: reading the work stream failed: %s", k.scope, r,
+                          extra={"scope": k.scope})
                 failed.append(r)
         if failed and len(failed) == len(keys):
             raise failed[0]
@@ -263,7 +283,8 @@ class Streams:
             self.metrics.inc("dead_entries")
             log.error("entry %s of scope %s moved to the dead stream after %d deliveries: %s",
                       eid.decode(), scope, self.config.max_deliveries,
-                      (reason or b"unknown").decode(errors="replace"))
+                      (reason or b"unknown").decode(errors="replace"),
+                      extra=_raw_fields(scope, eid, fields))
 
     async def ack(self, done: dict[str, list[bytes]],
                   failed: dict[str, list[tuple[bytes, str]]]) -> None:

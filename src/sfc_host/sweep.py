@@ -39,7 +39,8 @@ class Sweeper:
             if gap:
                 self.metrics.inc("outages")
                 log.warning("scope %s was not swept for %d ms (outage): %d jobs have their "
-                            "deadlines moved by the gap", k.scope, gap, n)
+                            "deadlines moved by the gap", k.scope, gap, n,
+                            extra={"scope": k.scope})
         if queued:
             self.metrics.inc("ticks_queued", queued)
         return queued

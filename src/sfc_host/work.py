@@ -21,12 +21,14 @@ from sfc_host.orders import Orders
 from sfc_host.orders import top_state as _top
 from sfc_host.store import Store
 from sfc_host.stream import Entry, InvalidEntry, Raw, parse_entry
+from sfc_host.stream import log_fields as _fields
 from sfc_host.workmaster import resolve_schema
 
 log = logging.getLogger("sfc_host.work")
 
 ALIGN_ROUNDS = 4
 MAX_EVENT_CANDIDATES = 64
+EVENT_ARRIVED_MAX = 10_000
 
 
 class Unusable(Exception):
@@ -109,6 +111,14 @@ class WorkHandler:
         self.config = config
         self.metrics = metrics
         self.recipes = Recipes(config.graph_cache_size)
+        # event entry id -> when this host received the pull event (perf_counter); an
+        # entry another host added is not here, and its latency is not measured
+        self.event_arrived: OrderedDict[bytes, float] = OrderedDict()
+
+    def event_queued(self, entry_id: bytes, arrived: float) -> None:
+        self.event_arrived[entry_id] = arrived
+        if len(self.event_arrived) > EVENT_ARRIVED_MAX:  # read by another host, or never
+            self.event_arrived.popitem(last=False)
 
     async def handle(self, raws: Sequence[Raw]
                      ) -> tuple[dict[str, list[bytes]], dict[str, list[tuple[bytes, str]]]]:
@@ -130,7 +140,8 @@ class WorkHandler:
                 entries.append(parse_entry(scope, eid, fields))
             except (InvalidEntry, ValueError) as ex:
                 self.metrics.inc("invalid_entries")
-                log.warning("invalid entry %s in scope %s acked: %s", eid.decode(), scope, ex)
+                log.warning("invalid entry %s in scope %s acked: %s", eid.decode(), scope, ex,
+                            extra={"scope": scope})
                 done.setdefault(scope, []).append(eid)
         self.metrics.inc("entries", len(entries))
 
@@ -187,7 +198,7 @@ class WorkHandler:
                     ok(e)
             except Exception as ex:
                 log.exception("entry %s (%s) of job %s/%s failed", e.id.decode(), e.kind,
-                              e.scope, e.job)
+                              e.scope, e.job, extra=_fields(e))
                 fail(e, f"{type(ex).__name__}: {ex}")
 
         if batch:
@@ -223,7 +234,7 @@ class WorkHandler:
                           raw: bytes | None) -> Item | None:
         if order is None or _top(order.get("state", "")) != "AllowedToStart":
             log.info("start of %s/%s skipped: the job order is %s", e.scope, e.job,
-                     order.get("state") if order else "missing")
+                     order.get("state") if order else "missing", extra=_fields(e))
             return None
         try:
             body = json.loads(order.get("order") or "{}")
@@ -238,7 +249,7 @@ class WorkHandler:
             graph = self.recipes.compile(raw)
         except Unusable as u:
             self.metrics.inc("unusable_recipes")
-            log.error("job %s/%s aborted: %s", e.scope, e.job, u)
+            log.error("job %s/%s aborted: %s", e.scope, e.job, u, extra=_fields(e))
             await self.orders.recipe_transition(e.scope, e.job, "Abort", str(u))
             return None
         params = order_params(body)
@@ -249,7 +260,8 @@ class WorkHandler:
         state = order.get("state", "") if order else "EndState"
         top = _top(state)
         if top not in ("Aborted", "Ended", "EndState"):
-            log.info("cancel of %s/%s skipped: the job order is %s", e.scope, e.job, state)
+            log.info("cancel of %s/%s skipped: the job order is %s", e.scope, e.job, state,
+                     extra=_fields(e))
             return None
         reason = (order or {}).get("reason") or "cancelled by the MES"
         return Item(e.scope, e.job, [Cancel(reason, top == "Ended")])
@@ -280,7 +292,8 @@ class WorkHandler:
         k = self.store.keys(e.scope)
         jobs = await self.store.client.zrange(k.waits(e.type_id), 0, MAX_EVENT_CANDIDATES - 1)
         ev = Event(e.type_id, e.subject, e.correlation, e.data)
-        taker = await self.settler.match_event(e.scope, ev, [j.decode() for j in jobs])
+        taker = await self.settler.match_event(e.scope, ev, [j.decode() for j in jobs],
+                                               self.event_arrived.pop(e.id, None))
         if taker is None:
             self.metrics.inc("events_unmatched")
         else:
@@ -310,7 +323,8 @@ class WorkHandler:
                     await self._orphan_run(e)
                 done.append(e)
             except Exception as ex:
-                log.exception("job entry %s of %s/%s failed", e.id.decode(), e.scope, e.job)
+                log.exception("job entry %s of %s/%s failed", e.id.decode(), e.scope, e.job,
+                              extra=_fields(e))
                 fail(e, f"{type(ex).__name__}: {ex}")
         return done
 
@@ -332,4 +346,5 @@ class WorkHandler:
             it = Item(e.scope, e.job, [Cancel(reason, _top(state) == "Ended")])
             await self.settler.settle([it])
             if it.outcome == APPLIED:
-                log.info("job %s/%s ended: its order is %s", e.scope, e.job, state)
+                log.info("job %s/%s ended: its order is %s", e.scope, e.job, state,
+                         extra=_fields(e))
