@@ -19,6 +19,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from sfc_host.config import HostConfig, without_credentials
 from sfc_host.host import connect
 from sfc_host.keys import ScopeKeys
 from sfc_host.mes_client import MesClient
+from sfc_host.mqtt import MqttRefused
 
 S = "line1"
 K = ScopeKeys(S)
@@ -528,12 +530,15 @@ def test_no_credential_in_logs_or_errors_of_a_failed_connect(
             await app.aclose()
 
     run(fails(bad_redis, AuthenticationError))
-    run(fails(bad_mqtt, TimeoutError))
+    run(fails(bad_mqtt, MqttRefused))          # at once: retrying cannot help
     assert "Bad user name or password" in caplog.text or "Not authorized" in caplog.text
     for cfg, says, why in (
             (bad_redis, "cannot reach Redis at rediss://localhost:", "invalid username-pass"),
-            (bad_mqtt, "cannot reach the MQTT broker at mqtts://localhost:", "Not authorized")):
+            (bad_mqtt, "the broker at localhost:", "refused the connection ([code:135] Not "
+                                                   "authorized)")):
+        t0 = time.monotonic()
         out = sfc_host_run(cfg)
+        assert time.monotonic() - t0 < 8         # not the 10 s connect timeout
         [line] = [x for x in out.stderr.splitlines() if x.startswith("sfc-host: error:")]
         assert out.returncode == 1 and says in line and why in line, out.stderr
         seen += [out.stdout, out.stderr]

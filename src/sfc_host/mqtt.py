@@ -45,11 +45,18 @@ _client_log.setLevel(logging.ERROR)
 # peer's delayed ACK that is up to 40 ms per hop. Commands and answers are small.
 NO_DELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 IN_FLIGHT = 256          # QoS 1 messages sent and not yet acknowledged
+# CONNACK codes that no retry changes: bad credentials, not authorized, banned, bad
+# authentication method (MQTT 3.1.1: 4, 5; MQTT 5: 134, 135, 138, 140)
+REFUSED_CODES = frozenset((4, 5, 134, 135, 138, 140))
 WRITE_BURST = 64         # messages handed to paho before the loop gets a turn
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 MAX_HANDLER_TASKS = 256
 
 Handler = Callable[[aiomqtt.Message], Awaitable[None] | None]
+
+
+class MqttRefused(ConnectionError):
+    """The broker refused the credentials before the link was ever connected."""
 
 
 @dataclass(slots=True)
@@ -97,6 +104,7 @@ class MqttLink:
         self._handler_tasks: set[asyncio.Task[None]] = set()
         self.connects = 0
         self.last_error = ""         # why the last connection failed or ended (no secrets)
+        self._refused = asyncio.Event()   # the first connect was refused (credentials)
         self._live: aiomqtt.Client | None = None     # the connected client, if any
         # fan_out (the script engine's link): a message goes to every subscription it
         # matches, once each. On MQTT 5 the broker sends one copy per matching
@@ -152,7 +160,21 @@ class MqttLink:
         return self
 
     async def wait_connected(self, timeout: float = 10.0) -> None:
-        await asyncio.wait_for(self.connected.wait(), timeout)
+        """Until connected; ``MqttRefused`` at once when the broker refuses the
+        credentials (retrying would wait out ``timeout`` for nothing), ``TimeoutError``
+        when it cannot be reached."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (self.connected, self._refused)]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if self.connected.is_set():
+            return
+        if self._refused.is_set():
+            raise MqttRefused(f"the broker at {self.host}:{self.port} refused the "
+                              f"connection ({self.last_error})")
+        raise TimeoutError(f"no connection to {self.host}:{self.port} within {timeout} s")
 
     async def __aenter__(self) -> MqttLink:
         return await self.start()
@@ -255,6 +277,9 @@ class MqttLink:
                 fails += 1
                 self.metrics.inc("mqtt_reconnects")
                 self.last_error = str(e)
+                code = getattr(getattr(e, "rc", None), "value", getattr(e, "rc", None))
+                if not self.connects and code in REFUSED_CODES:
+                    self._refused.set()
                 # The error names the broker, never the credentials.
                 log.warning("MQTT connection to %s:%d lost or refused (%s); again in %.1f s",
                             self.host, self.port, e, delay)

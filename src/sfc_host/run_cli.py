@@ -53,6 +53,7 @@ async def _serve(cfg: HostConfig) -> int:
     from redis.exceptions import ResponseError
 
     from sfc_host.app import App
+    from sfc_host.mqtt import MqttRefused
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -77,6 +78,10 @@ async def _serve(cfg: HostConfig) -> int:
     except ResponseError as e:             # e.g. an ACL that lacks a command the host needs
         await app.aclose()
         print(f"sfc-host: error: Redis at {redis_at} refused the host: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except MqttRefused as e:               # wrong credentials: at once, not after 10 s
+        await app.aclose()
+        print(f"sfc-host: error: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except TimeoutError:
         why = app.link.last_error
