@@ -37,8 +37,10 @@ def _props(msg: aiomqtt.Message) -> dict[str, Any]:
 class MqttStation:
     def __init__(self, url: str, answer: Answer, *, structured: bool = False,
                  prefix: str = "equipment", **client_kw: Any) -> None:
-        # client_kw: more aiomqtt.Client arguments (username, password, tls_context)
-        self.client_kw = client_kw
+        # client_kw: more aiomqtt.Client arguments (username, password, tls_context).
+        # A short timeout: the station answers inline, and a publish on a connection
+        # the broker dropped would otherwise hold its message loop for aiomqtt's 10 s.
+        self.client_kw = {"timeout": 1.0, "keepalive": 5, **client_kw}
         u = urlparse(url)
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 1883
         self.answer = answer
