@@ -6,20 +6,20 @@ comes out as data (work entries, commands, job order transitions, index changes)
 The rules are DESIGN §2.2 and docs/execution.md; each is named where it is kept.
 """
 
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcmp, memcpy
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 
+cimport cython
+
 
 cdef extern from "Python.h":
     str PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void* PyUnicode_DATA(object o)
-
-cimport cython
 
 from sfc_fast.recipe cimport (
     Graph, _flat_canonical, _put_int, Q_N, Q_P, Q_P1, Q_P0, Q_S, Q_R, Q_L, Q_D, I_PUSH, I_PULL,
@@ -29,7 +29,7 @@ from sfc_fast.conditions cimport (
     CondContext, truthy, REF_RESULT, REF_ROUND, REF_OUTCOME, REF_JOB, REF_BARE,
 )
 from sfc_fast.state cimport (
-    State, ActSt, Txt, NO_TIME, decode_state, new_state,
+    State, ActSt, NO_TIME, decode_state, new_state,
     ST_RUNNING, ST_COMPLETED, ST_ABORTED, ST_STOPPED, JF_HELD, JF_ENDING,
     PH_IDLE, PH_DELAYED, PH_OPEN, PH_DONE, PH_WAIT_EXIT,
     OC_NONE, OC_COMPLETED, OC_FAILED, OC_TIMEOUT, OC_CANCELLED, OC_LIMITED,
@@ -55,8 +55,6 @@ STATUS_HELD = "held"
 _STATUS = ("running", "completed", "aborted", "stopped")
 _OUTCOMES = (None, "completed", "failed", "timeout", "cancelled", "limited")
 _EMPTY = ()
-
-
 _JOB_TR = ("Run", "Abort", "Complete")
 
 
