@@ -182,3 +182,37 @@ def test_engine_without_host_refuses_jobs() -> None:
         with pytest.raises(ScriptAPIError, match="not connected to job control"):
             await JobsNotConnected().stop("J1", scope=S)
     asyncio.run(main())
+
+
+def test_host_loops_are_built_in_tasks_of_the_engine(redis_url: str, mqtt_url: str) -> None:
+    """DESIGN §4: the host's loops run as built-in Tasks of the engine, so the engine's
+    Stop stops the host's work (an order stored after it is not started)."""
+    async def main() -> None:
+        await flush(redis_url)
+        app = App(quick_config(redis_url, mqtt_url=mqtt_url))
+        await app.host.store.put_work_master(S, work_master("tighten_rework", "wm"))
+        await app.host.add_scope(S)
+        await app.start()
+        try:
+            names = {f"host.{n}" for n, _ in app.host.passes()}
+            assert {"host.consume", "host.sweep", "host.answers0"} <= names
+            assert names <= set(app.engine.tasks)
+            assert all(app.engine.tasks[n].state == "Running" for n in names)
+            await app.host.orders.store_order(S, {"ID": "T1", "WorkMasterID": "wm"},
+                                              start=True)
+            await wait_until(lambda: _job_running(app, "T1"), 10, "T1 started")
+            app.host.begin_close()
+            await app.engine.stop()
+            assert app.engine.state == "Ready"
+            assert all(app.engine.tasks[n].state == "Stopped" for n in names)
+            await app.host.orders.store_order(S, {"ID": "T2", "WorkMasterID": "wm"},
+                                              start=True)
+            await asyncio.sleep(0.5)
+            assert not await _job_running(app, "T2")
+        finally:
+            await app.aclose()
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+async def _job_running(app: App, job: str) -> bool:
+    return await app.host.client.exists(app.host.store.keys(S).job(job)) == 1

@@ -1,6 +1,7 @@
 """A whole host instance: the Redis side (``Host``) wired to MQTT (equipment commands,
-answers and events), the MES job control, metrics and, with ``scripts_dir``, the script
-engine (its own MQTT connection; ``api.jobs`` is this host's job control).
+answers and events), the MES job control, metrics and the script engine. The engine's
+built-in Tasks run the host's loops; with ``scripts_dir`` it runs the scripts' Tasks and
+Missions too, on their own MQTT connection (``api.jobs`` is this host's job control).
 ``sfc-host run`` and the demo start one of these.
 
     async with App(HostConfig.load("host.toml")) as app:
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import tempfile
 from typing import TYPE_CHECKING
 
 from sfc_host.config import ConfigError, HostConfig
@@ -33,33 +35,46 @@ class App:
         self.metrics = Metrics()
         self.link = MqttLink(config, self.metrics)
         self.sink = MqttSink(self.link)
-        self.host = Host(config, self.sink, metrics=self.metrics)
+        # The host's loops run as built-in Tasks of the script engine (DESIGN §4), so
+        # the engine's Stop stops the host's work too.
+        self.host = Host(config, self.sink, metrics=self.metrics, loops=False)
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
         self.mes = MesControl(self.host, self.link)
         self._closed = asyncio.Event()
         self.metrics_server: MetricsServer | None = None
-        self.engine: Engine | None = None
         self.script_link: MqttLink | None = None
-        if config.scripts_dir:
-            from sfc_host.engine.manager import Engine
-            from sfc_host.engine.missions import RedisMissionStore, mission_prefix
-            from sfc_host.script_host import ScriptJobs, ScriptLink
+        self._empty: tempfile.TemporaryDirectory[str] | None = None
+        from sfc_host.engine.api import MqttLink as EngineMqtt
+        from sfc_host.engine.manager import Engine
+        from sfc_host.engine.missions import RedisMissionStore, mission_prefix
+        from sfc_host.script_host import ScriptJobs, ScriptLink
 
+        mqtt: EngineMqtt | None = None
+        if config.scripts_dir:
+            scripts = config.scripts_dir
             self.script_link = MqttLink(config, self.metrics, fan_out=True,
                                         client_id=f"{self.link.client_id}-scripts")
-            missions = RedisMissionStore(self.host.client,
-                                         prefix=mission_prefix(config.redis_cluster))
-            self.engine = Engine(config.scripts_dir, store=missions,
-                                 mqtt=ScriptLink(self.script_link), jobs=ScriptJobs(self.mes))
+            mqtt = ScriptLink(self.script_link)
+        else:
+            # no scripts: an engine with an empty folder still runs the host's loops
+            self._empty = tempfile.TemporaryDirectory(prefix="sfc-host-scripts-")
+            scripts = self._empty.name
+        missions = RedisMissionStore(self.host.client,
+                                     prefix=mission_prefix(config.redis_cluster))
+        self.engine: Engine = Engine(scripts, store=missions, mqtt=mqtt,
+                                     jobs=ScriptJobs(self.mes))
 
     async def start(self, connect_timeout_s: float = 10.0) -> App:
         await self.link.start()
         await self.link.wait_connected(connect_timeout_s)
         await self.host.start()
-        if self.engine is not None and self.script_link is not None:
+        if self.script_link is not None:
             await self.script_link.start()
             await self.script_link.wait_connected(connect_timeout_s)
-            await self._start_engine(self.engine)
+        for name, one_pass in self.host.passes():
+            self.engine.add_builtin_task(f"host.{name}", one_pass, interval=0,
+                                         critical=False)
+        await self._start_engine(self.engine)
         if self.config.metrics_port > 0:
             self.metrics_server = MetricsServer(self.metrics, self.config.metrics_host,
                                                 self.config.metrics_port,
@@ -90,8 +105,10 @@ class App:
     async def aclose(self) -> None:
         if self.metrics_server is not None:
             await self.metrics_server.aclose()
-        # An engine that never started (its scripts did not build) has nothing to stop.
-        if self.engine is not None and self.engine.state == "Running":
+        # The passes end at once; then the engine's Stop waits for them (and the
+        # scripts). An engine that never started has nothing to stop.
+        self.host.begin_close()
+        if self.engine.state == "Running":
             try:
                 await self.engine.stop()
             except Exception:
@@ -101,6 +118,8 @@ class App:
         await self.host.aclose()
         await self.mes.aclose()
         await self.link.aclose()
+        if self._empty is not None:
+            self._empty.cleanup()
         self._closed.set()
 
     async def wait_closed(self) -> None:

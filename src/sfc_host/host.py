@@ -18,7 +18,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -121,15 +121,51 @@ class Host:
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
         if self._loops:
-            workers = [(f"answers{i}", self._answer_pass)
-                       for i in range(self.config.answer_workers)]
             self._tasks = [asyncio.create_task(self._run(name, fn), name=f"sfc-{name}")
-                           for name, fn in (("consume", self.consume_once),
-                                            *workers,
-                                            ("local", self._local_pass),
-                                            ("sweep", self._sweep_pass),
-                                            ("discover", self._discover_pass))]
+                           for name, fn in self.passes()]
         return self
+
+    def passes(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        """The host's loops as named passes, each guarded (``guarded``): run back to
+        back by the host itself, or as built-in Tasks of the script engine (``App``)."""
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("consume", self.consume_once),
+            *((f"answers{i}", self._answer_pass) for i in range(self.config.answer_workers)),
+            ("local", self._local_pass),
+            ("sweep", self._sweep_pass),
+            ("discover", self._discover_pass)]
+        return [(name, self.guarded(name, step)) for name, step in steps]
+
+    def guarded(self, name: str, step: Callable[[], Any]) -> Callable[[], Awaitable[None]]:
+        """One pass of ``step`` that never raises: a failure is logged, counted
+        (``loop_errors_{name}``) and followed by a growing pause before the next."""
+        fails = 0
+
+        async def one_pass() -> None:
+            nonlocal fails
+            if self._closing:
+                # closing: whoever runs the passes is about to stop them
+                await asyncio.sleep(0.05)
+                return
+            try:
+                await step()
+                fails = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.metrics.inc(f"loop_errors_{name}")
+                delay = ERROR_BACKOFF_S[min(fails, len(ERROR_BACKOFF_S) - 1)]
+                fails += 1
+                log.exception("%s pass failed; again in %.2f s", name, delay)
+                await self._sleep(int(delay * 1000))     # cut short by closing
+        return one_pass
+
+    def begin_close(self) -> None:
+        """Tell every pass to finish: the waits they block in end now."""
+        self._closing = True
+        self._stopping.set()
+        self._answers_ready.set()
+        self._local_ready.set()
 
     async def __aenter__(self) -> Host:
         return await self.start()
@@ -140,10 +176,7 @@ class Host:
     async def aclose(self) -> None:
         """Stop: each loop finishes the pass it is in (a batch half sent would wait
         for the claim idle time on another host), then the client is closed."""
-        self._closing = True
-        self._stopping.set()
-        self._answers_ready.set()
-        self._local_ready.set()
+        self.begin_close()
         if self._tasks:
             _, late = await asyncio.wait(self._tasks, timeout=max(
                 2.0, 2 * self.config.read_block_ms / 1000))
@@ -160,20 +193,9 @@ class Host:
         if self._own_client:
             await self.client.aclose()
 
-    async def _run(self, name: str, step: Callable[[], Any]) -> None:
-        fails = 0
+    async def _run(self, name: str, one_pass: Callable[[], Awaitable[None]]) -> None:
         while not self._closing:
-            try:
-                await step()
-                fails = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.metrics.inc(f"loop_errors_{name}")
-                delay = ERROR_BACKOFF_S[min(fails, len(ERROR_BACKOFF_S) - 1)]
-                fails += 1
-                log.exception("%s pass failed; again in %.2f s", name, delay)
-                await asyncio.sleep(delay)
+            await one_pass()
 
     # ---- scopes
 
