@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "faults")]
 
-from fault_harness import SCENARIOS, WINDOW_S, Outcome  # noqa: E402
+from fault_harness import RECONNECT_S, SCENARIOS, WINDOW_S, Outcome  # noqa: E402
 
 RUN_TIMEOUT_S = 180
 # What each scenario does to the load, for the table (the harness has the details).
@@ -38,6 +38,9 @@ WHAT = {
     "kill9": "`kill -9` of a host at a random point of 200 jobs (odd seeds: both "
              "original hosts, one after the other); the other takes over, a restarted "
              "host recovers and joins",
+    "kill9_stalled_broker": "`kill -9` of a host while mosquitto is stalled (SIGSTOP 1 s: "
+                            "commands wait for acknowledgements in the hosts' queues), "
+                            "5 s action timeouts",
     "redis_restart": "redis-server (AOF `everysec`) stopped and started again mid-load, "
                      "down 0.5 s",
     "broker_restart": "mosquitto stopped and started again mid-load, down 0.5 s",
@@ -112,8 +115,10 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
         "retry, an abort);",
         "- **duplicates**: ids received more than once; *in window* when the first copy "
         f"arrived at most {WINDOW_S:g} s before the fault began or while it lasted (the "
-        "documented window between a command being queued and its sent marker, or a "
-        "QoS 1 message sent again after a reconnect) and the id came exactly twice;",
+        "documented window between a command being sent and its sent marker, or a "
+        "QoS 1 message sent again after a reconnect: for a restart, until "
+        f"{RECONNECT_S:g} s after the server is back, the hosts' reconnect backoff) and "
+        "the id came exactly twice;",
         "- **left**: work entries pending or dead, jobs still on the due index or the "
         "active set.",
         "",
@@ -173,7 +178,17 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
             "by the gap; the job was not on the index yet, so its action timed out at "
             "once and the job aborted. `cas.lua` now refuses a decision older than "
             "`outage_threshold_ms` and the host decides again on a fresh clock "
-            "(`tests/faults/test_stale_clock_write.py`).", ""]
+            "(`tests/faults/test_stale_clock_write.py`).",
+            "- **A command lost with a kill -9** (found by *kill -9* seed 20, 1 run in 20, "
+            "and every run of *kill -9 while the broker stalls*): the MQTT sink reported a "
+            "command sent as soon as it was in the host's in-memory outgoing queue, so its "
+            "sent marker was written and its entry acked while it could still wait for its "
+            "turn (256 QoS 1 messages unacknowledged at once) or sit in the socket; the "
+            "killed host took it along and the marker kept the other hosts from sending "
+            "it: the action timed out (a retry with a new id, or an aborted job). The sink "
+            "now waits for the broker's PUBACK (at most 2 s; a command not acknowledged "
+            "by then gets no marker, so its entry is taken over or its deadline sends the "
+            "same id again) (`tests/faults/test_marker_after_puback.py`).", ""]
     return "\n".join(out)
 
 

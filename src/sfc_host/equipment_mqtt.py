@@ -19,6 +19,7 @@ counted, never raised: the action's deadline settles what an answer could not.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sfc_host.equipment")
 
 SOURCE = "sfc-host"
+ACK_WAIT_S = 2.0        # longest wait for the broker's PUBACKs of one send
 
 
 def _scope_of(topic: str, prefix: str, leaf: str) -> str | None:
@@ -59,7 +61,15 @@ def _scope_of(topic: str, prefix: str, leaf: str) -> str | None:
 
 
 class MqttSink:
-    """The host's command sink over MQTT; ``send`` returns once a command is queued."""
+    """The host's command sink over MQTT; ``send`` returns once the broker has the
+    commands (their PUBACKs), or after ``ACK_WAIT_S``.
+
+    The caller writes a command's sent marker when ``send`` says True. A command only
+    in this process's outgoing queue dies with the process, and a marker written for it
+    would keep every other host from sending it: the action would time out instead.
+    So True means the broker acknowledged it; a command still waiting is False (no
+    marker: if it never arrives, the action's deadline sends the same id again,
+    spending no retry)."""
 
     def __init__(self, link: MqttLink) -> None:
         self.link = link
@@ -85,17 +95,25 @@ class MqttSink:
         return topic, encode_structured(ev), None
 
     async def send(self, commands: Sequence[Command]) -> list[bool]:
-        out = []
+        acks: list[asyncio.Future[None] | None] = []
         arrived = self.arrived
         now = time.perf_counter()
         observe = self.link.metrics.observe
+        loop = asyncio.get_running_loop()
         for c in commands:
             topic, payload, props = self.message(c)
-            out.append(self.link.publish_nowait(topic, payload, props))
+            fut: asyncio.Future[None] = loop.create_future()
+            acks.append(fut if self.link.publish_nowait(topic, payload, props, acked=fut)
+                        else None)
             t = arrived.pop(c.job, None)
             if t is not None:
                 observe("answer_to_command_seconds", now - t)
-        return out
+        waiting = [f for f in acks if f is not None and not f.done()]
+        if waiting:
+            _, late = await asyncio.wait(waiting, timeout=ACK_WAIT_S)
+            if late:
+                self.link.metrics.inc("mqtt_unacked_commands", len(late))
+        return [f is not None and f.done() for f in acks]
 
 
 ARRIVED_MAX = 100_000

@@ -66,6 +66,7 @@ class Outgoing:
     properties: Properties | None
     qos: int
     retain: bool
+    acked: asyncio.Future[None] | None = None   # done once the broker has it
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
@@ -203,17 +204,20 @@ class MqttLink:
 
     def publish_nowait(self, topic: str, payload: bytes, properties: Properties | None = None,
                        *, qos: int | None = None, retain: bool = False,
-                       status: bool = False) -> bool:
+                       status: bool = False,
+                       acked: asyncio.Future[None] | None = None) -> bool:
         """Queue a message; False (counted) when the queue is full. A ``status`` message
         (MES status events and retained state) is refused from 80 % of the queue on, so
-        a burst of them never crowds out equipment commands and replies."""
+        a burst of them never crowds out equipment commands and replies. ``acked`` is
+        set once the broker has the message (QoS 1: its PUBACK; QoS 0: written)."""
         n = len(self._queue)
         size = self.config.mqtt_queue_size
         if n >= size or (status and n >= size * 4 // 5):
             self.metrics.inc("mqtt_status_dropped" if status else "mqtt_queue_full")
             return False
         self._queue.append(Outgoing(topic, payload, properties,
-                                    self.config.mqtt_qos if qos is None else qos, retain))
+                                    self.config.mqtt_qos if qos is None else qos, retain,
+                                    acked))
         self._queued.set()
         return True
 
@@ -300,8 +304,11 @@ class MqttLink:
         metrics = self.metrics
 
         def on_publish(c: Any, userdata: Any, mid: int, *rest: Any) -> None:
-            if unacked.pop(mid, None) is not None:
+            m = unacked.pop(mid, None)
+            if m is not None:
                 metrics.inc("mqtt_sent")
+                if m.acked is not None and not m.acked.done():
+                    m.acked.set_result(None)
                 if len(unacked) == IN_FLIGHT - 1:
                     wake.set()
             if aiomqtt_on_publish is not None:
@@ -326,6 +333,8 @@ class MqttLink:
                         unacked[info.mid] = m
                     else:
                         metrics.inc("mqtt_sent")
+                        if m.acked is not None and not m.acked.done():
+                            m.acked.set_result(None)
                 await asyncio.sleep(0)     # let the loop read (PUBACKs, answers)
         finally:
             if paho.on_publish is on_publish:
