@@ -136,7 +136,30 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
             f"{r.total('jobs')} | {cmds} | {r.total('jobs_lost')} | "
             f"{r.total('commands_lost')} | {r.total('unexpected')} | {dups} ({inside}) | "
             f"{r.total('left')} | {'pass' if ok else '**FAIL**'} |")
-    out += ["", "Per run (seed: seconds, duplicates, notes):", ""]
+    worst = max(((o.duplicates / max(1, o.faults), o) for r in rows for o in r.runs
+                 if r.name != "pause_storm"), default=None, key=lambda x: x[0])
+    out += ["", "Notes:", ""]
+    if worst is not None and worst[0] > 0:
+        o = worst[1]
+        out.append(f"- Most duplicates per fault: {worst[0]:g} ({o.fault}, seed {o.seed}: "
+                   f"{o.duplicates} over {o.faults}). A killed host's commands that were "
+                   "sent and still waited for the broker's PUBACK have no sent marker yet, "
+                   "so the host that takes the entries over sends them again: every "
+                   "command of the batch in flight at the kill can come twice, always with "
+                   "the same id.")
+    out += ["- *Pause/Resume storm*: the faults column counts the requests. Accepted Pauses "
+            "and Resumes of a job alternate, so after the storm a job with one Pause more "
+            "than Resumes must be Interrupted with its recipe held, any other neither; then "
+            "every Interrupted job is resumed and must complete. *Completed under a late "
+            "Pause* counts jobs whose last step ended before the accepted Pause reached the "
+            "recipe (checked: the job response's end at most 0.5 s after the Pause was "
+            "accepted); their order goes Interrupted -> Ended_Completed.",
+            "- *Wall clock*: the hosts run `sfc-host run` through `tests/faults/run_host.py`, "
+            "which moves `time.time` in that process; job response times are checked to be "
+            "the real (server) time.",
+            "- `kill9` notes: entries pending on the killed host when it died (taken over by "
+            "the other).", ""]
+    out += ["Per run (seed: seconds, duplicates, notes):", ""]
     for r in rows:
         parts = []
         for o in r.runs:
@@ -188,7 +211,12 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
             "it: the action timed out (a retry with a new id, or an aborted job). The sink "
             "now waits for the broker's PUBACK (at most 2 s; a command not acknowledged "
             "by then gets no marker, so its entry is taken over or its deadline sends the "
-            "same id again) (`tests/faults/test_marker_after_puback.py`).", ""]
+            "same id again) (`tests/faults/test_marker_after_puback.py`).",
+            "- **Memory growing with every ended job** (found by `benchmarks/soak.py`: "
+            "+1.5 MB a minute at 140 jobs/s): the answer-to-command latency map kept the "
+            "last answer's arrival of every ended job (a last answer is followed by no "
+            "command) until 100,000 of them; the entry now goes when the job ends "
+            "(`tests/faults/test_arrived_ends_with_the_job.py`).", ""]
     return "\n".join(out)
 
 

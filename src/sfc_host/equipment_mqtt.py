@@ -130,6 +130,17 @@ class EquipmentIn:
         self.metrics = host.metrics
         self.prefix = link.config.equipment_prefix
         self.max_bytes = link.config.mqtt_max_payload
+        # A job's last answer is never followed by a command: its arrival goes when the
+        # job ends on this host (which applied that answer), not only at ARRIVED_MAX,
+        # or a busy host carries up to 100,000 ended jobs' entries (~15 MB).
+        prev_end = host.settler.on_end
+        arrived = self.arrived
+
+        def on_end(scope: str, job: str, decision: Any) -> None:
+            arrived.pop(job, None)
+            if prev_end is not None:
+                prev_end(scope, job, decision)
+        host.settler.on_end = on_end
         link.subscribe(f"{self.prefix}/+/responses", self.on_answer)
         link.subscribe(f"{self.prefix}/+/events", self.on_event)
 

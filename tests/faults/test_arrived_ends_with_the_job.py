@@ -1,0 +1,62 @@
+"""Regression (found by ``benchmarks/soak.py``): the host's RSS grew by about 1.5 MB a
+minute at 140 jobs/s. The answer-to-command latency map (job -> when its last answer
+arrived) dropped an entry only when the job's next command went out, and a job's last
+answer has none: every ended job kept its entry until 100,000 of them (~15 MB) made the
+oldest go. Now the entry goes when the job ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hosts import Station, flush, quick_config, torque_ok, wait_until, work_master
+
+from sfc_host.config import HostConfig
+from sfc_host.equipment_mqtt import EquipmentIn, MqttSink
+from sfc_host.host import Host
+from sfc_host.metrics import Metrics
+from sfc_host.mqtt import MqttLink
+
+SCOPE = "line1"
+
+
+def test_a_jobs_arrival_entry_goes_when_it_ends(redis_url: str) -> None:
+    async def main() -> None:
+        await flush(redis_url)
+        ended: list[str] = []
+        station = Station(torque_ok)
+        host = station.attach(Host(quick_config(redis_url, scopes=[SCOPE]), station.sink,
+                                   on_end=lambda s, j, d: ended.append(j)))
+        # the MQTT side's bookkeeping on this host (no connection needed)
+        link = MqttLink(HostConfig(consumer="t"), Metrics())
+        eq = EquipmentIn(host, link, MqttSink(link))
+        try:
+            await host.store.put_work_master(SCOPE, work_master("tighten_rework", "wm1"))
+            await host.start()
+            eq.arrived["J1"] = 1.0              # as on_answer records the last answer
+            eq.arrived["other"] = 2.0
+            await host.orders.store_order(SCOPE, {"ID": "J1", "WorkMasterID": "wm1"},
+                                          start=True)
+            await wait_until(lambda: ended == ["J1"], 10, "J1 to end")
+            assert "J1" not in eq.arrived        # gone with the job
+            assert eq.arrived == {"other": 2.0}
+        finally:
+            await host.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_the_end_hook_before_it_still_runs() -> None:
+    calls: list[Any] = []
+    host = Host(HostConfig(), loops=False, on_end=lambda *a: calls.append(a))
+    link = MqttLink(HostConfig(consumer="t"), Metrics())
+    eq = EquipmentIn(host, link, MqttSink(link))
+    eq.arrived["J9"] = 1.0
+    assert host.settler.on_end is not None
+    host.settler.on_end(SCOPE, "J9", None)
+    assert calls == [(SCOPE, "J9", None)] and "J9" not in eq.arrived
+
+    async def close() -> None:
+        await host.aclose()
+    asyncio.run(close())
