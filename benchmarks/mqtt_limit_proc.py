@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mqtt_station_proc import Station, packet, string, varint
 
-TOPIC = "equipment/limit/commands"
+TOPIC = "limit/cell/commands"   # not under equipment/: the station would answer it
 WINDOW = 1000
 PAYLOAD = json.dumps({"Parameters": {"program": 7, "speed": 1.5},
                       "Context": {"JobOrderID": "job-0000001", "Action": "a3", "Attempt": 1,
@@ -35,7 +35,7 @@ PAYLOAD = json.dumps({"Parameters": {"program": 7, "speed": 1.5},
 
 
 def _props() -> bytes:
-    p = b"\x03" + string("application/json") + b"\x08" + string("equipment/limit/responses")
+    p = b"\x03" + string("application/json") + b"\x08" + string("limit/cell/responses")
     for k, v in (("specversion", "1.0"), ("id", "job-0000001:a3#4"), ("source", "sfc-host"),
                  ("type", "com.example.a.v1"), ("subject", "limit")):
         p += b"\x26" + string(k) + string(v)

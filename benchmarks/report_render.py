@@ -406,6 +406,7 @@ def render(R: dict[str, Any], out: Path, img: Path) -> None:
       f"- run: {R['when']}, {mode}; Python {R['python']}, {R['cpus']} CPUs visible",
       f"- load before: `{R['uptime_before']}`",
       f"- load after: `{R['uptime_after']}`",
+      *([f"- {R['note']}"] if R.get("note") else []),
       "- time per part: " + ", ".join(f"{k} {v:.0f} s" for k, v in R["seconds"].items()),
       "- the machine is shared with other work (test runs), so a figure can move by "
       "±20 % or more from one run to the next", "")
