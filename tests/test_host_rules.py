@@ -233,6 +233,41 @@ def test_tick_that_writes_nothing_puts_the_job_back(redis_url: str) -> None:
     run(main())
 
 
+def test_an_outage_over_more_jobs_than_a_sweep_takes_shifts_each_once(redis_url: str) -> None:
+    """An outage's gap reaches every job of the index, ``sweep_limit`` per sweep (the
+    index is set aside whole, so no script takes every job at once), each exactly once."""
+    async def main() -> None:
+        st = Station(lambda c: False)
+        host = await _host(redis_url, st, outage_threshold_ms=1000, sweep_limit=3)
+        try:
+            jobs = [f"J{i}" for i in range(8)]
+            for j in jobs:
+                await host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm1"}, start=True)
+            await wait_until(lambda: len(st.commands) == len(jobs), what="commands")
+            await wait_until(lambda: quiet(host), what="quiet")
+            before = {j: (await host.inspect(S, j))["actions"]["load_part"]["deadline_ms"]
+                      for j in jobs}
+            gap = 25_000
+            await host.client.set(K.heartbeat, await host.store.now_ms() - gap)
+            await wait_until(lambda: host.metrics["outages"] >= 1, what="outage seen")
+
+            async def shifted() -> bool:
+                return not await host.client.exists(K.shifting, K.shift_gap) and \
+                    await host.client.zcard(K.due) == len(jobs)
+            await wait_until(shifted, what="every job shifted")
+            await wait_until(lambda: quiet(host), what="quiet")
+            for j in jobs:
+                a = (await host.inspect(S, j))["actions"]["load_part"]
+                assert a["attempt"] == 1 and a["command_id"] == f"{j}:load_part#1"
+                assert gap <= a["deadline_ms"] - before[j] <= gap + 2000, j
+                assert await host.client.zscore(K.due, j) == a["deadline_ms"]
+            assert len(st.commands) == len(jobs)       # nothing timed out or re-sent
+            assert host.metrics["outages"] == 1
+        finally:
+            await host.aclose()
+    run(main())
+
+
 def test_outage_moves_deadlines_instead_of_timing_out(redis_url: str) -> None:
     async def main() -> None:
         st = Station(lambda c: False)

@@ -46,7 +46,7 @@ class ScopeKeys:
     """The keys of one scope."""
 
     __slots__ = ("active", "base", "dead", "due", "errors", "heartbeat", "index", "live",
-                 "scope", "seq", "work")
+                 "scope", "seq", "shift_gap", "shifting", "work")
 
     def __init__(self, scope: str) -> None:
         self.scope = scope
@@ -57,6 +57,8 @@ class ScopeKeys:
         self.work = b + "work"          # work stream
         self.dead = b + "dead"          # dead stream
         self.heartbeat = b + "hb"       # last sweep (server ms)
+        self.shifting = b + "shifting"  # zset: jobs an outage's gap has still to reach
+        self.shift_gap = b + "shift-gap"  # that gap (ms)
         self.errors = b + "errors"      # hash entry id -> last handler error
         self.index = b + "state-index"  # hash job -> order state (every order not cleared)
         self.seq = b + "state-seq"      # + 1 per order change (the index's Seq)

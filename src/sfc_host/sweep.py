@@ -1,8 +1,8 @@
 """Sweeps: per scope, one script pops the due jobs, queues a ``tick`` for each and
 writes the scope's heartbeat. A heartbeat older than the outage threshold means no
 host swept the scope for that long (all down, or Redis was): then every job of the
-index is ticked with the gap, so the core moves all open deadlines instead of timing
-everything out at once."""
+index is ticked with the gap, ``sweep_limit`` jobs per sweep, so the core moves all
+open deadlines instead of timing everything out at once."""
 
 from __future__ import annotations
 
@@ -28,19 +28,20 @@ class Sweeper:
         script = self.scripts["sweep"]
         args = (self.config.sweep_limit, self.config.outage_threshold_ms,
                 "1" if self.config.trim_acked else "0")
-        results = await self.scripts.run([(script, (k.due, k.heartbeat, k.work), args)
-                                          for k in scopes])
+        results = await self.scripts.run(
+            [(script, (k.due, k.heartbeat, k.work, k.shifting, k.shift_gap), args)
+             for k in scopes])
         queued = 0
         for k, res in zip(scopes, results, strict=True):
             if isinstance(res, Exception):
                 raise res
-            _, gap, n = (int(x) for x in res)
+            _, gap, n, left = (int(x) for x in res)
             queued += n
             if gap:
                 self.metrics.inc("outages")
-                log.warning("scope %s was not swept for %d ms (outage): %d jobs have their "
-                            "deadlines moved by the gap", k.scope, gap, n,
-                            extra={"scope": k.scope})
+                log.warning("scope %s was not swept for %d ms (outage): every job has its "
+                            "deadlines moved by the gap (%d now, %d in the next sweeps)",
+                            k.scope, gap, n, left, extra={"scope": k.scope})
         if queued:
             self.metrics.inc("ticks_queued", queued)
         return queued
