@@ -18,7 +18,8 @@ stream to drain, and measures:
   (and ids it received that a fault-free run would not send: timeouts, retries);
 - duplicates: an id received more than once; each is inside the fault's window
   (its first copy went out within ``WINDOW_S`` before the fault, or while it lasted:
-  the documented window between a command being queued and its sent marker) or not;
+  the documented window between a command being sent and its sent marker, or a QoS 1
+  message sent again after a reconnect) or not;
 - anything left: entries pending or dead, jobs on the due index or the active set.
 
 Each scenario is a coroutine returning an ``Outcome``; the tests assert ``ok`` and
@@ -318,11 +319,6 @@ class Cluster:
             with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
         return out
-
-    async def wait_received(self, n: int, timeout: float = 20) -> None:
-        end = time.monotonic() + timeout
-        while len(self.received()) < n and time.monotonic() < end:
-            await asyncio.sleep(0.02)
 
     # ---- checks
 
