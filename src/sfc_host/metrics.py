@@ -35,6 +35,8 @@ HELP: dict[str, str] = {
     "dispatch_already_sent": "Command dispatches skipped because the command was already sent.",
     "hold_answered_not_held": "Held commands answered not_held (the hold was not in effect).",
     "queue_full": "Commands not sent because the outgoing queue was full.",
+    "mqtt_unacked_commands": "Commands the broker had not acknowledged within 2 s of "
+                             "queueing: no sent marker (the deadline sends the id again).",
     "answers_received": "Equipment answers received.",
     "answers_dropped": "Queued equipment answers dropped, oldest first, because the queue "
                        "was full (Redis away); the action's deadline settles them.",
