@@ -56,10 +56,10 @@ WRONG_PW = "wrong-Pw-9d7a2e"          # must never appear anywhere
 # scripts) on its keys only. docs/operations.md shows the same lines.
 HOST_REDIS_COMMANDS = (
     "+time +script|load +evalsha "
-    "+get +set +del +exists +incr "
+    "+get +set +del +exists +incr +incrby +rename "
     "+hget +hset +hdel +hgetall +hmget +hexists +hvals "
     "+sadd +srem +smembers +scard +sscan "
-    "+zadd +zrem +zrange +zrangebyscore "
+    "+zadd +zrem +zrange +zrangebyscore +zcard +zpopmin "
     "+xadd +xack +xdel +xtrim +xpending +xreadgroup +xautoclaim +xgroup|create "
     "+xinfo|groups")
 HOST_REDIS_ACL = f"resetkeys ~sfc:* resetchannels -@all {HOST_REDIS_COMMANDS}"
