@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import ssl
 import uuid
 from dataclasses import dataclass, field
@@ -44,6 +45,10 @@ from sfc_host.mqtt import NO_DELAY, payload_bytes
 __all__ = ["MesClient", "MesError", "NoReply", "Reply", "status_names"]
 
 SOURCE = "sfc-host-cli"
+
+# aiomqtt warns while many requests wait at once (by design here); errors still show
+_CLIENT_LOG = logging.getLogger("sfc_host.mes_client.mqtt")
+_CLIENT_LOG.setLevel(logging.ERROR)
 
 # OPC UA ISA-95 job control method return status: a bit map (bit 0 = no error); the
 # names are those of the constants, as the docs' reply table shows them.
@@ -132,7 +137,7 @@ class MesClient:
             username=c.mqtt_username or None, password=c.mqtt_password or None,
             protocol=aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311,
             tls_context=tls_context(c), timeout=self.timeout_s, keepalive=30,
-            socket_options=NO_DELAY)
+            socket_options=NO_DELAY, logger=_CLIENT_LOG)
         try:
             await client.__aenter__()
         except (aiomqtt.MqttError, OSError, ssl.SSLError) as e:
