@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import signal
 import statistics
 import sys
 import tempfile
@@ -48,6 +50,8 @@ from sfc_host.mes_client import MesClient, MesError  # noqa: E402
 from sfc_host.metrics import Histogram  # noqa: E402
 
 K = ScopeKeys(SCOPE)
+# The load keeps many MES requests in flight on purpose; aiomqtt warns about each.
+logging.getLogger("sfc_host.mes_client.mqtt").setLevel(logging.ERROR)
 HIST = "sfc_answer_to_command_seconds"
 IN_FLIGHT = 64             # MES requests in flight at once
 
@@ -147,6 +151,10 @@ async def saturation(load: Load, n: int) -> float:
 
 
 async def main(a: argparse.Namespace) -> int:
+    # SIGTERM cancels the run, so the servers and processes it started are stopped
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     with tempfile.TemporaryDirectory(prefix="sfc-soak-") as tmp:
         d = Path(tmp)
         redis = RedisServer(d / "redis")
@@ -256,4 +264,8 @@ if __name__ == "__main__":
     p.add_argument("--rate", type=float, default=None, help="jobs/s (default: saturation / 2)")
     p.add_argument("--saturation-jobs", type=int, default=3000)
     p.add_argument("--state-cache", type=int, default=5000)
-    sys.exit(uvloop.run(main(p.parse_args())))
+    try:
+        sys.exit(uvloop.run(main(p.parse_args())))
+    except asyncio.CancelledError:        # SIGTERM: everything started was stopped
+        print("soak: stopped", file=sys.stderr)
+        sys.exit(143)
