@@ -17,6 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from sfc_host.embedded import free_port
+
 START_TIMEOUT_S = 10.0
 
 
@@ -24,10 +26,6 @@ class ServerMissing(RuntimeError):
     """The server's binary is not on PATH."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(check, what: str, proc: subprocess.Popen, log: Path) -> None:

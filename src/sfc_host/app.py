@@ -11,20 +11,19 @@ Missions too, on their own MQTT connection (``api.jobs`` is this host's job cont
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import tempfile
-from typing import TYPE_CHECKING
 
 from sfc_host.config import ConfigError, HostConfig
+from sfc_host.engine.api import MqttLink as EngineMqtt
+from sfc_host.engine.manager import Engine
+from sfc_host.engine.missions import RedisMissionStore, mission_prefix, parse_mission_spec
 from sfc_host.equipment_mqtt import EquipmentIn, MqttSink
 from sfc_host.host import Host
 from sfc_host.mes import MesControl
 from sfc_host.metrics import Metrics, MetricsServer
 from sfc_host.mqtt import MqttLink
-
-if TYPE_CHECKING:
-    from sfc_host.engine.manager import Engine
+from sfc_host.script_host import ScriptJobs, ScriptLink
 
 log = logging.getLogger("sfc_host.app")
 
@@ -44,11 +43,6 @@ class App:
         self.metrics_server: MetricsServer | None = None
         self.script_link: MqttLink | None = None
         self._empty: tempfile.TemporaryDirectory[str] | None = None
-        from sfc_host.engine.api import MqttLink as EngineMqtt
-        from sfc_host.engine.manager import Engine
-        from sfc_host.engine.missions import RedisMissionStore, mission_prefix
-        from sfc_host.script_host import ScriptJobs, ScriptLink
-
         mqtt: EngineMqtt | None = None
         if config.scripts_dir:
             scripts = config.scripts_dir
@@ -89,13 +83,10 @@ class App:
                 f"{p.file}:{p.line}: {p.message}" for p in problems))
         await engine.start()
         for spec in self.config.missions:
-            name, _, raw = spec.partition("=")
             try:
-                args = json.loads(raw) if raw else {}
+                name, args = parse_mission_spec(spec)
             except ValueError as e:
-                raise ConfigError(f"missions: {spec!r}: arguments are not JSON ({e})") from None
-            if not isinstance(args, dict):
-                raise ConfigError(f"missions: {spec!r}: arguments must be a JSON object")
+                raise ConfigError(f"missions: {spec!r}: {e}") from None
             try:
                 inst = await engine.start_mission(name, **args)
             except KeyError as e:  # an unknown mission: the message names the known ones

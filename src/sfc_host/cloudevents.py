@@ -304,6 +304,17 @@ def structured_properties(ev: CloudEvent, *, expiry_s: int | None = None) -> Pro
     return _properties(ev, STRUCTURED_CONTENT_TYPE, None, expiry_s)
 
 
+def encode(ev: CloudEvent, *, v5: bool, binary: bool) -> tuple[bytes, Properties | None]:
+    """Payload and properties in the mode a connection sends: binary on MQTT 5 unless
+    ``binary`` is off (the ``mqtt_binary`` setting), structured otherwise; on MQTT 3.1.1
+    no properties at all."""
+    if v5 and binary:
+        return encode_binary(ev)
+    if v5:
+        return encode_structured(ev), structured_properties(ev)
+    return encode_structured(ev), None
+
+
 # ---------------------------------------------------------------------------------------------
 # Decoding
 

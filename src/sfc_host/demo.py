@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import aiomqtt
 
 from sfc_host import demo_report
+from sfc_host.cli import positive
 from sfc_host.cloudevents import (
     CloudEvent,
     CloudEventError,
@@ -90,34 +91,22 @@ class Options:
 # ---- CLI ------------------------------------------------------------------------------
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-        return v
-    return parse
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run everything on this machine: Redis, MQTT, hosts, "
                        "a simulated station, jobs")
-    p.add_argument("--jobs", type=_positive(int), default=200, metavar="N",
+    p.add_argument("--jobs", type=positive(int), default=200, metavar="N",
                    help="jobs to submit (default 200)")
-    p.add_argument("--scopes", type=_positive(int), default=4, metavar="N",
+    p.add_argument("--scopes", type=positive(int), default=4, metavar="N",
                    help="scopes (lines) to spread them over (default 4)")
-    p.add_argument("--hosts", type=_positive(int), default=1, metavar="N",
+    p.add_argument("--hosts", type=positive(int), default=1, metavar="N",
                    help="host instances; 1 runs in this process, more as sfc-host run "
                    "processes sharing the work (default 1)")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    p.add_argument("--speed", type=_positive(float), default=1.0, metavar="X",
+    p.add_argument("--speed", type=positive(float), default=1.0, metavar="X",
                    help="station speed factor: 10 works ten times faster (default 1)")
-    p.add_argument("--parallel", type=_positive(int), default=10, metavar="N",
+    p.add_argument("--parallel", type=positive(int), default=10, metavar="N",
                    help="jobs in progress at once per scope (default 10)")
-    p.add_argument("--timeout", type=_positive(float), default=None, metavar="S",
+    p.add_argument("--timeout", type=positive(float), default=None, metavar="S",
                    help="give up on jobs not ended after S seconds (default: from --jobs)")
     p.set_defaults(func=cmd_demo)
 

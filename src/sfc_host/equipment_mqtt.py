@@ -34,9 +34,7 @@ from sfc_host.cloudevents import (
     CloudEvent,
     CloudEventError,
     decode,
-    encode_binary,
-    encode_structured,
-    structured_properties,
+    encode,
 )
 from sfc_host.keys import check_scope
 from sfc_host.mqtt import MqttLink, payload_bytes
@@ -86,13 +84,8 @@ class MqttSink:
                         data=data, extensions={"correlationid": c.job})
         ev.response_topic = f"{self.prefix}/{c.scope}/responses"
         ev.correlation_data = c.command_id.encode()
-        topic = f"{self.prefix}/{c.scope}/commands"
-        if self.link.v5 and self.link.config.mqtt_binary:
-            payload, props = encode_binary(ev)
-            return topic, payload, props
-        if self.link.v5:
-            return topic, encode_structured(ev), structured_properties(ev)
-        return topic, encode_structured(ev), None
+        payload, props = encode(ev, v5=self.link.v5, binary=self.link.config.mqtt_binary)
+        return f"{self.prefix}/{c.scope}/commands", payload, props
 
     async def send(self, commands: Sequence[Command]) -> list[bool]:
         acks: list[asyncio.Future[None] | None] = []

@@ -32,10 +32,8 @@ from sfc_host.cloudevents import (
     CloudEvent,
     CloudEventError,
     decode,
-    encode_binary,
-    encode_structured,
+    encode,
     new,
-    structured_properties,
 )
 from sfc_host.config import HostConfig
 from sfc_host.keys import check_scope
@@ -233,12 +231,7 @@ class MesClient:
         if self.v5:
             ev.response_topic = inbox
             ev.correlation_data = ev.id.encode()
-        if self.v5 and self.config.mqtt_binary:
-            payload, props = encode_binary(ev)
-        elif self.v5:
-            payload, props = encode_structured(ev), structured_properties(ev)
-        else:
-            payload, props = encode_structured(ev), None
+        payload, props = encode(ev, v5=self.v5, binary=self.config.mqtt_binary)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[ev.id] = fut
         wait = self.timeout_s if timeout_s is None else timeout_s

@@ -70,9 +70,12 @@ class Outgoing:
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
-    """MQTT wildcard match (``+`` one level, ``#`` the rest)."""
+    """MQTT topic filter matching (``+`` one level, ``#`` the rest; a wildcard first
+    level does not match ``$`` topics)."""
     f = topic_filter.split("/")
     t = topic.split("/")
+    if topic.startswith("$") and f[0] in ("+", "#"):
+        return False
     for i, part in enumerate(f):
         if part == "#":
             return True

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from sfc_fast import JOB_ORDER
+from sfc_host.cli import positive
 from sfc_host.config import ConfigError, HostConfig
 from sfc_host.inspect import NotFound
 from sfc_host.keys import check_job, check_scope
@@ -53,7 +54,7 @@ def _common(p: argparse.ArgumentParser, *, mqtt: bool, redis: bool,
     p.add_argument("--config", metavar="FILE", help="the hosts' TOML settings")
     if mqtt:
         p.add_argument("--mqtt", metavar="URL", help="MQTT broker URL (overrides the config)")
-        p.add_argument("--timeout", type=_positive, default=10.0, metavar="SECONDS",
+        p.add_argument("--timeout", type=positive(float), default=10.0, metavar="SECONDS",
                        help="how long to wait for the host's reply (default 10)")
     if redis:
         p.add_argument("--redis", metavar="URL", help="Redis URL (overrides the config)")
@@ -61,16 +62,6 @@ def _common(p: argparse.ArgumentParser, *, mqtt: bool, redis: bool,
         p.add_argument("--scope", metavar="SCOPE",
                        help="the scope (default: the config's only scope)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return v
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -118,7 +109,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("top", help="a live view of scopes, jobs and rates")
     p.add_argument("--scope", action="append", metavar="SCOPE",
                    help="only these scopes (default: every known scope)")
-    p.add_argument("--interval", type=_positive, default=2.0, metavar="SECONDS",
+    p.add_argument("--interval", type=positive(float), default=2.0, metavar="SECONDS",
                    help="time between frames (default 2)")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--frames", type=int, default=0, metavar="N",

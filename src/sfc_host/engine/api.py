@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sfc_host.mqtt import topic_matches
+
 if TYPE_CHECKING:
     from sfc_host.engine.manager import Engine
     from sfc_host.engine.missions import MissionInstance
@@ -158,20 +160,6 @@ class MqttLink(Protocol):
         """Deliver matching messages to ``handler(topic, payload[, properties])``;
         returns unsubscribe."""
         ...
-
-
-def topic_matches(topic_filter: str, topic: str) -> bool:
-    """MQTT topic filter matching (``+`` one level, ``#`` the rest)."""
-    f = topic_filter.split("/")
-    t = topic.split("/")
-    if topic.startswith("$") and f[0] in ("+", "#"):
-        return False
-    for i, part in enumerate(f):
-        if part == "#":
-            return True
-        if i >= len(t) or (part != "+" and part != t[i]):
-            return False
-    return len(f) == len(t)
 
 
 class LocalBus:

@@ -149,6 +149,7 @@ async def _open_store(args: argparse.Namespace) -> Any:
 
 async def _run_engine(scripts: Path, args: argparse.Namespace) -> int:
     from sfc_host.engine.manager import Engine, EngineFault
+    from sfc_host.engine.missions import parse_mission_spec
 
     store = await _open_store(args)
     engine = Engine(scripts, store=store, stop_timeout=args.stop_timeout)
@@ -179,13 +180,10 @@ async def _run_engine(scripts: Path, args: argparse.Namespace) -> int:
         print(f"engine {engine.state}: {len(engine.tasks)} tasks, {len(engine.missions)} "
               f"missions; stop with: sfc-host engine stop --scripts {scripts}", flush=True)
         for spec in args.mission or ():
-            name, _, raw = spec.partition("=")
             try:
-                margs = json.loads(raw) if raw else {}
+                name, margs = parse_mission_spec(spec)
             except ValueError as e:
-                raise _Usage(f"--mission {spec}: arguments are not JSON ({e})") from None
-            if not isinstance(margs, dict):
-                raise _Usage(f"--mission {spec}: arguments must be a JSON object")
+                raise _Usage(f"--mission {spec}: {e}") from None
             inst = await engine.start_mission(name, **margs)
             print(f"mission {inst.id} started", flush=True)
         deadline = None if args.seconds is None else loop.time() + args.seconds

@@ -340,6 +340,19 @@ class MemoryMissionStore:
         return self.records.get(mission_id)
 
 
+def parse_mission_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``NAME`` or ``NAME={json object}`` (the CLI's ``--mission``, the host's
+    ``missions`` setting) as name and arguments; ValueError saying what is wrong."""
+    name, _, raw = spec.partition("=")
+    try:
+        args = json.loads(raw) if raw else {}
+    except ValueError as e:
+        raise ValueError(f"arguments are not JSON ({e})") from None
+    if not isinstance(args, dict):
+        raise ValueError("arguments must be a JSON object")
+    return name, args
+
+
 def mission_prefix(cluster: bool) -> str:
     """The key prefix of mission records: one hash tag on a cluster, so that a record
     and the index change in one transaction (one slot)."""
