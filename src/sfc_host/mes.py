@@ -42,9 +42,7 @@ from sfc_host.cloudevents import (
     CloudEvent,
     CloudEventError,
     decode,
-    encode_binary,
-    encode_structured,
-    structured_properties,
+    encode,
 )
 from sfc_host.keys import check_job, check_scope
 from sfc_host.mqtt import MqttLink, payload_bytes
@@ -298,12 +296,7 @@ class MesControl:
             log.warning("reply to %s could not be encoded: %s", req.id, e)
 
     def _encode(self, ev: CloudEvent) -> tuple[bytes, Properties | None]:
-        """Binary mode on MQTT 5 unless ``mqtt_binary`` is off; structured otherwise."""
-        if self.link.v5 and self.link.config.mqtt_binary:
-            return encode_binary(ev)
-        if self.link.v5:
-            return encode_structured(ev), structured_properties(ev)
-        return encode_structured(ev), None
+        return encode(ev, v5=self.link.v5, binary=self.link.config.mqtt_binary)
 
     # ---- state publishing (Orders.on_change)
 
@@ -343,41 +336,46 @@ class MesControl:
             self._index_tasks[scope] = t
 
     async def _publish_retained(self, scope: str) -> None:
-        base = f"{self.prefix}/{scope}"
+        """Every INDEX_INTERVAL_S while the scope has changed orders or an index map
+        still due: the changed orders' retained topics, then the map."""
         k = self.host.store.keys(scope)
         try:
             while self._dirty.get(scope) or scope in self._index_due:
                 await asyncio.sleep(INDEX_INTERVAL_S)
-                if not self._dirty.get(scope):
-                    await self._publish_index(scope, k)
-                    continue
                 jobs = sorted(self._dirty.pop(scope, ()))
-                pipe = self.host.client.pipeline(transaction=False)
-                for job in jobs:
-                    pipe.hgetall(k.order(job))
-                    pipe.get(k.response(job))
-                raw = await pipe.execute()
-                for i, job in enumerate(jobs):
-                    h = {a.decode(): b.decode() for a, b in (raw[2 * i] or {}).items()}
-                    state = h.get("state")
-                    if not h or state == "EndState":
-                        self._retained(f"{base}/order/{job}", None)
-                        self._retained(f"{base}/result/{job}", None)
-                        continue
-                    self._retained(f"{base}/order/{job}",
-                                   {"JobOrderID": job, "JobState": state,
-                                    "Reason": h.get("reason") or None,
-                                    "JobOrder": _loads(h.get("order")),
-                                    "Version": int(h.get("v", "0"))})
-                    response = raw[2 * i + 1]
-                    if state == "Ended_Completed" and response is not None:
-                        self._retained(f"{base}/result/{job}", _loads(response))
+                if jobs:
+                    await self._publish_orders(scope, k, jobs)
                 await self._publish_index(scope, k)
         except Exception:
             self.metrics.inc("mes_index_errors")
             log.exception("retained state of %s not published", scope, extra={"scope": scope})
         finally:
             self._index_tasks.pop(scope, None)
+
+    async def _publish_orders(self, scope: str, k: Any, jobs: list[str]) -> None:
+        """Each order's newest state (and result), read fresh: one message per order
+        however many changes it went through; a cleared order's topics deleted."""
+        base = f"{self.prefix}/{scope}"
+        pipe = self.host.client.pipeline(transaction=False)
+        for job in jobs:
+            pipe.hgetall(k.order(job))
+            pipe.get(k.response(job))
+        raw = await pipe.execute()
+        for i, job in enumerate(jobs):
+            h = {a.decode(): b.decode() for a, b in (raw[2 * i] or {}).items()}
+            state = h.get("state")
+            if not h or state == "EndState":
+                self._retained(f"{base}/order/{job}", None)
+                self._retained(f"{base}/result/{job}", None)
+                continue
+            self._retained(f"{base}/order/{job}",
+                           {"JobOrderID": job, "JobState": state,
+                            "Reason": h.get("reason") or None,
+                            "JobOrder": _loads(h.get("order")),
+                            "Version": int(h.get("v", "0"))})
+            response = raw[2 * i + 1]
+            if state == "Ended_Completed" and response is not None:
+                self._retained(f"{base}/result/{job}", _loads(response))
 
     async def _publish_index(self, scope: str, k: Any) -> None:
         """The scope's index map, at most every INDEX_INTERVAL_S and, for a big map, at
