@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 from hosts import Station, flush, quick_config, quiet, torque_ok, wait_until, work_master
 
+from sfc_fast.events import Completed
 from sfc_host.host import Host
 from sfc_host.keys import ScopeKeys
+from sfc_host.store import Record
 
 S = "line1"
 K = ScopeKeys(S)
@@ -152,7 +154,7 @@ def test_garbled_entries_are_acked_and_counted(redis_url: str) -> None:
         host = await _host(redis_url)
         try:
             bad = [{"x": "1"}, {"k": "nonsense", "j": "J"}, {"k": "start"},
-                   {"k": "tick", "j": "J", "g": "soon"}, {"k": "event", "t": "T", "d": "[1"},
+                   {"k": "tick", "j": "J1\nJ2\n"}, {"k": "event", "t": "T", "d": "[1"},
                    {"k": "job", "j": "J", "a": "Explode"}, {"k": "dispatch:a", "j": "J"},
                    {"k": b"\xff\xfe", "j": "J"}, {"k": "start", "j": "a{b}"}]
             for f in bad:
@@ -211,14 +213,20 @@ def test_scripts_are_loaded_again_after_script_flush(redis_url: str) -> None:
     run(main())
 
 
+async def _one_job_sent(redis_url: str) -> Host:
+    """A host with job J1 started, its first command sent and never answered."""
+    st = Station(lambda c: False)
+    host = await _host(redis_url, st)
+    await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+    await wait_until(lambda: st.commands, what="command")
+    await wait_until(lambda: quiet(host), what="quiet")
+    return host
+
+
 def test_tick_that_writes_nothing_puts_the_job_back(redis_url: str) -> None:
     async def main() -> None:
-        st = Station(lambda c: False)
-        host = await _host(redis_url, st)
+        host = await _one_job_sent(redis_url)
         try:
-            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
-            await wait_until(lambda: st.commands, what="command")
-            await wait_until(lambda: quiet(host), what="quiet")
             deadline = await host.client.zscore(K.due, "J1")
             assert deadline is not None
             version = (await host.inspect(S, "J1"))["version"]
@@ -233,9 +241,11 @@ def test_tick_that_writes_nothing_puts_the_job_back(redis_url: str) -> None:
     run(main())
 
 
-def test_an_outage_over_more_jobs_than_a_sweep_takes_shifts_each_once(redis_url: str) -> None:
-    """An outage's gap reaches every job of the index, ``sweep_limit`` per sweep (the
-    index is set aside whole, so no script takes every job at once), each exactly once."""
+def test_an_outage_moves_every_deadline_at_once_and_each_state_catches_up(
+        redis_url: str) -> None:
+    """An outage's gap reaches every job of the scope in one step, however many there
+    are (more than a sweep takes here): the sweep adds it to the scope's offset, no job
+    is written for it, and each state takes the gap when it is next read."""
     async def main() -> None:
         st = Station(lambda c: False)
         host = await _host(redis_url, st, outage_threshold_ms=1000, sweep_limit=3)
@@ -249,20 +259,34 @@ def test_an_outage_over_more_jobs_than_a_sweep_takes_shifts_each_once(redis_url:
                       for j in jobs}
             gap = 25_000
             await host.client.set(K.heartbeat, await host.store.now_ms() - gap)
+            stored = {j: await host.client.hget(K.job(j), "s") for j in jobs}
             await wait_until(lambda: host.metrics["outages"] >= 1, what="outage seen")
-
-            async def shifted() -> bool:
-                return not await host.client.exists(K.shifting, K.shift_gap) and \
-                    await host.client.zcard(K.due) == len(jobs)
-            await wait_until(shifted, what="every job shifted")
             await wait_until(lambda: quiet(host), what="quiet")
+            offset = int(await host.client.get(K.offset))
+            assert gap <= offset <= gap + 2000
             for j in jobs:
+                # the stored state is as it was: the outage wrote nothing per job
+                assert await host.client.hget(K.job(j), "s") == stored[j]
+                assert await host.client.hget(K.job(j), "o") is None
                 a = (await host.inspect(S, j))["actions"]["load_part"]
                 assert a["attempt"] == 1 and a["command_id"] == f"{j}:load_part#1"
-                assert gap <= a["deadline_ms"] - before[j] <= gap + 2000, j
-                assert await host.client.zscore(K.due, j) == a["deadline_ms"]
+                assert a["deadline_ms"] - before[j] == offset, j
+                assert await host.client.zscore(K.due, j) + offset == a["deadline_ms"]
             assert len(st.commands) == len(jobs)       # nothing timed out or re-sent
             assert host.metrics["outages"] == 1
+            # The next event of a job writes its state with the gap in it.
+            host.answer(S, Completed(st.commands[0].command_id, None))
+            await wait_until(lambda: len(st.commands) > len(jobs), what="next command")
+            await wait_until(lambda: quiet(host), what="quiet")
+            j0 = st.commands[0].job
+            assert int(await host.client.hget(K.job(j0), "o")) == offset
+            view = await host.inspect(S, j0)
+            assert view["actions"]["load_part"]["phase"] != "open"
+            nxt = [a for a in view["actions"].values() if a.get("deadline_ms") is not None]
+            assert nxt
+            for a in nxt:     # a fresh deadline (tighten: 30 s) is not moved by the gap
+                assert a["deadline_ms"] <= await host.store.now_ms() + 30_000
+                assert await host.client.zscore(K.due, j0) + offset == a["deadline_ms"]
         finally:
             await host.aclose()
     run(main())
@@ -287,8 +311,40 @@ def test_outage_moves_deadlines_instead_of_timing_out(redis_url: str) -> None:
             a = view["actions"]["load_part"]
             assert a["attempt"] == 1 and a["command_id"] == "J1:load_part#1"
             assert gap <= a["deadline_ms"] - before <= gap + 2000
-            assert await host.client.zscore(K.due, "J1") == a["deadline_ms"]
+            offset = int(await host.client.get(K.offset))
+            assert await host.client.zscore(K.due, "J1") + offset == a["deadline_ms"]
             assert st.ids() == ["J1:load_part#1"]
+        finally:
+            await host.aclose()
+    run(main())
+
+
+def test_a_state_read_before_an_outage_is_not_written_after_it(redis_url: str) -> None:
+    """The compare-and-set refuses a state shifted to an older scope offset than the
+    one in Redis (an outage was recorded after the read: the state has not seen its
+    gap); the job is read again, caught up, and written with the new offset. A record
+    that only touches the index still applies (its score does not depend on it)."""
+    async def main() -> None:
+        host = await _one_job_sent(redis_url)
+        try:
+            _, rows = (await host.store.load({S: ["J1"]}))[S]
+            row = rows["J1"]
+            assert row.offset == 0
+            await host.client.incrby(K.offset, 7_000)     # an outage's sweep, meanwhile
+            stale = Record("J1", row.version, row.state, 10**12, True, offset=0)
+            res = await host.store.commit({S: [stale]})
+            assert res[S].versions == [0]
+            index_only = Record("J1", row.version, None, 10**12, None, offset=0)
+            assert (await host.store.commit({S: [index_only]}))[S].versions[0] > 0
+            assert await host.client.zscore(K.due, "J1") == 10**12
+            # read again: caught up to the new offset, and then it is written
+            _, rows = (await host.store.load({S: ["J1"]}))[S]
+            again = rows["J1"]
+            assert again.offset == 7_000 and again.state != row.state
+            rec = Record("J1", again.version, again.state, 10**12 + 7_000, True, offset=7_000)
+            assert (await host.store.commit({S: [rec]}))[S].versions[0] > 0
+            assert await host.client.hget(K.job("J1"), "o") == b"7000"
+            assert await host.client.zscore(K.due, "J1") == 10**12
         finally:
             await host.aclose()
     run(main())

@@ -12,6 +12,7 @@ from typing import Any
 
 from sfc_fast import Graph, StateFormatError, state_to_json
 from sfc_host.keys import SCOPES, ScopeKeys
+from sfc_host.store import caught_up
 
 # action phases that still wait for something (a command's answer, a timer, an exit)
 OPEN_PHASES = ("delayed", "open", "waiting_exit")
@@ -50,7 +51,12 @@ async def read_job(client: Any, scope: str, job: str) -> dict[str, Any]:
     pipe.zscore(k.due, job)
     pipe.sismember(k.active, job)
     pipe.exists(k.response(job))
-    order_h, job_h, due, active, has_response = await pipe.execute()
+    pipe.get(k.offset)
+    order_h, job_h, due, active, has_response, offset = await pipe.execute()
+    # due scores and states are kept relative to the scope's outage offset (store.py)
+    offset = int(offset or 0)
+    if due is not None:
+        due = int(due) + offset
     now = await server_ms(client)
     order = {_text(a): _text(b) for a, b in (order_h or {}).items()}
     job_h = job_h or {}
@@ -77,7 +83,9 @@ async def read_job(client: Any, scope: str, job: str) -> dict[str, Any]:
         out["state_error"] = f"the pinned recipe {fp!r} is not in Redis"
         return out
     try:
-        view = state_to_json(Graph.from_bytes(raw_graph), state)
+        graph = Graph.from_bytes(raw_graph)
+        state = caught_up(graph, state, offset - int(job_h.get(b"o") or 0), now)
+        view = state_to_json(graph, state)
     except (StateFormatError, ValueError) as e:
         out["state_error"] = f"the state document cannot be read: {e}"
         return out
@@ -113,14 +121,18 @@ async def scope_sample(client: Any, scope_names: list[str], group: str) -> dict[
     group yet) leave that field None."""
     now = await server_ms(client)
     pipe = client.pipeline(transaction=False)
-    n = 9
     for s in scope_names:
+        pipe.get(ScopeKeys(s).offset)
+    offsets = [int(v or 0) for v in await pipe.execute()]
+    pipe = client.pipeline(transaction=False)
+    n = 9
+    for s, offset in zip(scope_names, offsets, strict=True):
         k = ScopeKeys(s)
         pipe.hvals(k.base + "state-index")
         pipe.get(k.base + "state-seq")
         pipe.scard(k.active)
         pipe.zcard(k.due)
-        pipe.zcount(k.due, "-inf", now)
+        pipe.zcount(k.due, "-inf", now - offset)
         pipe.xlen(k.work)
         pipe.xpending(k.work, group)
         pipe.xlen(k.dead)

@@ -18,7 +18,7 @@ from time import perf_counter
 from typing import Any
 
 from sfc_fast import Graph, evolve, job_index, open_command, sent_markers, state_to_json
-from sfc_fast.events import BaseEvent, Event, Shift, Start, Tick
+from sfc_fast.events import BaseEvent, Event, Start, Tick
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.store import JobRow, Record, Store, started_at
@@ -80,19 +80,15 @@ class Fresh:
         self.started = started
 
 
-def tick_events(gap_ms: int) -> EventsFn:
-    """A sweep's tick: an outage shift first (when the sweep saw one), then the tick,
-    naming the commands that never went out (no matching sent marker)."""
-    def make(row: JobRow, graph: Graph, state: bytes | None) -> list[BaseEvent]:
-        if state is None:
-            return []
-        started, open_ = sent_markers(graph, state)
-        unsent = [cid for f, cid in open_
-                  if row.markers.get(f.encode()) != f"{started}:{cid}".encode()]
-        evs: list[BaseEvent] = [Shift(gap_ms)] if gap_ms > 0 else []
-        evs.append(Tick(unsent))
-        return evs
-    return make
+def tick_events(row: JobRow, graph: Graph, state: bytes | None) -> list[BaseEvent]:
+    """A sweep's tick, naming the commands that never went out (no matching sent
+    marker). An outage's gap is already in the state (``Store.load``)."""
+    if state is None:
+        return []
+    started, open_ = sent_markers(graph, state)
+    unsent = [cid for f, cid in open_
+              if row.markers.get(f.encode()) != f"{started}:{cid}".encode()]
+    return [Tick(unsent)]
 
 
 def _iso(ms: int) -> str:
@@ -230,7 +226,8 @@ class Settler:
                 if rec.graph is not None:
                     self.store.graphs.stored.add((s, rec.fingerprint))
                 if rec.state is not None:
-                    cache.put(s, JobRow(rec.job, str(v).encode(), rec.state, graph.fingerprint))
+                    cache.put(s, JobRow(rec.job, str(v).encode(), rec.state, graph.fingerprint,
+                                        offset=rec.offset))
                 self._fresh(s, rec, graph, decisions, marks, made)
                 for it in its:
                     d = it.decision
@@ -352,13 +349,13 @@ class Settler:
     def _putback(self, row: JobRow, its: list[Item]) -> Record:
         nd = next((it.decision.next_deadline for it in its
                    if it.putback and it.decision is not None), None)
-        return Record(row.job, row.version, None, nd, None)
+        return Record(row.job, row.version, None, nd, None, offset=row.offset)
 
     def _record(self, scope: str, now: int, row: JobRow, graph: Graph, decisions: list,
                 reset: bool, start_graph: Graph | None) -> Record:
         last = decisions[-1]
         rec = Record(row.job, row.version, last.state, last.next_deadline,
-                     last.status in LIVE, reset=reset)
+                     last.status in LIVE, reset=reset, offset=row.offset)
         waits = rec.waits
         for d in decisions:
             for t in d.waits_removed:

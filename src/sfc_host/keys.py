@@ -46,26 +46,26 @@ class ScopeKeys:
     """The keys of one scope."""
 
     __slots__ = ("active", "base", "dead", "due", "errors", "heartbeat", "index", "live",
-                 "scope", "seq", "shift_gap", "shifting", "work")
+                 "offset", "scope", "seq", "work")
 
     def __init__(self, scope: str) -> None:
         self.scope = scope
         self.base = f"{PREFIX}:{{{scope}}}:"
         b = self.base
-        self.due = b + "due"            # zset job -> next deadline (ms)
+        self.due = b + "due"            # zset job -> next deadline (ms) minus `offset`
         self.active = b + "active"      # set of running (and held) jobs
         self.work = b + "work"          # work stream
         self.dead = b + "dead"          # dead stream
         self.heartbeat = b + "hb"       # last sweep (server ms)
-        self.shifting = b + "shifting"  # zset: jobs an outage's gap has still to reach
-        self.shift_gap = b + "shift-gap"  # that gap (ms)
+        self.offset = b + "offset"      # the outages' gaps so far (ms): see sweep.lua
         self.errors = b + "errors"      # hash entry id -> last handler error
         self.index = b + "state-index"  # hash job -> order state (every order not cleared)
         self.seq = b + "state-seq"      # + 1 per order change (the index's Seq)
         self.live = b + "live"          # set of orders not ended (max_job_orders)
 
     def job(self, job: str) -> str:
-        """Job hash: ``s`` state, ``v`` version, ``g`` graph fingerprint, ``sent:*``."""
+        """Job hash: ``s`` state, ``v`` version, ``g`` graph fingerprint, ``o`` the scope
+        offset its state has seen (absent: 0), ``sent:*`` markers."""
         return self.base + "job:" + job
 
     def order(self, job: str) -> str:

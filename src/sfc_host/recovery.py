@@ -66,7 +66,7 @@ async def _recover(store: Store, settler: Settler, metrics: Metrics, scope: str,
             rec.waits = [("+", t, now) for t in waits if t not in have] + rec.waits
         else:
             rec = Record(job, row.version, None, deadline, True,
-                         waits=[("+", t, now) for t in waits])
+                         waits=[("+", t, now) for t in waits], offset=row.offset)
         records.append(rec)
         metrics.inc("jobs_recovered")
     if records:

@@ -4,6 +4,12 @@ compare-and-set script, markers, compiled recipes pinned by fingerprint.
 Reads and writes are batched per scope (one script call settles many jobs, since all
 their keys share the scope's slot) and pipelined across scopes: a batch of any size
 costs two round trips.
+
+An outage moves every open deadline of a scope by its gap in O(1): the sweep adds the
+gap to the scope's offset (``sweep.lua``), the due index holds deadlines minus the
+offset, and each job hash records the offset its state has seen (``o``). A job read
+here is brought up to the scope's offset (the core's ``Shift``) before anyone sees it,
+and the compare-and-set writes it only if the offset did not move meanwhile.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sfc_fast import Graph, StateFormatError
+from sfc_fast import Graph, StateFormatError, evolve
+from sfc_fast.events import Shift
 from sfc_host.keys import ScopeKeys
 from sfc_host.scripts import Call, Scripts
 
@@ -25,13 +32,15 @@ log = logging.getLogger("sfc_host.store")
 
 @dataclass(slots=True)
 class JobRow:
-    """One job hash as read: state, version, graph fingerprint and the sent markers."""
+    """One job hash as read: state, version, graph fingerprint, the sent markers, and
+    the scope offset its state is shifted to (see the module docstring)."""
 
     job: str
     version: bytes = b"0"
     state: bytes | None = None
     fingerprint: str | None = None
     markers: dict[bytes, bytes] = field(default_factory=dict)
+    offset: int = 0
 
     @property
     def exists(self) -> bool:
@@ -48,6 +57,8 @@ def _row(job: str, flat: list[bytes]) -> JobRow:
             r.version = v
         elif k == b"g":
             r.fingerprint = v.decode()
+        elif k == b"o":
+            r.offset = int(v)
         else:
             r.markers[k] = v
     return r
@@ -60,7 +71,7 @@ class Record:
     job: str
     expected: bytes
     state: bytes | None            # None: index only
-    due: int | None
+    due: int | None                # the next deadline (server ms), None: off the index
     active: bool | None            # None: leave the active set
     waits: list[tuple[str, str, int]] = field(default_factory=list)  # (sign, type, since)
     entries: list[tuple[str, str, str]] = field(default_factory=list)
@@ -68,6 +79,7 @@ class Record:
     graph: bytes | None = None
     reset: bool = False
     response: str | None = None
+    offset: int = 0                # the scope offset the state is shifted to
 
 
 def started_at(state: bytes) -> int:
@@ -118,7 +130,7 @@ class StateCache:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._rows: OrderedDict[tuple[str, str], tuple[bytes, bytes, str | None]] = \
+        self._rows: OrderedDict[tuple[str, str], tuple[bytes, bytes, str | None, int]] = \
             OrderedDict()
         self.hits = 0
 
@@ -127,7 +139,7 @@ class StateCache:
         if r is None:
             return None
         self.hits += 1
-        return JobRow(job, r[0], r[1], r[2], _NO_MARKERS)
+        return JobRow(job, r[0], r[1], r[2], _NO_MARKERS, r[3])
 
     def put(self, scope: str, row: JobRow) -> None:
         if self.size <= 0 or row.state is None:
@@ -136,7 +148,7 @@ class StateCache:
         rows = self._rows
         if key in rows:
             rows.move_to_end(key)
-        rows[key] = (row.version, row.state, row.fingerprint)
+        rows[key] = (row.version, row.state, row.fingerprint, row.offset)
         if len(rows) > self.size:
             rows.popitem(last=False)
 
@@ -218,11 +230,11 @@ class Store:
         groups = self._calls_by_slot(scopes)
         calls: list[Call] = []
         for group in groups:
-            keys = []
+            keys = [self.keys(s).offset for s in group]
             for s in group:
                 k = self.keys(s)
                 keys += [k.job(j) for j in wanted[s]]
-            calls.append((self.scripts["load"], keys, ()))
+            calls.append((self.scripts["load"], keys, (len(group),)))
         results = await self.scripts.run(calls)
         out: dict[str, tuple[int, dict[str, JobRow]]] = {}
         cache = self.cache
@@ -231,16 +243,35 @@ class Store:
                 raise res
             now = int(res[0])
             self.clock.sync(now)
-            i = 1
-            for s in group:
+            i = 1 + len(group)
+            for gi, s in enumerate(group):
+                offset = int(res[1 + gi])
                 rows = {}
                 for j in wanted[s]:
                     r = rows[j] = _row(j, res[i])
                     i += 1
+                    if r.offset != offset:
+                        await self._catch_up(s, r, offset, now)
                     if r.state is not None:
                         cache.put(s, r)
                 out[s] = (now, rows)
         return out
+
+    async def _catch_up(self, scope: str, row: JobRow, offset: int, now: int) -> None:
+        """Shift a row's state by the outages it has not seen (rare: once per job and
+        outage). The stored state stays as it is until the job is next written; a
+        state that cannot be shifted is left for the caller to report."""
+        if row.state is None or offset < row.offset:
+            row.offset = offset         # no state (or a reset offset): nothing to move
+            return
+        graph = await self.graph(scope, row.fingerprint) if row.fingerprint else None
+        if graph is None:
+            return
+        try:
+            row.state = caught_up(graph, row.state, offset - row.offset, now)
+        except ValueError:
+            return
+        row.offset = offset
 
     async def graph(self, scope: str, fp: str) -> Graph | None:
         g = self.graphs.get(fp)
@@ -278,7 +309,7 @@ class Store:
         args: list[Any] = [len(groups), not_after]
         for scope, records, deliver in groups:
             k = self.keys(scope)
-            args += (ki(k.due), ki(k.active), ki(k.work))
+            args += (ki(k.due), ki(k.active), ki(k.work), ki(k.offset))
             if deliver is not None:
                 args += (b"1", *deliver)
             else:
@@ -292,7 +323,7 @@ class Store:
                 else:
                     args += (0, b"")
                 args += (b"1" if r.reset else b"0",
-                         b"" if r.due is None else r.due,
+                         b"" if r.due is None else r.due - r.offset, r.offset,
                          b"" if r.active is None else (b"1" if r.active else b"0"),
                          len(r.waits))
                 for sign, t, since in r.waits:
@@ -406,6 +437,15 @@ class Store:
         if not raw:
             return None
         return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def caught_up(graph: Graph, state: bytes, gap: int, now: int) -> bytes:
+    """A state with the outages' ``gap`` (ms) it has not seen applied; ``ValueError``
+    (``StateFormatError``) for a state that cannot be read."""
+    if gap <= 0:
+        return state
+    d = evolve(graph, state, Shift(gap), now)
+    return d.state if d.applied else state
 
 
 def decode_or_none(graph: Graph, state: bytes | None, fn: Any) -> Any:

@@ -1,9 +1,10 @@
 """The work streams: reading entries with a consumer group, taking over orphaned ones,
 acking in bulk, and moving entries that keep failing to the dead stream.
 
-Entry fields: ``k`` kind, ``j`` job, then per kind ``a`` (action or job transition),
-``c`` (command id, or the recipe's reason on a ``job`` Abort), ``g`` (a tick's outage
-gap, ms), ``t``/``s``/``r``/``d`` (an event's type, subject, correlation id, data).
+Entry fields: ``k`` kind, ``j`` job (a ``tick``: one or more jobs, one per line), then
+per kind ``a`` (action or job transition), ``c`` (command id, or the recipe's reason on
+a ``job`` Abort), ``t``/``s``/``r``/``d`` (an event's type, subject, correlation id,
+data).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ log = logging.getLogger("sfc_host.stream")
 KINDS = frozenset(("start", "cancel", "hold", "release", "tick", "resume", "event", "job"))
 JOB_TRANSITIONS = frozenset(("Run", "Complete", "Abort"))
 MAX_FIELD = 1 << 20
-MAX_GAP_MS = 1 << 53     # a tick's outage gap beyond this is garbage, not an outage
+MAX_TICK_JOBS = 4096     # a sweep writes at most sweep.TICK_BATCH per entry
 
 
 def _no_constant(name: str) -> Any:
@@ -53,7 +54,7 @@ class Entry:
     job: str = ""
     action: str = ""
     cid: str = ""
-    gap: int = 0
+    jobs: list[str] | None = None   # a tick's jobs (job is the first)
     type_id: str = ""
     subject: str | None = None
     correlation: str | None = None
@@ -106,23 +107,22 @@ def parse_entry(scope: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entr
     job = _s(fields, b"j")
     if not job:
         raise InvalidEntry(f"{kind} entry without a job (field j)")
+    jobs = job.split("\n") if kind == "tick" else [job]
+    if len(jobs) > MAX_TICK_JOBS:
+        raise InvalidEntry(f"tick entry with {len(jobs)} jobs (at most {MAX_TICK_JOBS})")
     try:
-        check_job(job)
+        for j in jobs:
+            check_job(j)
     except ValueError as e:
         raise InvalidEntry(str(e)) from None
-    e = Entry(scope, entry_id, kind, job)
+    e = Entry(scope, entry_id, kind, jobs[0])
     if kind == "job":
         e.action = _s(fields, b"a") or ""
         if e.action not in JOB_TRANSITIONS:
             raise InvalidEntry(f"unknown job transition {_short(e.action)}")
         e.cid = _s(fields, b"c") or ""
     elif kind == "tick":
-        g = _s(fields, b"g")
-        if g:
-            if not (g.isascii() and g.isdigit()) or len(g) > 16 or int(g) > MAX_GAP_MS:
-                raise InvalidEntry(f"tick gap {_short(g)} is not an integer "
-                                   f"from 0 to {MAX_GAP_MS}")
-            e.gap = int(g)
+        e.jobs = jobs
     return e
 
 

@@ -172,8 +172,8 @@ class WorkHandler:
         for e in entries:
             try:
                 if e.kind == "tick":
-                    batch.append((e, Item(e.scope, e.job, tick_events(e.gap), putback=True,
-                                          fresh=True)))
+                    batch.extend((e, Item(e.scope, j, tick_events, putback=True, fresh=True))
+                                 for j in e.jobs or ())
                 elif e.kind == "resume":
                     batch.append((e, Item(e.scope, e.job, [Resume()])))
                 elif e.kind == "dispatch":
@@ -202,20 +202,29 @@ class WorkHandler:
                 fail(e, f"{type(ex).__name__}: {ex}")
 
         if batch:
+            by_id = {id(e): e for e, _ in batch}
             try:
                 await self.settler.settle([it for _, it in batch])
             except Exception as ex:
-                log.exception("settling %d entries failed", len(batch))
-                for e, _ in batch:
+                log.exception("settling %d entries failed", len(by_id))
+                for e in by_id.values():
                     fail(e, f"{type(ex).__name__}: {ex}")
                 batch = []
+            # an entry of several jobs (a sweep's tick) is done when each of them is
+            why: dict[int, str | None] = {}
             for e, it in batch:
                 if it.outcome == CONFLICT:
-                    fail(e, "lost the compare-and-set race repeatedly")
+                    why[id(e)] = why.get(id(e)) or "lost the compare-and-set race repeatedly"
                 elif it.outcome == ERROR:
-                    fail(e, it.error or "the job cannot be evaluated")
+                    why[id(e)] = why.get(id(e)) or it.error or "the job cannot be evaluated"
                 else:
+                    why.setdefault(id(e), None)
+            for key, reason in why.items():
+                e = by_id[key]
+                if reason is None:
                     ok(e)
+                else:
+                    fail(e, reason)
         if dispatch:
             try:
                 await self.dispatcher.dispatch([(e.scope, e.job, e.action, e.cid)

@@ -6,14 +6,17 @@
 -- decisions may still be written ('0': any time): a host frozen between reading a job
 -- and this call decided on a clock from before a possible outage, so nothing is
 -- written (every record loses, and the host reads the jobs again); then per group:
---   due index key index, active set key index, work stream key index,
+--   due index key index, active set key index, work stream key index, offset key index,
 --   deliver ('1': then group, consumer, count follow; '0': nothing follows),
 --   number of records, then each record:
 --     job key index, job id, expected version ('0': the job must not exist),
 --     state ('' = keep: an index-only record), fingerprint ('' = keep),
 --     graph key index (0 = none), graph bytes (stored once, SET NX),
 --     reset ('1' = drop every field first: a re-stored job id),
---     due ('' = off the index, else the score), active ('1' add, '0' remove, '' leave),
+--     due ('' = off the index, else the score: deadline minus the offset the state is
+--     shifted to), that offset (a record with a state loses when the scope's offset
+--     is another: an outage was recorded after the job was read, so its state has not
+--     seen the gap), active ('1' add, '0' remove, '' leave),
 --     n wait ops, then per op: sign ('+' or '-'), waits key index, score,
 --     n entries, then per entry: kind, action, command id,
 --     response key index (0 = none), response value.
@@ -37,12 +40,13 @@ for g = 1, tonumber(ARGV[1]) do
   local due_key = KEYS[tonumber(ARGV[p])]
   local active_key = KEYS[tonumber(ARGV[p + 1])]
   local work_key = KEYS[tonumber(ARGV[p + 2])]
+  local offset = redis.call('GET', KEYS[tonumber(ARGV[p + 3])]) or '0'
   local dgroup, dconsumer, dcount = nil, nil, nil
-  if ARGV[p + 3] == '1' then
-    dgroup, dconsumer, dcount = ARGV[p + 4], ARGV[p + 5], tonumber(ARGV[p + 6])
-    p = p + 7
+  if ARGV[p + 4] == '1' then
+    dgroup, dconsumer, dcount = ARGV[p + 5], ARGV[p + 6], tonumber(ARGV[p + 7])
+    p = p + 8
   else
-    p = p + 4
+    p = p + 5
   end
   local n = tonumber(ARGV[p])
   p = p + 1
@@ -58,16 +62,17 @@ for g = 1, tonumber(ARGV[1]) do
     local gbytes = ARGV[p + 6]
     local reset = ARGV[p + 7]
     local due = ARGV[p + 8]
-    local active = ARGV[p + 9]
-    local nw = tonumber(ARGV[p + 10])
-    local w = p + 11
+    local roffset = ARGV[p + 9]
+    local active = ARGV[p + 10]
+    local nw = tonumber(ARGV[p + 11])
+    local w = p + 12
     local ne = tonumber(ARGV[w + 3 * nw])
     local e = w + 3 * nw + 1
     local ridx = tonumber(ARGV[e + 3 * ne])
     local rval = ARGV[e + 3 * ne + 1]
     p = e + 3 * ne + 2
     local current = redis.call('HGET', key, 'v') or '0'
-    if too_late or current ~= expected then
+    if too_late or current ~= expected or (state ~= '' and roffset ~= offset) then
       out[r] = 0
     else
       local v = tonumber(current) + 1
@@ -78,6 +83,7 @@ for g = 1, tonumber(ARGV[1]) do
         else
           redis.call('HSET', key, 's', state, 'v', v)
         end
+        if offset ~= '0' then redis.call('HSET', key, 'o', offset) end
         if gidx > 0 then redis.call('SET', KEYS[gidx], gbytes, 'NX') end
       else
         v = tonumber(current)
