@@ -46,7 +46,7 @@ from sfc_host.equipment import InProcessSink
 from sfc_host.host import Host
 from sfc_host.jobs import Item
 from sfc_host.keys import ScopeKeys
-from sfc_host.store import Record
+from sfc_host.store import Record, caught_up
 from sfc_host.sweep import Sweeper
 
 RESULT = {"ok": True, "torque": 85.5}
@@ -215,7 +215,11 @@ async def drained(host: Host, scopes: list[str], timeout: float) -> bool:
     return False
 
 
-async def shift(host: Host, scopes: list[str], n: int) -> dict[str, float]:
+async def shift(host: Host, graph: Graph, scopes: list[str], n: int) -> dict[str, float]:
+    """An outage over every job: the sweep that sees it (one INCRBY of each scope's
+    offset moves every due score at once), then what a job pays later: reading a sample
+    of idle jobs after the outage (each state caught up with a ``Shift``) against the
+    same reads before it."""
     client = host.client
     out: dict[str, float] = {}
     # one sweep with every deadline held and none due
@@ -223,7 +227,22 @@ async def shift(host: Host, scopes: list[str], n: int) -> dict[str, float]:
     await host.sweep_once()
     out["sweep_none_due_s"] = time.perf_counter() - t0
     probe = ScopeKeys(scopes[0])
-    before = await client.zscore(probe.due, "idle-0000000")
+    sample = [f"idle-{i:07d}" for i in range(0, min(n, 200_000), len(scopes))]
+
+    async def deadline() -> float:
+        return (await client.zscore(probe.due, "idle-0000000") or 0) + \
+            int(await client.get(probe.offset) or 0)
+
+    async def read_sample() -> float:
+        host.store.cache = type(host.store.cache)(0)     # every row from Redis
+        t = time.perf_counter()
+        for i in range(0, len(sample), 1000):
+            await host.store.load({scopes[0]: sample[i:i + 1000]})
+        return time.perf_counter() - t
+
+    cache = host.store.cache
+    before = await deadline()
+    read_before = await read_sample()
     # an outage: every heartbeat far older than the threshold
     now = await host.store.now_ms()
     gap = 3 * host.config.outage_threshold_ms
@@ -232,16 +251,25 @@ async def shift(host: Host, scopes: list[str], n: int) -> dict[str, float]:
         held += await client.zcard(ScopeKeys(s).due)
         await client.set(ScopeKeys(s).heartbeat, now - gap)
     t0 = time.perf_counter()
-    # What the sweep says it queued: 0 if the client timed out (5 s) and sent it again,
-    # the second run finding a fresh heartbeat.
-    queued = await host.sweep_once()
+    await host.sweep_once()
     t1 = time.perf_counter()
-    ok = await drained(host, scopes, timeout=max(120.0, n / 2000))
-    t2 = time.perf_counter()
-    after = await client.zscore(probe.due, "idle-0000000")
-    out.update(shift_jobs=held, shift_sweep_said=queued, shift_take_s=t1 - t0,
-               shift_settle_s=t2 - t1, shift_total_s=t2 - t0, shift_drained=ok,
-               shift_moved_ms=(after or 0) - (before or 0), shift_gap_ms=gap)
+    ok = await drained(host, scopes, timeout=60.0)
+    after = await deadline()
+    read_after = await read_sample()
+    host.store.cache = cache
+    # the catch-up alone: the core's Shift of each stored (not yet shifted) state
+    pipe = client.pipeline(transaction=False)
+    for j in sample:
+        pipe.hget(probe.job(j), "s")
+    states = await pipe.execute()
+    t = time.perf_counter()
+    for st in states:
+        caught_up(graph, st, gap, now)
+    catch_up = (time.perf_counter() - t) / len(states)
+    out.update(shift_jobs=held, shift_take_s=t1 - t0, shift_total_s=t1 - t0,
+               shift_drained=ok, shift_moved_ms=after - before, shift_gap_ms=gap,
+               shift_sample=len(sample), shift_read_before_s=read_before,
+               shift_read_after_s=read_after, shift_catch_up_us=catch_up * 1e6)
     out["rss_after_shift"] = rss_bytes()
     return out
 
@@ -311,7 +339,7 @@ async def active(url: str, n: int, seconds: float, with_shift: bool) -> dict[str
         out["action_s"] = 1 / out["rate"] if out["rate"] else None
         out["rss_running"] = rss_bytes()
         if with_shift:
-            for part in (shift(host, scopes, n), sweep_due(host, n)):
+            for part in (shift(host, graph, scopes, n), sweep_due(host, n)):
                 try:   # one failing part keeps the figures of the others
                     out.update(await part)
                 except Exception as e:
