@@ -114,8 +114,10 @@ def part_limits(quick: bool, tmp: Path) -> dict[str, Any]:
     try:
         c = redis_sync.Redis(port=server.port)
         sha = c.script_load(report_limits.CAS_LIKE)
+        completion_sha = c.script_load(report_limits.COMPLETION_LIKE)
+        c.xgroup_create("b:cwork", "g", id="$", mkstream=True)
         out: dict[str, Any] = {"redis": report_limits.redis_limits(
-            server.port, 50_000 if quick else 300_000, sha)}
+            server.port, 50_000 if quick else 300_000, sha, completion_sha)}
         c.flushall()
         secs = 3.0 if quick else 8.0
         out["host"] = uvloop.run(_host_case(server.url, 1000, 10, secs))

@@ -28,6 +28,27 @@ redis.call('SADD', KEYS[3], KEYS[1])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'k', 'dispatch:a', 'j', KEYS[1])
 return v + 1
 """
+# The whole Redis work of one completion, as the host's two scripts do it for one job
+# (cas.lua: the scope's offset, version check, state, due index, the dispatch entry, the
+# action's markers, delivering the new entry to this consumer; marker.lua after the
+# send: the sent marker while the state exists, the ack), in one script. The host packs
+# many jobs into one call of each, so it pays the per-call cost less often than this.
+COMPLETION_LIKE = """
+local offset = redis.call('GET', KEYS[5]) or '0'
+local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+if v >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 's', ARGV[2], 'v', v + 1)
+redis.call('ZADD', KEYS[2], ARGV[3], KEYS[1])
+local id = redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'k', 'dispatch:a',
+                      'j', KEYS[1], 'a', 'a', 'c', ARGV[3])
+redis.call('HMGET', KEYS[1], 'sent:a', 'sent:a:hold')
+redis.call('XREADGROUP', 'GROUP', 'g', 'c', 'COUNT', 1, 'STREAMS', KEYS[4], '>')
+if redis.call('HEXISTS', KEYS[1], 's') == 1 then
+  redis.call('HSET', KEYS[1], 'sent:a', ARGV[3])
+end
+redis.call('XACK', KEYS[4], 'g', id)
+return v + 1
+"""
 STATE = "x" * 150   # a core state document of a running job is about 140 bytes
 
 
@@ -40,9 +61,10 @@ def _bench(port: int, n: int, clients: int, pipeline: int, extra: list[str]) -> 
     return {r[0]: float(r[1]) for r in rows[1:] if len(r) > 1}
 
 
-def redis_limits(port: int, n: int, sha: str) -> dict[str, Any]:
-    """SET/GET and the compare-and-set-like EVALSHA, one request per round trip per
-    client and pipelined 16 deep, 50 clients."""
+def redis_limits(port: int, n: int, sha: str, completion_sha: str) -> dict[str, Any]:
+    """SET/GET, the compare-and-set-like EVALSHA and the completion-like one, one request
+    per round trip per client and pipelined 16 deep, 50 clients. The completion script
+    needs the group ``g`` on ``b:cwork``."""
     if shutil.which("redis-benchmark") is None:
         return {}
     out: dict[str, Any] = {"clients": 50, "pipeline": 16, "requests": n}
@@ -54,6 +76,11 @@ def redis_limits(port: int, n: int, sha: str) -> dict[str, Any]:
                         ["EVALSHA", sha, "4", "b:job:__rand_int__", "b:due", "b:active",
                          "b:work", "1000000000000", STATE, "__rand_int__"])
         out[f"evalsha_{label}"] = max(script.values()) if script else 0.0
+        script = _bench(port, n, 50, depth,
+                        ["EVALSHA", completion_sha, "5", "b:job:__rand_int__", "b:due",
+                         "b:active", "b:cwork", "b:offset", "1000000000000", STATE,
+                         "__rand_int__"])
+        out[f"completion_{label}"] = max(script.values()) if script else 0.0
     return out
 
 
