@@ -8,7 +8,14 @@ same checks (lengths within the property block, UTF-8, no U+0000, U+FEFF or
 surrogates, no repeated single-valued property) and the same attributes as paho; a
 packet with anything else, or anything it would refuse, goes to paho's own code, so
 errors stay paho's. Properties objects share paho's (never changed) lookup tables
-instead of building them anew. ``install()`` is called when the MQTT link is imported.
+instead of building them anew.
+
+The client's socket path is paho's too, with less per-packet work: what is queued goes
+out in one ``send`` (paho sends each packet on its own), reads take up to 64 KiB at a
+time (paho reads a packet's first bytes one ``recv`` each), a PUBACK without properties
+is handled without building reason code objects, an acknowledgement that leaves nothing
+queued skips paho's scan of every message in flight, and debug log lines nobody listens
+to are not made. ``install()`` is called when the MQTT link is imported.
 """
 
 from __future__ import annotations
@@ -16,8 +23,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import paho.mqtt.client as mc
+from paho.mqtt.client import Client, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
 _original_unpack = Properties.unpack
 _original_init = Properties.__init__
@@ -105,7 +115,8 @@ def fast_unpack(self: Properties, buffer: Any) -> tuple[Properties, int]:
             raise _Fallback
     except _Fallback:
         return _original_unpack(self, buffer)
-    self.clear()
+    if len(self.__dict__) != _fresh_size:
+        self.clear()    # reused: a fresh one (paho's decoder) has no values to clear
     for name, value in found.items():
         object.__setattr__(self, name, value)
     if users:
@@ -124,6 +135,184 @@ def fast_init(self: Properties, packetType: int) -> None:
     self.__dict__.update(d)
 
 
+_fresh_size = len(vars(Properties(PacketTypes.PUBLISH)))
+
+# ---- the client's socket path
+
+_original_packet_write = Client._packet_write
+_original_sock_recv = Client._sock_recv
+_original_handle_pubackcomp = Client._handle_pubackcomp
+_original_update_inflight = Client._update_inflight
+_original_easy_log = Client._easy_log
+_SUCCESS = MQTTErrorCode.MQTT_ERR_SUCCESS
+_AGAIN = MQTTErrorCode.MQTT_ERR_AGAIN
+_CONN_LOST = MQTTErrorCode.MQTT_ERR_CONN_LOST
+_PUBLISH = int(mc.PUBLISH)
+_DISCONNECT = int(mc.DISCONNECT)
+WRITE_MAX_BYTES = 1 << 16    # one send takes at most about this much
+WRITE_MAX_PACKETS = 512
+READ_BYTES = 1 << 16
+
+
+def fast_packet_write(self: Client) -> MQTTErrorCode:
+    """paho's ``_packet_write`` with the queued packets joined into one ``send``: the
+    same bookkeeping per packet (partial writes, QoS 0 publish callbacks), one system
+    call instead of one per packet. A DISCONNECT goes through paho's own code."""
+    out = self._out_packet
+    while out:
+        if out[0]["command"] & 0xF0 == _DISCONNECT:
+            return _original_packet_write(self)
+        batch = []
+        size = 0
+        # by index, not an iterator: another thread may append while we look
+        for k in range(min(len(out), WRITE_MAX_PACKETS)):
+            p = out[k]
+            if p["command"] & 0xF0 == _DISCONNECT:
+                break
+            batch.append(p)
+            size += p["to_process"]
+            if size >= WRITE_MAX_BYTES:
+                break
+        chunks = [p["packet"] if not p["pos"] else memoryview(p["packet"])[p["pos"]:]
+                  for p in batch]
+        try:
+            n = self._sock_send(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        except (AttributeError, ValueError):
+            return _SUCCESS
+        except BlockingIOError:
+            return _AGAIN
+        except OSError as err:
+            self._easy_log(mc.MQTT_LOG_ERR, "failed to receive on socket: %s", err)
+            return _CONN_LOST
+        if n <= 0:
+            break
+        for p in batch:
+            k = min(n, p["to_process"])
+            p["to_process"] -= k
+            p["pos"] += k
+            n -= k
+            if p["to_process"]:
+                break            # the rest next time (paho's next send says when)
+            out.popleft()        # p was the head
+            if p["command"] & 0xF0 == _PUBLISH and p["qos"] == 0:
+                _qos0_published(self, p)
+    with self._msgtime_mutex:
+        self._last_msg_out = mc.time_func()
+    return _SUCCESS
+
+
+def _qos0_published(self: Client, packet: Any) -> None:
+    """What paho does once a QoS 0 PUBLISH is written: on_publish, then the info."""
+    with self._callback_mutex:
+        on_publish = self.on_publish
+    if on_publish:
+        with self._in_callback_mutex:
+            try:
+                if self._callback_api_version == mc.CallbackAPIVersion.VERSION1:
+                    on_publish(self, self._userdata, packet["mid"])  # type: ignore[call-arg]
+                else:
+                    on_publish(self, self._userdata, packet["mid"],
+                               ReasonCode(PacketTypes.PUBACK), Properties(PacketTypes.PUBACK))
+            except Exception as err:
+                self._easy_log(mc.MQTT_LOG_ERR, "Caught exception in on_publish: %s", err)
+                if not self.suppress_exceptions:
+                    raise
+    packet["info"]._set_as_published()
+
+
+def fast_sock_recv(self: Client, bufsize: int) -> bytes:
+    """paho asks for one byte, then one more, then the rest of a packet: serve those
+    from one large ``recv`` of the same socket."""
+    rb = self.__dict__.get("_sfc_rb")
+    if rb is not None:
+        if rb[0] is self._sock:
+            data, pos = rb[1], rb[2]
+            end = pos + bufsize
+            if end >= len(data):
+                self._sfc_rb = None
+            else:
+                rb[2] = end
+            return data[pos:end]
+        self._sfc_rb = None   # bytes of an earlier connection: never parsed
+    data = _original_sock_recv(self, max(bufsize, READ_BYTES))
+    if len(data) > bufsize:
+        self._sfc_rb = [self._sock, data, bufsize]
+        return data[:bufsize]
+    return data
+
+
+def _buffered(self: Client) -> bool:
+    rb = self.__dict__.get("_sfc_rb")
+    return rb is not None and rb[0] is self._sock
+
+
+def fast_loop_read(self: Client, max_packets: int = 1) -> MQTTErrorCode:
+    """paho's ``loop_read``, except that it never returns with bytes read from the
+    socket and not yet handled: the socket would not wake the loop for them."""
+    if self._sock is None:
+        return MQTTErrorCode.MQTT_ERR_NO_CONN
+    n = max(len(self._out_messages) + len(self._in_messages), 1)
+    while True:
+        if self._sock is None:
+            return MQTTErrorCode.MQTT_ERR_NO_CONN
+        rc = self._packet_read()
+        if rc > 0:
+            return self._loop_rc_handle(rc)
+        n -= 1
+        if (rc == _AGAIN or n <= 0) and not _buffered(self):
+            return _SUCCESS
+
+
+_PUBACK_CODES: dict[int, ReasonCode] = {}
+
+
+def fast_handle_pubackcomp(self: Client, cmd: str) -> MQTTErrorCode:
+    """A PUBACK without properties (what brokers send) without paho's two ReasonCode
+    and Properties objects per packet; the callback still gets a ReasonCode (shared,
+    one per code) and a fresh Properties. Anything else is paho's."""
+    packet = self._in_packet["packet"]
+    n = len(packet)
+    if cmd != "PUBACK" or n not in (2, 3) or (n == 3 and self._protocol != mc.MQTTv5):
+        return _original_handle_pubackcomp(self, cmd)
+    code = packet[2] if n == 3 else 0
+    reason = _PUBACK_CODES.get(code)
+    if reason is None:
+        try:
+            reason = ReasonCode(PacketTypes.PUBACK, identifier=code)
+        except Exception:
+            return _original_handle_pubackcomp(self, cmd)   # paho's error
+        _PUBACK_CODES[code] = reason
+    mid = (packet[0] << 8) | packet[1]
+    self._easy_log(mc.MQTT_LOG_DEBUG, "Received %s (Mid: %d)", cmd, mid)
+    with self._out_message_mutex:
+        if mid in self._out_messages:
+            return self._do_on_publish(mid, reason, Properties(PacketTypes.PUBACK))
+    return _SUCCESS
+
+
+def fast_update_inflight(self: Client) -> MQTTErrorCode:
+    """paho scans every message in flight after each acknowledgement for one queued
+    behind the in-flight limit; when every message it holds is counted in flight,
+    none is queued."""
+    if self._inflight_messages >= len(self._out_messages):
+        return _SUCCESS
+    return _original_update_inflight(self)
+
+
+def fast_easy_log(self: Client, level: Any, fmt: str, *args: Any) -> None:
+    if self._on_log is None:
+        logger = self._logger
+        if logger is None or not logger.isEnabledFor(mc.LOGGING_LEVEL[level]):
+            return
+    _original_easy_log(self, level, fmt, *args)
+
+
 def install() -> None:
     Properties.unpack = fast_unpack  # type: ignore[method-assign]
     Properties.__init__ = fast_init  # type: ignore[method-assign]
+    Client._packet_write = fast_packet_write  # type: ignore[method-assign]
+    Client._sock_recv = fast_sock_recv  # type: ignore[method-assign]
+    Client.loop_read = fast_loop_read  # type: ignore[method-assign]
+    Client._handle_pubackcomp = fast_handle_pubackcomp  # type: ignore[method-assign]
+    Client._update_inflight = fast_update_inflight  # type: ignore[method-assign]
+    Client._easy_log = fast_easy_log  # type: ignore[method-assign]
