@@ -23,7 +23,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 __all__ = ["STRUCTURED_CONTENT_TYPE", "CloudEvent", "CloudEventError", "decode", "encode_binary",
-           "encode_structured", "new", "structured_properties"]
+           "encode_structured", "new", "publish_properties", "structured_properties"]
 
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
 MAX_ATTRIBUTE_CHARS = 1024
@@ -164,7 +164,21 @@ def _parse(payload: bytes, code: str) -> Any:
 # Encoding
 
 
+def _fine(value: object) -> bool:
+    """What ``_value`` accepts, for the common case: printable ASCII of a sane length."""
+    return (type(value) is str and len(value) <= MAX_ATTRIBUTE_CHARS  # type: ignore[arg-type]
+            and value.isascii() and value.isprintable())  # type: ignore[attr-defined]
+
+
 def _check(ev: CloudEvent) -> None:
+    # the usual event (plain ASCII attributes) in one pass; anything else is checked
+    # attribute by attribute below, which also says what is wrong
+    if (ev.specversion == "1.0" and ev.id and ev.source and ev.type
+            and all(v is None or (v and _fine(v)) for v in (
+                ev.id, ev.source, ev.type, ev.subject, ev.time, ev.datacontenttype,
+                ev.dataschema, ev.response_topic))
+            and all(n in _GOOD_NAMES and _fine(v) for n, v in ev.extensions.items())):
+        return
     if ev.specversion != "1.0":
         raise CloudEventError("bad_specversion",
                               f"specversion must be '1.0', not {ev.specversion!r}")
@@ -201,7 +215,30 @@ def _varint(n: int) -> bytes:
 
 
 _FAST = frozenset(("UserProperty", "ContentType", "ResponseTopic", "CorrelationData",
-                   "MessageExpiryInterval"))
+                   "MessageExpiryInterval", *_BLANK))
+# Attributes whose values repeat from event to event (a product has a handful of
+# sources, types and scopes): their packed user property is kept, up to _PAIRS_MAX.
+_REPEATING = frozenset(("specversion", "source", "type", "subject", "dataschema",
+                        "datacontenttype", "method"))
+_PAIRS: dict[tuple[str, str], bytes] = {}
+_NAMES: dict[str, bytes] = {}
+_PAIRS_MAX = 4096
+
+
+def _user_property(name: str, value: str) -> bytes:
+    if name in _REPEATING:
+        b = _PAIRS.get((name, value))
+        if b is None:
+            b = b"\x26" + _str(name) + _str(value)
+            if len(_PAIRS) < _PAIRS_MAX:
+                _PAIRS[(name, value)] = b
+        return b
+    n = _NAMES.get(name)
+    if n is None:
+        n = b"\x26" + _str(name)
+        if len(_NAMES) < _PAIRS_MAX:
+            _NAMES[name] = n
+    return n + _str(value)
 
 
 class PublishProperties(Properties):
@@ -210,24 +247,48 @@ class PublishProperties(Properties):
 
     def pack(self) -> bytes:
         d = self.__dict__
-        if not _FAST.issuperset(k for k in d if k not in _BLANK):
+        if not _FAST.issuperset(d):
             return super().pack()   # anything else: paho's own packing
-        buf = bytearray()
+        parts = []
         v = d.get("MessageExpiryInterval")
         if v is not None:
-            buf += b"\x02" + int(v).to_bytes(4, "big")
+            parts.append(b"\x02" + int(v).to_bytes(4, "big"))
         v = d.get("ContentType")
         if v is not None:
-            buf += b"\x03" + _str(v)
+            parts.append(b"\x03" + _str(v))
         v = d.get("ResponseTopic")
         if v is not None:
-            buf += b"\x08" + _str(v)
+            parts.append(b"\x08" + _str(v))
         v = d.get("CorrelationData")
         if v is not None:
-            buf += b"\x09" + len(v).to_bytes(2, "big") + bytes(v)
+            parts.append(b"\x09" + len(v).to_bytes(2, "big") + bytes(v))
         for name, value in d.get("UserProperty") or ():
-            buf += b"\x26" + _str(name) + _str(value)
-        return _varint(len(buf)) + bytes(buf)
+            parts.append(_user_property(name, value))
+        body = b"".join(parts)
+        return _varint(len(body)) + body
+
+
+class PackedProperties(PublishProperties):
+    """Properties sent unchanged with many messages (the MES's retained state): packed
+    once. Not to be changed after ``publish_properties`` made them."""
+
+    __slots__ = ("_packed",)
+
+    def pack(self) -> bytes:
+        return self._packed   # type: ignore[no-any-return]
+
+
+def publish_properties(*, content_type: str | None = None,
+                       expiry_s: int | None = None) -> Properties:
+    """Fixed PUBLISH properties (content type, message expiry), packed once."""
+    props: Properties = object.__new__(PackedProperties)
+    props.__dict__.update(_BLANK)
+    if content_type is not None:
+        _set(props, "ContentType", content_type)
+    if expiry_s is not None:
+        _set(props, "MessageExpiryInterval", int(expiry_s))
+    _set(props, "_packed", PublishProperties.pack(props))
+    return props
 
 
 def _properties(ev: CloudEvent, content_type: str | None, user: list[tuple[str, str]] | None,
