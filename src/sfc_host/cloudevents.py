@@ -205,7 +205,8 @@ def _str(s: str) -> bytes:
     return len(b).to_bytes(2, "big") + b
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """MQTT's variable byte integer."""
     out = bytearray()
     while True:
         n, byte = n >> 7, n & 0x7F
@@ -265,7 +266,7 @@ class PublishProperties(Properties):
         for name, value in d.get("UserProperty") or ():
             parts.append(_user_property(name, value))
         body = b"".join(parts)
-        return _varint(len(body)) + body
+        return varint(len(body)) + body
 
 
 class PackedProperties(PublishProperties):

@@ -106,7 +106,8 @@ class MqttSink:
             _, late = await asyncio.wait(waiting, timeout=ACK_WAIT_S)
             if late:
                 self.link.metrics.inc("mqtt_unacked_commands", len(late))
-        return [f is not None and f.done() for f in acks]
+        # cancelled: the broker refused it (a PUBACK with an error code)
+        return [f is not None and f.done() and not f.cancelled() for f in acks]
 
 
 ARRIVED_MAX = 100_000

@@ -218,7 +218,14 @@ class MqttLink:
         """Queue a message; False (counted) when the queue is full. A ``status`` message
         (MES status events and retained state) is refused from 80 % of the queue on, so
         a burst of them never crowds out equipment commands and replies. ``acked`` is
-        set once the broker has the message (QoS 1: its PUBACK; QoS 0: written)."""
+        set once the broker has the message (QoS 1: its PUBACK; QoS 0: written), and
+        cancelled when the broker refuses it (a PUBACK with an error code)."""
+        if not topic or "+" in topic or "#" in topic or len(topic) > 16_000:
+            # paho would refuse it in the writer (a reply to a request's response
+            # topic, say): refused here, the writer never stops for one message
+            self.metrics.inc("mqtt_bad_topic")
+            log.warning("not published: %r is no topic to publish to", topic[:200])
+            return False
         n = len(self._queue)
         size = self.config.mqtt_queue_size
         if n >= size or (status and n >= size * 4 // 5):
@@ -314,7 +321,9 @@ class MqttLink:
         """One task takes messages off the queue and hands them to paho directly: a
         QoS 1 message stays in ``unacked`` until its PUBACK, with up to ``IN_FLIGHT``
         unacknowledged at once. aiomqtt's ``publish`` would cost a task, an event and a
-        timeout per message, most of the sending cost at thousands a second. When the
+        timeout per message, most of the sending cost at thousands a second; paho's own
+        a message object with a lock and a condition, so QoS 1 messages are queued on
+        its connection as packets (``paho_fast.queue_publish``). When the
         connection ends, what was not acknowledged goes back to the front of the queue
         (in order) and out again after the reconnect: at least once, never lost."""
         q = self._queue
@@ -324,19 +333,34 @@ class MqttLink:
         wake = self._queued
         metrics = self.metrics
 
-        def on_publish(c: Any, userdata: Any, mid: int, *rest: Any) -> None:
+        def acked(mid: int, code: int = 0) -> bool:
             m = unacked.pop(mid, None)
-            if m is None:       # not ours: one of aiomqtt's own publishes
-                if aiomqtt_on_publish is not None:
-                    aiomqtt_on_publish(c, userdata, mid, *rest)
-                return
-            metrics.inc("mqtt_sent")
-            if m.acked is not None and not m.acked.done():
-                m.acked.set_result(None)
+            if m is None:
+                return False
+            if code >= 0x80:
+                # refused (quota, not authorized, ...): not sent; a command's sender
+                # sees it as unacknowledged and its deadline sends it again
+                metrics.inc("mqtt_refused")
+                log.warning("the broker refused a message on %s (reason code %d)",
+                            m.topic, code)
+                if m.acked is not None:
+                    m.acked.cancel()
+            else:
+                metrics.inc("mqtt_sent")
+                if m.acked is not None and not m.acked.done():
+                    m.acked.set_result(None)
             if len(unacked) == IN_FLIGHT - 1:
                 wake.set()
+            return True
+
+        def on_publish(c: Any, userdata: Any, mid: int, *rest: Any) -> None:
+            # paho's own publishes: QoS 0 written, QoS 2 complete, aiomqtt's
+            if not acked(mid) and aiomqtt_on_publish is not None:
+                aiomqtt_on_publish(c, userdata, mid, *rest)
 
         paho.on_publish = on_publish
+        paho._sfc_puback = acked         # QoS 1: their PUBACKs (paho_fast)
+        out_messages = paho._out_messages
         try:
             while True:
                 if not q or len(unacked) >= IN_FLIGHT:
@@ -346,13 +370,21 @@ class MqttLink:
                 n = 0
                 while q and len(unacked) < IN_FLIGHT and n < WRITE_BURST:
                     m = q.popleft()
-                    info = paho.publish(m.topic, m.payload, m.qos, m.retain, m.properties)
-                    if info.rc != mqtt_client.MQTT_ERR_SUCCESS:
+                    if m.qos == 1:
+                        mid = paho._mid_generate()
+                        while mid in unacked or mid in out_messages:
+                            mid = paho._mid_generate()
+                        rc = paho_fast.queue_publish(paho, mid, m.topic.encode(), m.payload,
+                                                     m.retain, m.properties)
+                    else:
+                        info = paho.publish(m.topic, m.payload, m.qos, m.retain, m.properties)
+                        mid, rc = info.mid, info.rc
+                    if rc != mqtt_client.MQTT_ERR_SUCCESS:
                         q.appendleft(m)
-                        raise aiomqtt.MqttCodeError(info.rc, "could not publish")
+                        raise aiomqtt.MqttCodeError(rc, "could not publish")
                     n += 1
-                    if m.qos and not info.is_published():
-                        unacked[info.mid] = m
+                    if m.qos:
+                        unacked[mid] = m
                     else:
                         metrics.inc("mqtt_sent")
                         if m.acked is not None and not m.acked.done():
@@ -361,8 +393,10 @@ class MqttLink:
         finally:
             if paho.on_publish is on_publish:
                 paho.on_publish = aiomqtt_on_publish
-            if unacked:
-                q.extendleft(reversed([unacked[mid] for mid in sorted(unacked)]))
+            paho.__dict__.pop("_sfc_puback", None)
+            if unacked:   # back in the order they were sent
+                q.extendleft(reversed(list(unacked.values())))
+                unacked.clear()
                 wake.set()
 
     def _dispatch(self, message: aiomqtt.Message) -> None:

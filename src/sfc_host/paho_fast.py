@@ -29,6 +29,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from sfc_host.cloudevents import varint
+
 _original_unpack = Properties.unpack
 _original_init = Properties.__init__
 _blank: dict[int, dict[str, Any]] = {}
@@ -266,12 +268,37 @@ def fast_loop_read(self: Client, max_packets: int = 1) -> MQTTErrorCode:
 _PUBACK_CODES: dict[int, ReasonCode] = {}
 
 
+def queue_publish(client: Client, mid: int, topic: bytes, payload: bytes, retain: bool,
+                  properties: Properties | None) -> MQTTErrorCode:
+    """Queue a QoS 1 PUBLISH on paho's connection without paho's bookkeeping (an
+    MQTTMessage, its info with a lock and a condition, the in-flight scan): the caller
+    keeps the message until its PUBACK reaches ``client._sfc_puback(mid, code)``, and
+    sends it again on the next connection if it never does. The topic is checked by
+    the caller (no wildcards, at most 65,535 bytes)."""
+    if client._sock is None:
+        return MQTTErrorCode.MQTT_ERR_NO_CONN
+    props = b""
+    if client._protocol == mc.MQTTv5:
+        props = b"\x00" if properties is None else properties.pack()
+    head = len(topic).to_bytes(2, "big") + topic + mid.to_bytes(2, "big") + props
+    size = len(head) + len(payload)
+    packet = b"".join((b"\x33" if retain else b"\x32", varint(size), head, payload))
+    return client._packet_queue(_PUBLISH, packet, mid, 1, None)
+
+
 def fast_handle_pubackcomp(self: Client, cmd: str) -> MQTTErrorCode:
     """A PUBACK without properties (what brokers send) without paho's two ReasonCode
     and Properties objects per packet; the callback still gets a ReasonCode (shared,
-    one per code) and a fresh Properties. Anything else is paho's."""
+    one per code) and a fresh Properties. A PUBACK of a ``queue_publish`` message goes
+    to ``_sfc_puback``. Anything else is paho's."""
     packet = self._in_packet["packet"]
     n = len(packet)
+    hook = self.__dict__.get("_sfc_puback")
+    # the reason code decides; properties (a reason string) are not needed
+    if (hook is not None and cmd == "PUBACK" and n >= 2
+            and (n == 2 or self._protocol == mc.MQTTv5)
+            and hook((packet[0] << 8) | packet[1], packet[2] if n > 2 else 0)):
+        return _SUCCESS
     if cmd != "PUBACK" or n not in (2, 3) or (n == 3 and self._protocol != mc.MQTTv5):
         return _original_handle_pubackcomp(self, cmd)
     code = packet[2] if n == 3 else 0
