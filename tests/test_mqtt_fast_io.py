@@ -107,6 +107,13 @@ def test_reads_take_every_buffered_packet_and_never_bytes_of_another_socket() ->
     c.loop_read()
     assert got == [f"t/{i}" for i in range(5)]
     assert sock.recvs <= 4               # not one recv per byte of a header
+    for cut in range(1, len(data)):      # a read may end anywhere, header included
+        c = client(FakeSocket(chunks=[data[:cut], data[cut:]]))
+        got.clear()
+        c.on_message = lambda cl, u, m: got.append(m.topic)
+        for _ in range(3):   # as paho's: a call may stop at a read's end (the socket
+            c.loop_read()    # is still readable then and the loop calls again)
+        assert got == [f"t/{i}" for i in range(5)], cut
     # bytes left from an earlier socket are dropped, not parsed on the new one
     sock = FakeSocket(chunks=[packets[0]])
     c._sfc_rb = [object(), b"\x30\x05junk!", 0]   # type: ignore[attr-defined]

@@ -1,21 +1,24 @@
-"""A faster ``Properties.unpack`` for the PUBLISH packets the host receives.
+"""Faster paths through paho-mqtt for the host's MQTT link, same behaviour.
 
-paho-mqtt decodes each MQTT 5 property by scanning its whole name table twice (with a
-string replace per name) and checking every character of every string in Python; with
-the five or six user properties of a binary CloudEvent that was the largest cost of
-receiving an answer. This decoder handles the properties a PUBLISH carries, with the
-same checks (lengths within the property block, UTF-8, no U+0000, U+FEFF or
-surrogates, no repeated single-valued property) and the same attributes as paho; a
-packet with anything else, or anything it would refuse, goes to paho's own code, so
-errors stay paho's. Properties objects share paho's (never changed) lookup tables
-instead of building them anew.
+``Properties.unpack`` for the PUBLISH packets the host receives: paho decodes each
+MQTT 5 property by scanning its whole name table twice (with a string replace per
+name) and checking every character of every string in Python; with the five or six
+user properties of a binary CloudEvent that was the largest cost of receiving an
+answer. This decoder handles the properties a PUBLISH carries, with the same checks
+(lengths within the property block, UTF-8, no U+0000, U+FEFF or surrogates, no
+repeated single-valued property) and the same attributes as paho; a packet with
+anything else, or anything it would refuse, goes to paho's own code, so errors stay
+paho's. Properties objects share paho's (never changed) lookup tables instead of
+building them anew.
 
-The client's socket path is paho's too, with less per-packet work: what is queued goes
-out in one ``send`` (paho sends each packet on its own), reads take up to 64 KiB at a
-time (paho reads a packet's first bytes one ``recv`` each), a PUBACK without properties
-is handled without building reason code objects, an acknowledgement that leaves nothing
-queued skips paho's scan of every message in flight, and debug log lines nobody listens
-to are not made. ``install()`` is called when the MQTT link is imported.
+The client's socket path, with less per-packet work: what is queued goes out in one
+``send`` (paho sends each packet on its own); reads take up to 64 KiB at a time and
+whole packets are cut from them (paho reads a packet's first bytes one ``recv`` each);
+a PUBACK without properties is handled without reason code objects; an
+acknowledgement that leaves nothing queued skips paho's scan of every message in
+flight; debug log lines nobody listens to are not made. ``queue_publish`` sends a QoS 1
+message without paho's per-message objects. ``install()`` is called when the MQTT link
+is imported.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import paho.mqtt.client as mc
 from paho.mqtt.client import Client, MQTTErrorCode
+from paho.mqtt.exception import MalformedPacket
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -142,6 +146,7 @@ _fresh_size = len(vars(Properties(PacketTypes.PUBLISH)))
 # ---- the client's socket path
 
 _original_packet_write = Client._packet_write
+_original_packet_read = Client._packet_read
 _original_sock_recv = Client._sock_recv
 _original_handle_pubackcomp = Client._handle_pubackcomp
 _original_update_inflight = Client._update_inflight
@@ -243,6 +248,64 @@ def fast_sock_recv(self: Client, bufsize: int) -> bytes:
     return data
 
 
+def fast_packet_read(self: Client) -> MQTTErrorCode:
+    """A whole packet cut straight from the read buffer (one large ``recv`` when it is
+    empty) and handed to paho's handler; a packet not yet all here, or a header paho
+    would refuse, goes through paho's own reader, which continues from the buffer."""
+    if self._in_packet["command"]:
+        return _original_packet_read(self)      # paho's reader has begun a packet
+    rb = self.__dict__.get("_sfc_rb")
+    if rb is None or rb[0] is not self._sock:
+        try:
+            data = _original_sock_recv(self, READ_BYTES)
+        except BlockingIOError:
+            return _AGAIN
+        except TimeoutError as err:
+            self._easy_log(mc.MQTT_LOG_ERR, "timeout on socket: %s", err)
+            return _CONN_LOST
+        except OSError as err:
+            self._easy_log(mc.MQTT_LOG_ERR, "failed to receive on socket: %s", err)
+            return _CONN_LOST
+        if not data:
+            return _CONN_LOST
+        rb = self._sfc_rb = [self._sock, data, 0]
+    data, pos = rb[1], rb[2]
+    n = len(data)
+    i = pos + 1
+    length = shift = 0
+    while True:
+        if i >= n or i - pos > 4:
+            return _original_packet_read(self)   # header incomplete, or too long
+        b = data[i]
+        i += 1
+        length |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            break
+    end = i + length
+    if end > n:
+        return _original_packet_read(self)       # the rest is still on its way
+    if end == n:
+        self._sfc_rb = None
+    else:
+        rb[2] = end
+    self._in_packet = {"command": data[pos], "have_remaining": 1,
+                       "remaining_count": list(data[pos + 1:i]), "remaining_mult": 1 << shift,
+                       "remaining_length": length, "packet": data[i:end], "to_process": 0,
+                       "pos": 0}
+    with self._msgtime_mutex:
+        self._last_bytes_received = mc.time_func()
+    try:
+        rc = self._packet_handle()
+    except MalformedPacket as exc:
+        self._easy_log(mc.MQTT_LOG_DEBUG, "Received malformed packet: %s", exc)
+        rc = MQTTErrorCode.MQTT_ERR_PROTOCOL
+    self._in_packet = {"command": 0, "have_remaining": 0, "remaining_count": [],
+                       "remaining_mult": 1, "remaining_length": 0, "packet": bytearray(b""),
+                       "to_process": 0, "pos": 0}
+    return rc
+
+
 def _buffered(self: Client) -> bool:
     rb = self.__dict__.get("_sfc_rb")
     return rb is not None and rb[0] is self._sock
@@ -339,6 +402,7 @@ def install() -> None:
     Properties.__init__ = fast_init  # type: ignore[method-assign]
     Client._packet_write = fast_packet_write  # type: ignore[method-assign]
     Client._sock_recv = fast_sock_recv  # type: ignore[method-assign]
+    Client._packet_read = fast_packet_read  # type: ignore[method-assign]
     Client.loop_read = fast_loop_read  # type: ignore[method-assign]
     Client._handle_pubackcomp = fast_handle_pubackcomp  # type: ignore[method-assign]
     Client._update_inflight = fast_update_inflight  # type: ignore[method-assign]
