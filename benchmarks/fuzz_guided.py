@@ -27,6 +27,7 @@ it prints one line and exits 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -411,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1, help="libFuzzer's -seed")
     p.add_argument("--reproduce", metavar="FILE", help="run one input (needs one --only)")
     p.add_argument("--keep", action="store_true", help="keep corpora and logs")
+    p.add_argument("--json", action="store_true", help="one JSON line per decoder instead")
     p.add_argument("--target", default="", help=argparse.SUPPRESS)    # file.py:function
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
     p.add_argument("--workdir", default="", help=argparse.SUPPRESS)
@@ -429,24 +431,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     work = Path(tempfile.mkdtemp(prefix="fuzz_guided-"))
-    print(f"{'decoder':<22}{'feedback':>10}{'inputs':>10}{'cov':>7}{'ft':>7}"
-          f"{'corpus':>8}{'crashes':>9}{'time s':>8}", flush=True)
+    if not a.json:
+        print(f"{'decoder':<22}{'feedback':>10}{'inputs':>10}{'cov':>7}{'ft':>7}"
+              f"{'corpus':>8}{'crashes':>9}{'time s':>8}", flush=True)
     results = []
     for key in keys:
         r = fuzz_one(key, a, work)
         results.append(r)
+        if a.json:
+            print(json.dumps(dataclasses.asdict(r)), flush=True)
+            continue
         print(f"{r.name:<22}{r.feedback:>10}{r.inputs:>10}{r.edges:>7}{r.features:>7}"
               f"{r.corpus:>8}{r.crashes:>9}{r.seconds:>8.1f}", flush=True)
         if r.crashes:
             print(f"  crash: {r.error}", flush=True)
             if r.artifact:
                 print(f"  reproduce: {reproducer(key, a, r.artifact)}", flush=True)
-    if any(r.feedback != "python" for r in results):
+    if any(r.feedback != "python" for r in results) and not a.json:
         print("no coverage from the Cython code of sfc_fast (not instrumented): feedback "
               "'outcome' counts kinds of refusal instead (cov: how many were seen)")
     crashed = any(r.crashes for r in results)
     if crashed or a.keep:
-        print(f"corpora, logs and crashing inputs kept in {work}")
+        print(f"corpora, logs and crashing inputs kept in {work}",
+              file=sys.stderr if a.json else sys.stdout)
     else:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if crashed else 0

@@ -7,8 +7,8 @@ Each fault run is a real load over real processes (``tests/faults/fault_harness.
 redis-server with AOF, mosquitto, the station, two ``sfc-host run`` hosts) with one
 fault injected, then measured against a fault-free run: jobs lost, command ids lost,
 ids a fault-free run would not send, ids received twice and whether inside the fault's
-window, anything left pending. If ``benchmarks/fuzz.py`` exists it runs too
-(``--fuzz-n`` inputs per decoder). Writes ``docs/reliability.md`` (``--out``; ``-``
+window, anything left pending. Then ``benchmarks/fuzz.py`` and, where atheris is
+installed, ``benchmarks/fuzz_guided.py`` (``--fuzz-n`` inputs per decoder). Writes ``docs/reliability.md`` (``--out``; ``-``
 prints it) and exits 1 if any run failed an invariant or any decoder crashed.
 """
 
@@ -71,8 +71,10 @@ def run_one(name: str, seed: int) -> Outcome | str:
         return f"{name} seed {seed}: {type(e).__name__}: {e}"
 
 
-def fuzz(n: int) -> list[dict[str, Any]] | None:
-    script = ROOT / "benchmarks" / "fuzz.py"
+def fuzz(n: int, script_name: str = "fuzz.py") -> list[dict[str, Any]] | None:
+    """The JSON lines of a fuzzer in benchmarks/ (fuzz.py, or fuzz_guided.py: none
+    when atheris is not installed)."""
+    script = ROOT / "benchmarks" / script_name
     if not script.exists():
         return None
     p = subprocess.run([sys.executable, str(script), "-n", str(n), "--json"],
@@ -87,7 +89,7 @@ def fuzz(n: int) -> list[dict[str, Any]] | None:
 
 
 def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.Namespace,
-           seconds: float) -> str:
+           seconds: float, guided: list[dict[str, Any]] | None = None) -> str:
     cpu = os.cpu_count()
     out = [
         "# Reliability: faults survived, bad inputs tried",
@@ -188,6 +190,17 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
             out.append(f"| {f['name']} | {f['inputs']:,} | {f['accepted']:,} | "
                        f"{f['refused']:,} | {f['crashes']} | "
                        f"{f['slowest_s'] * 1000:.2f} ms |")
+    if guided:
+        out += ["", f"`python benchmarks/fuzz_guided.py -n {args.fuzz_n}`: coverage-guided "
+                "(atheris, libFuzzer), one process per decoder, seeded with the valid inputs. "
+                "*python*: edges of the instrumented `sfc_host` decoder; *outcome*: the "
+                "compiled decoders give no coverage, so kinds of refusal stand in for it. "
+                "The full run (1,000,000 per decoder) is `python benchmarks/fuzz_guided.py`.",
+                "", "| decoder | feedback | inputs | edges or kinds | corpus | crashes |",
+                "|---|---|---|---|---|---|"]
+        for g in guided:
+            out.append(f"| {g['name']} | {g['feedback']} | {g['inputs']:,} | {g['edges']} | "
+                       f"{g['corpus']} | {g['crashes']} |")
     out += ["", "Other bad input is covered by the test suite with the host running and "
             "counting it: malformed and oversized MQTT payloads, wrong scopes, unknown "
             "command ids, garbled stream entries, recipes that do not compile "
@@ -250,14 +263,15 @@ def main() -> int:
             if not res.ok:
                 print(res.summary()[:3000], flush=True)
     fuzzed = fuzz(args.fuzz_n) if args.fuzz_n > 0 and not only else None
-    text = render(list(rows.values()), fuzzed, args, time.time() - t0)
+    guided = fuzz(args.fuzz_n, "fuzz_guided.py") if args.fuzz_n > 0 and not only else None
+    text = render(list(rows.values()), fuzzed, args, time.time() - t0, guided)
     if args.out == "-":
         print(text)
     else:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}")
     failed = any(r.errors or not all(o.ok for o in r.runs) for r in rows.values())
-    crashed = any(f.get("crashes") for f in fuzzed or [])
+    crashed = any(f.get("crashes") for f in [*(fuzzed or []), *(guided or [])])
     return 1 if failed or crashed else 0
 
 
