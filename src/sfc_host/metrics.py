@@ -70,6 +70,8 @@ HELP: dict[str, str] = {
     "mqtt_sent": "MQTT messages published.",
     "mqtt_received": "MQTT messages received.",
     "mqtt_queue_full": "MQTT messages dropped because the outgoing queue was full.",
+    "mqtt_refused": "MQTT messages the broker refused (a PUBACK with an error code).",
+    "mqtt_bad_topic": "MQTT messages not published: the topic has a wildcard or is empty.",
     "mqtt_unrouted": "MQTT messages on a topic no handler subscribed to.",
     "mqtt_handler_errors": "MQTT messages whose handler raised.",
     "mqtt_reconnects": "MQTT reconnections.",
