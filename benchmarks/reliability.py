@@ -8,8 +8,9 @@ redis-server with AOF, mosquitto, the station, two ``sfc-host run`` hosts) with 
 fault injected, then measured against a fault-free run: jobs lost, command ids lost,
 ids a fault-free run would not send, ids received twice and whether inside the fault's
 window, anything left pending. Then ``benchmarks/fuzz.py`` and, where atheris is
-installed, ``benchmarks/fuzz_guided.py`` (``--fuzz-n`` inputs per decoder). Writes ``docs/reliability.md`` (``--out``; ``-``
-prints it) and exits 1 if any run failed an invariant or any decoder crashed.
+installed, ``benchmarks/fuzz_guided.py`` (``--fuzz-n`` inputs per decoder). Writes
+``docs/reliability.md`` (``--out``; ``-`` prints it) and exits 1 if any run failed an
+invariant or any decoder crashed.
 """
 
 from __future__ import annotations
