@@ -75,6 +75,11 @@ class MqttStation:
                     async for msg in c.messages:
                         await self._on_command(msg)
             except aiomqtt.MqttError:
+                # a publish that failed on the lost connection leaves aiomqtt's
+                # disconnection future unread: read it (asyncio would print it at exit)
+                fut = getattr(self.client, "_disconnected", None)
+                if isinstance(fut, asyncio.Future) and fut.done() and not fut.cancelled():
+                    fut.exception()
                 self.client = None
                 await asyncio.sleep(0.2)   # the broker restarts in some tests
 

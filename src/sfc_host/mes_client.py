@@ -38,7 +38,7 @@ from sfc_host.cloudevents import (
 from sfc_host.config import HostConfig
 from sfc_host.keys import check_scope
 from sfc_host.mes import BY_ID, BY_STATE, JOB_CONTROL, METHODS, WORK_MASTER
-from sfc_host.mqtt import NO_DELAY, payload_bytes
+from sfc_host.mqtt import NO_DELAY, payload_bytes, retrieve_disconnect
 
 __all__ = ["MesClient", "MesError", "NoReply", "Reply", "status_names"]
 
@@ -159,6 +159,7 @@ class MesClient:
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await self._client.__aexit__(None, None, None)
+            retrieve_disconnect(self._client)
             self._client = None
 
     def _inbox(self, scope: str) -> str:

@@ -303,7 +303,7 @@ class MqttLink:
             except asyncio.CancelledError:
                 raise
             except aiomqtt.MqttError as e:
-                _retrieve(client)
+                retrieve_disconnect(client)
                 self.connected.clear()
                 delay = BACKOFF_S[min(fails, len(BACKOFF_S) - 1)]
                 fails += 1
@@ -494,7 +494,7 @@ def _write_soon(client: aiomqtt.Client) -> None:
     paho.on_socket_unregister_write = unregister
 
 
-def _retrieve(client: aiomqtt.Client) -> None:
+def retrieve_disconnect(client: aiomqtt.Client) -> None:
     # aiomqtt keeps the disconnection's error in a future nobody awaits after the
     # context exits; reading it keeps asyncio from printing it as never retrieved.
     fut = getattr(client, "_disconnected", None)
