@@ -213,8 +213,10 @@ def test_script_flush_mid_run_reloads_on_the_nodes(redis_cluster: RedisClusterSe
             await wait_until(lambda: len(station.commands) == 2 * len(jobs), 10,
                              "a tighten command per job")
             assert host.scripts.reloads > reloads
-            for node in rc.get_primaries():
-                assert all(await _scripts_on(rc, node, host))
+
+            async def everywhere() -> bool:   # a reload may still be under way
+                return all([all(await _scripts_on(rc, n, host)) for n in rc.get_primaries()])
+            await wait_until(everywhere, 5, "every script on every primary")
             # one node only forgets them (a restarted or failed-over primary)
             node = rc.get_node_from_key(ScopeKeys("line3").work)
             reloads = host.scripts.reloads
@@ -223,7 +225,10 @@ def test_script_flush_mid_run_reloads_on_the_nodes(redis_cluster: RedisClusterSe
             _answer_recorded(host, station, answered)
             await _check_done(rc, jobs)
             assert host.scripts.reloads > reloads
-            assert all(await _scripts_on(rc, node, host))
+
+            async def loaded() -> bool:   # a reload may still be under way (a sweep's)
+                return all(await _scripts_on(rc, node, host))
+            await wait_until(loaded, 5, "every script on the flushed node")
             assert host.metrics.snapshot().get("answer_errors", 0) == 0
             assert len(station.commands) == 3 * len(jobs)
 
