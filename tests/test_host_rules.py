@@ -348,3 +348,41 @@ def test_a_state_read_before_an_outage_is_not_written_after_it(redis_url: str) -
         finally:
             await host.aclose()
     run(main())
+
+
+def test_a_tick_of_several_jobs_is_done_when_every_job_is(redis_url: str) -> None:
+    """A sweep's tick entry names several jobs: each is settled; the entry is acked only
+    when all of them are, else it stays pending with the first failure's reason (counted
+    once) and the others are settled all the same."""
+    async def main() -> None:
+        st = Station(lambda c: False)
+        host = await _host(redis_url, st, claim_min_idle_ms=60_000)   # no redelivery
+        try:
+            jobs = ["J1", "J2", "J3"]
+            for j in jobs:
+                await host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm1"}, start=True)
+            await wait_until(lambda: len(st.commands) == 3, what="commands")
+            await wait_until(lambda: quiet(host), what="quiet")
+            for j in jobs:         # as a sweep would: off the index, one entry for all
+                await host.client.zrem(K.due, j)
+            await host.client.xadd(K.work, {"k": "tick", "j": "J1\nJ2\nJ3"})
+            await wait_until(lambda: quiet(host), what="the tick entry acked")
+            for j in jobs:         # nothing due yet: each put back, nothing written
+                assert await host.client.zscore(K.due, j) is not None
+            # J2's state is unreadable: the entry stays pending with the reason
+            await host.client.hset(K.job("J2"), "s", b"\x00garbage")
+            failures = host.metrics["entry_failures"]
+            for j in jobs:
+                await host.client.zrem(K.due, j)
+            eid = await host.client.xadd(K.work, {"k": "tick", "j": "J1\nJ2\nJ3"})
+            await wait_until(lambda: host.client.hget(K.errors, eid), what="the reason")
+            reason = (await host.client.hget(K.errors, eid)).decode()
+            assert reason.startswith("StateFormatError: not a job state document"), reason
+            assert host.metrics["entry_failures"] == failures + 1
+            pending = await host.client.xpending(K.work, host.config.group)
+            assert pending["pending"] == 1
+            for j in ("J1", "J3"):  # settled all the same
+                assert await host.client.zscore(K.due, j) is not None
+        finally:
+            await host.aclose()
+    run(main())
