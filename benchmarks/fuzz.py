@@ -157,9 +157,14 @@ CONDITION_TOKENS = ("tighten", "torque", "job", "mode", "torque_ok", ".", "_roun
                     "true", "false", "null", "always", "**", "%", "é", "\x00", " ")
 
 
+def reference_conditions() -> list[str]:
+    """The transition conditions of the reference recipes."""
+    return [t["Condition"] for r in _references() for t in r["data"]["Transitions"]
+            if t.get("Condition")]
+
+
 def condition_decoder() -> Decoder:
-    conds = [t["Condition"] for r in _references() for t in r["data"]["Transitions"]
-             if t.get("Condition")]
+    conds = reference_conditions()
     actions = {"load_part": 0, "tighten": 1, "loosen": 2, "unload_part": 3}
     builder = [CondBuilder(actions), 0]
 

@@ -123,9 +123,7 @@ def condition_target() -> Target:
     def write(text: str) -> bytes:
         return text.encode("utf-8", "surrogatepass")
 
-    conds = [t["Condition"] for r in fuzz._references() for t in r["data"]["Transitions"]
-             if t.get("Condition")]
-    return Target(fuzz.condition_decoder(), read, write, conds,
+    return Target(fuzz.condition_decoder(), read, write, fuzz.reference_conditions(),
                   tokens=[t.encode("utf-8", "surrogatepass") for t in fuzz.CONDITION_TOKENS])
 
 
