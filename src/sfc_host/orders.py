@@ -115,12 +115,15 @@ class Orders:
 
     async def _write(self, scope: str, job: str, expected: str, state: str,
                      entries: list[str], *, order: str = "", reason: str = "",
-                     extra: dict[str, str] | None = None) -> int:
+                     extra: dict[str, str] | None = None, must_exist: str = "") -> int:
         k = self.store.keys(scope)
         args: list[Any] = [expected, state, order, reason, job, len(entries), *entries]
         for f, v in (extra or {}).items():
             args += (f, v)
-        return int(await self.scripts.call(self.scripts["order"], _order_keys(k, job), args))
+        keys = _order_keys(k, job)
+        if must_exist:
+            keys.append(must_exist)
+        return int(await self.scripts.call(self.scripts["order"], keys, args))
 
     async def store_order(self, scope: str, order: dict[str, Any], *, start: bool) -> str:
         """Store (or StoreAndStart) a job order; its new state. An id whose order is
@@ -138,32 +141,30 @@ class Orders:
         await self.register_scope(scope)
         trigger = "StoreAndStart" if start else "Store"
         k = self.store.keys(scope)
+        new = JOB_ORDER.fire(JOB_ORDER.initial_name, trigger)
+        entries = implied_entries(trigger, "InitialState", new)
+        body = json.dumps(order)
+        cur: dict[str, str] | None = None
         for round_ in range(ROUNDS):
-            if round_ == 0:
-                # the Work Master check and the first read in one round trip
-                pipe = self.store.client.pipeline(transaction=False)
-                pipe.exists(k.work_master(wm_id))
-                pipe.hgetall(k.order(job))
-                known, raw = await pipe.execute()
-                if not known:
-                    raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER,
-                                     f"Work Master {wm_id!r} is not known in scope {scope!r}")
-                cur = {a.decode(): b.decode() for a, b in raw.items()} if raw else None
-            else:
+            if round_ > 0:
+                # the id was taken: stored again only once its order was cleared
                 cur = await self.store.order(scope, job)
-            if cur is not None and cur.get("state") != "EndState":
-                raise OrderError(INVALID_JOB_ORDER_STATUS,
-                                 f"job order {job!r} exists ({cur.get('state')})")
-            if cur is not None:
-                # A cleared id stored again must not show the response of its last run.
-                await self.store.client.delete(self.store.keys(scope).response(job))
-            new = JOB_ORDER.fire(JOB_ORDER.initial_name, trigger)
-            entries = implied_entries(trigger, "InitialState", new)
+                if cur is not None and cur.get("state") != "EndState":
+                    raise OrderError(INVALID_JOB_ORDER_STATUS,
+                                     f"job order {job!r} exists ({cur.get('state')})")
+                if cur is not None:
+                    # A cleared id stored again must not show its last run's response.
+                    await self.store.client.delete(k.response(job))
+            # a new id (the usual case) costs one round trip: the Work Master check and
+            # the write are one script call
             token = uuid.uuid4().hex[:16]
-            body = json.dumps(order)
             v = await self._write(scope, job, cur["v"] if cur else "0", new, entries,
                                   order=body, reason="",
-                                  extra={"token": token, "reason": ""})
+                                  extra={"token": token, "reason": ""},
+                                  must_exist=k.work_master(wm_id))
+            if v < 0:
+                raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER,
+                                 f"Work Master {wm_id!r} is not known in scope {scope!r}")
             if v:
                 # a re-stored id starts afresh: its old state is InitialState
                 await self._changed(scope, job, {"token": token, "reason": ""}, new, v,

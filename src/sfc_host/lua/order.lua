@@ -1,6 +1,7 @@
 -- Compare-and-set of a job order, and the work entries it implies, in one step.
 -- KEYS[1] order hash, KEYS[2] work stream, KEYS[3] state index (job -> state),
--- KEYS[4] index seq, KEYS[5] live set (orders not ended)
+-- KEYS[4] index seq, KEYS[5] live set (orders not ended), KEYS[6] (optional) a key
+-- that must exist: the Work Master a Store names
 -- ARGV[1] expected version ('0': the order must not exist), ARGV[2] new order state,
 -- ARGV[3] order JSON ('' = keep), ARGV[4] reason ('' = keep), ARGV[5] job id,
 -- ARGV[6] n entries, then per entry: kind.
@@ -8,7 +9,9 @@
 -- The index, its seq and the live set change in the same step, whoever writes the
 -- order (the MES side or a recipe's Run/Complete/Abort), so the live count that
 -- limits Store is exact.
--- Returns the new version, or 0 when the expected version did not match.
+-- Returns the new version, 0 when the expected version did not match, -1 when
+-- KEYS[6] does not exist.
+if KEYS[6] ~= nil and redis.call('EXISTS', KEYS[6]) == 0 then return -1 end
 local current = redis.call('HGET', KEYS[1], 'v') or '0'
 if current ~= ARGV[1] then return 0 end
 local v = tonumber(current) + 1
