@@ -193,8 +193,10 @@ COUNTED = {
     ("", "<built-in method hiredis.hiredis.pack_command>"): "Redis commands packed",
     ("", "<method 'send' of '_socket.socket' objects>"): "socket send calls (paho)",
     ("streams.py", "writelines"): "Redis socket writes (asyncio streams)",
-    ("client.py", "_send_publish"): "MQTT PUBLISH packets sent (paho)",
-    ("client.py", "_handle_pubackcomp"): "MQTT PUBACKs handled (paho)",
+    # the host's QoS 1 publishes and their PUBACKs go through paho_fast, not paho
+    ("client.py", "_send_publish"): "MQTT PUBLISH packets sent by paho itself",
+    ("paho_fast.py", "queue_publish"): "MQTT QoS 1 PUBLISH packets queued (paho_fast)",
+    ("paho_fast.py", "fast_handle_pubackcomp"): "MQTT PUBACKs handled (paho_fast)",
     ("reasoncodes.py", "__init__"): "paho ReasonCode objects made",
     ("cloudevents.py", "encode_binary"): "CloudEvents encoded",
     ("cloudevents.py", "decode"): "CloudEvents decoded",
