@@ -17,6 +17,8 @@ import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from sfc_host.mqtt import retrieve_disconnect
+
 # answer(command) -> None (no answer) | dict(data of the answer: Outcome, Result, Reason)
 Answer = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
@@ -76,10 +78,9 @@ class MqttStation:
                         await self._on_command(msg)
             except aiomqtt.MqttError:
                 # a publish that failed on the lost connection leaves aiomqtt's
-                # disconnection future unread: read it (asyncio would print it at exit)
-                fut = getattr(self.client, "_disconnected", None)
-                if isinstance(fut, asyncio.Future) and fut.done() and not fut.cancelled():
-                    fut.exception()
+                # disconnection error unread (asyncio would print it at exit)
+                if self.client is not None:
+                    retrieve_disconnect(self.client)
                 self.client = None
                 await asyncio.sleep(0.2)   # the broker restarts in some tests
 
