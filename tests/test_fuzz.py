@@ -477,6 +477,14 @@ def held_tighten(hold: set[str]) -> Callable[[dict[str, Any]], dict[str, Any] | 
     return answer
 
 
+async def tightenings_held(app: App, st: MqttStation, jobs: tuple[str, str]) -> None:
+    """Store and start ``jobs`` and wait until each tightening went out (unanswered)."""
+    for j in jobs:
+        await app.host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm"}, start=True)
+    await wait_until(lambda: {f"{j}:tighten#2" for j in jobs} <= set(st.ids()),
+                     10, "the tightenings sent")
+
+
 async def counted(app: App, name: str, before: int, n: int = 1) -> None:
     await wait_until(lambda: app.metrics[name] >= before + n, 10,
                      f"{name} up by {n} (was {before}, is {app.metrics[name]})")
@@ -488,11 +496,7 @@ def test_wrong_answers_unknown_ids_and_events_nobody_waits_for(
         app = await start_app(redis_url, mqtt_url)
         try:
             async with MqttStation(mqtt_url, held_tighten({"A", "B"})) as st:
-                for j in ("A", "B"):
-                    await app.host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm"},
-                                                      start=True)
-                await wait_until(lambda: {"A:tighten#2", "B:tighten#2"} <= set(st.ids()),
-                                 10, "both tightenings sent")
+                await tightenings_held(app, st, ("A", "B"))
                 await asyncio.sleep(0.1)
                 before = await app.host.inspect(S, "A")
                 assert before is not None
@@ -634,11 +638,7 @@ def test_work_master_replaced_while_its_jobs_run_keeps_their_pinned_recipe(
         app = await start_app(redis_url, mqtt_url)
         try:
             async with MqttStation(mqtt_url, held_tighten({"P1", "P2"})) as st:
-                for j in ("P1", "P2"):
-                    await app.host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm"},
-                                                      start=True)
-                await wait_until(lambda: {"P1:tighten#2", "P2:tighten#2"} <= set(st.ids()),
-                                 10, "tightenings sent")
+                await tightenings_held(app, st, ("P1", "P2"))
                 pinned = await app.host.client.hget(K.job("P1"), "g")
                 # the MES replaces the Work Master (PUT over MQTT) while both jobs run
                 m = app.metrics["mes_requests"]
