@@ -100,6 +100,10 @@ def _summary(out: str, n: int) -> None:
     assert submitted == ended == n
     assert completed + aborted == n and completed > 0
     assert "NOT ENDED" not in out
+    # every aborted job is under a reason, and the reasons' counts add up to the aborted
+    reasons = re.findall(r"^  aborted +(\d+) x (.+)$", out, re.M)
+    assert sum(int(k) for k, _ in reasons) == aborted, out
+    assert all(why.strip() for _, why in reasons)
     assert "Throughput: " in out and " jobs/s" in out
     assert re.search(r"Answer-to-command latency in the host .*p50 [\d.,]+ ms, "
                      r"p90 [\d.,]+ ms, p99 [\d.,]+ ms", out), out
