@@ -253,9 +253,14 @@ def test_job_control_and_refusals(host: HostThread, conf: str, capsys) -> None:
     assert rc == 1 and out == ""
     assert err.count("\n") == 1
     assert err.startswith("sfc-host: INVALID_JOB_ORDER_STATUS: Pause is not allowed in Aborted")
+    # an unknown job is the user's mistake (exit 2, as in inspect), named by the host
     rc, out, err = sfc(capsys, "job", "show", "nope", "--config", conf, "--json")
-    assert rc == 1 and json.loads(out)["ReturnStatusNames"] == ["UNKNOWN_JOB_ORDER_ID"]
-    assert err.startswith("sfc-host: UNKNOWN_JOB_ORDER_ID: no job order 'nope'")
+    assert rc == 2 and json.loads(out)["ReturnStatusNames"] == ["UNKNOWN_JOB_ORDER_ID"]
+    one_line_error(rc, err, "sfc-host: UNKNOWN_JOB_ORDER_ID: no job order 'nope'")
+    for cmd in ("start", "pause", "resume", "stop", "abort"):
+        rc, out, err = sfc(capsys, "job", cmd, "nope", "--config", conf)
+        assert out == ""
+        one_line_error(rc, err, "UNKNOWN_JOB_ORDER_ID")
     rc, _, err = sfc(capsys, "job", "submit", "no-such-wm", "--config", conf)
     assert rc == 1 and err.startswith("sfc-host: UNABLE_TO_ACCEPT_JOB_ORDER: Work Master")
     rc, _, err = sfc(capsys, "job", "submit", "wm", "--id", "slow-1", "--config", conf)

@@ -4,8 +4,9 @@
 Settings are the host's (``--config FILE``, ``SFC_*`` variables, then ``--mqtt`` /
 ``--redis``), so an operator points the tools at a deployment with the file its hosts
 use. A user mistake (a bad argument or setting, an unknown job, a server that cannot be
-reached, no host answering) is one line on stderr and exit 2; a request the host
-refuses is its return status name(s) and message on one line, exit 1.
+reached, no host answering, a job the host does not know) is one line on stderr and exit
+2; any other request the host refuses is its return status name(s) and message on one
+line, exit 1.
 """
 
 from __future__ import annotations
@@ -188,7 +189,8 @@ def _refused(args: argparse.Namespace, reply: Reply) -> int:
                           **reply.data}))
     msg = f": {reply.message}" if reply.message else ""
     print(f"sfc-host: {names}{msg}".replace("\n", " "), file=sys.stderr)
-    return EXIT_REFUSED
+    # naming a job that does not exist is the user's mistake, as in ``inspect``
+    return EXIT_USAGE if reply.status_names == ["UNKNOWN_JOB_ORDER_ID"] else EXIT_REFUSED
 
 
 def iso(ms: int | None) -> str:
