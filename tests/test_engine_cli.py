@@ -101,6 +101,29 @@ def test_start_refuses_an_unreachable_redis_in_one_line(tmp_path: Path, capsys) 
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_bad_redis_url_or_config_is_one_line(tmp_path: Path, capsys) -> None:
+    d = scripts(tmp_path)
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("redis_url = [\n")
+    cases = [
+        (["engine", "start", "--scripts", str(d), "--redis", "nope", "--for", "0.1"],
+         "--redis nope: Redis URL must specify"),
+        (["engine", "start", "--scripts", str(d), "--redis", "http://u:secret@h/0",
+          "--for", "0.1"], "Redis URL must specify"),
+        (["missions", "list", "--redis", "nope"], "redis_url nope: Redis URL must specify"),
+        (["missions", "list", "--redis", "redis://u:secret@127.0.0.1:1/0"],
+         "cannot reach Redis at redis://u:***@127.0.0.1:1/0"),
+        (["missions", "list", "--config", str(bad_toml)], "is not valid TOML"),
+        (["missions", "list", "--config", str(tmp_path / "nope.toml")], "cannot read"),
+        (["missions", "list", "--state", "Sleeping"], "invalid choice: 'Sleeping'"),
+    ]
+    for argv, words in cases:
+        rc, out, err = run(capsys, *argv)
+        assert rc == 2 and out == "", (argv, err)
+        assert len(err.strip().splitlines()) == 1 and words in err, (argv, err)
+        assert "Traceback" not in err and "secret" not in err
+
+
 def test_start_status_stop_and_missions_list(tmp_path: Path, capsys, redis_url: str) -> None:
     d = scripts(tmp_path)
     prefix_env = {**os.environ, "PYTHONUNBUFFERED": "1"}

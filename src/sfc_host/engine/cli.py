@@ -137,12 +137,17 @@ async def _open_store(args: argparse.Namespace) -> Any:
 
     if args.no_redis:
         return MemoryMissionStore()
-    store = RedisMissionStore.from_url(args.redis)
+    from sfc_host.logs import redact
+
+    try:
+        store = RedisMissionStore.from_url(args.redis)
+    except ValueError as e:   # not a Redis URL
+        raise _Usage(f"--redis {redact(args.redis)}: {e}") from None
     try:
         await store.client.ping()
     except Exception as e:
         await store.close()
-        raise _Usage(f"cannot reach Redis at {args.redis} ({type(e).__name__}); "
+        raise _Usage(f"cannot reach Redis at {redact(args.redis)} ({type(e).__name__}); "
                      "give --redis URL, or --no-redis to keep mission records in memory") from e
     return store
 
@@ -288,8 +293,13 @@ def cmd_missions_list(args: argparse.Namespace) -> int:
         return _err(str(e))
     where = redact(cfg.redis_url)
 
+    try:
+        client = connect(cfg)   # no I/O yet: only the URL is read
+    except ValueError as e:     # not a Redis URL
+        return _err(f"redis_url {where}: {e}")
+
     async def run() -> list[dict[str, Any]]:
-        store = RedisMissionStore(connect(cfg), prefix=mission_prefix(cfg.redis_cluster))
+        store = RedisMissionStore(client, prefix=mission_prefix(cfg.redis_cluster))
         try:
             return await store.list(name=args.name, state=args.state, limit=args.limit)
         finally:
