@@ -31,6 +31,14 @@ def test_a_wrong_setting_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "unknown setting 'nonsense'" in r.stderr
     r = _run(["run", "--config", str(tmp_path / "missing.toml")])
     assert r.returncode == 2 and "cannot read" in r.stderr
+    bad.write_text("[host\nread_count = 1\n")
+    r = _run(["run", "--config", str(bad)])
+    assert r.returncode == 2 and "is not valid TOML" in r.stderr
+    for flag, url, words in (("--redis", "nope", "Redis URL must specify"),
+                             ("--mqtt", "http://h:1", "use mqtt://host:port")):
+        r = _run(["run", flag, url])
+        assert r.returncode == 2 and words in r.stderr, r.stderr
+        assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
 
 
 def test_unreachable_redis_is_one_line_and_exit_1(mqtt_url: str) -> None:
@@ -40,11 +48,13 @@ def test_unreachable_redis_is_one_line_and_exit_1(mqtt_url: str) -> None:
 
 
 def test_run_serves_until_sigterm(redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    # the file names a consumer and a wrong Redis; SFC_CONSUMER and --redis win over it
     conf = tmp_path / "host.toml"
-    conf.write_text(f'[host]\nredis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\n'
-                    'consumer = "cli-test"\n')
-    p = subprocess.Popen([*SFC, "run", "--config", str(conf), "--scope", "cli1"],
-                         stderr=subprocess.PIPE, text=True)
+    conf.write_text(f'[host]\nredis_url = "redis://127.0.0.1:{free_port()}/0"\n'
+                    f'mqtt_url = "{mqtt_url}"\nconsumer = "from-the-file"\n')
+    p = subprocess.Popen([*SFC, "run", "--config", str(conf), "--scope", "cli1",
+                          "--redis", redis_url], stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "SFC_CONSUMER": "cli-test"})
     try:
         assert p.stderr is not None
         deadline = time.monotonic() + 20
