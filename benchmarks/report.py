@@ -65,11 +65,10 @@ def uptime() -> str:
 def part_ratios(quick: bool) -> dict[str, Any]:
     import evolve_ratio as er
     import machines_ratio as mr
-    from py_evolve import load_recipe, py_evolve
+    from py_evolve import load_recipe
 
     from sfc_fast import compile_recipe
     from sfc_fast.events import Completed
-    from sfc_fast.evolve import evolve
 
     recipe = er.six_steps()
     graph = compile_recipe(recipe, er.V110)
@@ -80,8 +79,9 @@ def part_ratios(quick: bool) -> dict[str, Any]:
     core: list[dict[str, Any]] = []
     for label, result in (("one completion", None), ("one completion, result dict", er.RESULT)):
         ev = Completed("job-0000001:a2#3", result)
-        tc = er.per_call(evolve, (graph, c_state, ev, er.NOW), calls, rounds)
-        tp = er.per_call(py_evolve, (model, p_state, ev, er.NOW), max(calls // 20, 500), rounds)
+        tc = er.per_call(er.loop_core, (graph, c_state, ev, er.NOW), calls, rounds)
+        tp = er.per_call(er.loop_py, (model, p_state, ev, er.NOW), max(calls // 20, 500),
+                         rounds)
         core.append({"workload": label, "core": 1 / tc, "py": 1 / tp})
     for label, result in (("whole runs, no result", None), ("whole runs, result dict", er.RESULT)):
         tc, (nc, _) = er.timed(er.run_core, graph, er.job_ids(jobs), result)

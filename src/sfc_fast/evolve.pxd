@@ -33,6 +33,7 @@ cdef struct Texts:
 
 
 @cython.freelist(16)
+@cython.no_gc
 cdef class Command:
     cdef readonly str command_id
     cdef Graph _g
@@ -44,6 +45,7 @@ cdef class Command:
 
 
 @cython.freelist(16)
+@cython.no_gc
 cdef class Decision:
     cdef readonly bint applied
     cdef readonly object state

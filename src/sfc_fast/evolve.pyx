@@ -59,6 +59,7 @@ _JOB_TR = ("Run", "Abort", "Complete")
 
 
 @cython.freelist(16)
+@cython.no_gc
 cdef class Command:
     """A command to send to equipment: the work of a push action, a hold or a restart.
 
@@ -201,6 +202,7 @@ cdef Command _command(Graph g, Eff* e, str job, str scope, bytes src, Texts* at)
 
 
 @cython.freelist(16)
+@cython.no_gc
 cdef class Decision:
     """What one evolve call decided. ``applied`` False: absorbed, nothing to write.
 

@@ -1436,6 +1436,15 @@ cdef class _GraphCtx(CondContext):
         return self.params.get(head)
 
 
+cdef list _build_refs(Graph g):
+    cdef list out = []
+    cdef int r, k
+    for r in range(g.n_refs):
+        segs = tuple([g.s(g.ref_segs[k]) for k in range(g.ref_seg_off[r], g.ref_seg_off[r + 1])])
+        out.append((g.ref_kind[r], g.ref_action[r], segs))
+    return out
+
+
 cdef class Graph:
     """An immutable compiled recipe (see module doc). Build it with ``compile_recipe``
     or ``Graph.from_bytes``."""
@@ -1512,13 +1521,10 @@ cdef class Graph:
         return self._consts
 
     cdef list refs(self):
+        # the build is a function of its own: its generator's closure would otherwise be
+        # allocated on every call, cached or not
         if self._refs is None:
-            out = []
-            for r in range(self.n_refs):
-                segs = tuple(self.s(self.ref_segs[k])
-                             for k in range(self.ref_seg_off[r], self.ref_seg_off[r + 1]))
-                out.append((self.ref_kind[r], self.ref_action[r], segs))
-            self._refs = out
+            self._refs = _build_refs(self)
         return self._refs
 
     cdef object params(self, int a):
