@@ -4,9 +4,8 @@
 Settings are the host's (``--config FILE``, ``SFC_*`` variables, then ``--mqtt`` /
 ``--redis``), so an operator points the tools at a deployment with the file its hosts
 use. A user mistake (a bad argument or setting, an unknown job, a server that cannot be
-reached, no host answering, a job the host does not know) is one line on stderr and exit
-2; any other request the host refuses is its return status name(s) and message on one
-line, exit 1.
+reached, no host answering) is one line on stderr and exit 2; any other request the host
+refuses is its return status name(s) and message on one line, exit 1.
 """
 
 from __future__ import annotations
