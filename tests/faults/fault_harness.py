@@ -22,6 +22,12 @@ stream to drain, and measures:
   message sent again after a reconnect) or not;
 - anything left: entries pending or dead, jobs on the due index or the active set.
 
+A scenario that takes acknowledged writes away from Redis on purpose (the last second
+of its AOF, as a machine crash under ``appendfsync everysec`` may) names the jobs those
+writes touched (``Cluster.cut_jobs``): what they lose is counted all the same, but as
+the fault's known limit (``Outcome.limit``) instead of a failure; a loss in any other
+job still fails the run.
+
 Each scenario is a coroutine returning an ``Outcome``; the tests assert ``ok`` and
 ``benchmarks/reliability.py`` tabulates them.
 """
@@ -34,6 +40,7 @@ import getpass
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -184,18 +191,25 @@ class Outcome:
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
+    # losses the fault itself explains (jobs whose acknowledged writes it took away):
+    # counted above too; per kind (jobs, commands, unexpected, duplicates), and why
+    limit: Counter[str] = field(default_factory=Counter)
+    limit_notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return (not self.problems and self.jobs_lost == 0 and self.commands_lost == 0
-                and self.unexpected == 0 and self.left == 0
-                and self.duplicates == self.dups_in_window)
+        lim = self.limit
+        return (not self.problems and self.jobs_lost == lim["jobs"]
+                and self.commands_lost == lim["commands"]
+                and self.unexpected == lim["unexpected"] and self.left == 0
+                and self.duplicates - self.dups_in_window == lim["duplicates"])
 
     def summary(self) -> str:
         return (f"{self.fault} seed {self.seed}: {self.jobs} jobs, lost {self.jobs_lost}, "
                 f"commands lost {self.commands_lost}, unexpected {self.unexpected}, "
                 f"duplicates {self.duplicates} ({self.dups_in_window} in window), "
                 f"left {self.left}, {self.seconds:.1f} s {self.notes}"
+                + (f", known limit {dict(self.limit)}" if self.limit else "")
                 + ("" if not self.problems else "\n" + "\n".join(self.problems[:20])))
 
 
@@ -204,7 +218,8 @@ class Cluster:
 
     def __init__(self, seed: int, *, hosts: int = 2, settings: dict[str, Any] | None = None,
                  clock_jumps: dict[str, str] | None = None, station_delay_s: float = 0.1,
-                 repeat_s: float = 1.0, wm_timeout_s: int | None = None) -> None:
+                 repeat_s: float = 1.0, wm_timeout_s: int | None = None,
+                 appendfsync: str = "everysec") -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.n_hosts = hosts
@@ -214,7 +229,8 @@ class Cluster:
         self.repeat_s = repeat_s
         self.wm_timeout_s = wm_timeout_s
         self.dir = Path(tempfile.mkdtemp(prefix="sfc-faults-"))
-        self.redis = RedisServer(self.dir / "redis", aof=True)
+        self.redis = RedisServer(self.dir / "redis", aof=True, extra=(
+            [] if appendfsync == "everysec" else ["--appendfsync", appendfsync]))
         self.broker = PersistentMosquitto(self.dir / "mqtt")
         self.hosts: dict[str, HostProcess] = {}
         self.station: subprocess.Popen[bytes] | None = None
@@ -224,6 +240,7 @@ class Cluster:
         self.orders: Host | None = None
         self.windows: list[tuple[float, float]] = []   # (from, to): duplicates allowed
         self.times: list[tuple[str | None, str | None]] = []   # job responses' start, end
+        self.cut_jobs: set[str] = set()   # jobs whose acknowledged writes a fault took away
         self.t0 = 0.0
 
     # ---- life cycle
@@ -332,9 +349,11 @@ class Cluster:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             with contextlib.suppress(Exception):
-                if all(s is not None and not s.startswith((b"Running", b"AllowedToStart",
-                                                           b"Interrupted"))
-                       for s in await self.states()):
+                # an order whose Store a fault took away never comes: nothing to wait for
+                if all((s is None and j in self.cut_jobs) or (
+                        s is not None and not s.startswith((b"Running", b"AllowedToStart",
+                                                            b"Interrupted")))
+                       for j, s in zip(self.jobs, await self.states(), strict=True)):
                     return True
             await asyncio.sleep(0.1)
         return False
@@ -360,10 +379,13 @@ class Cluster:
                     or data.get("tighten.torque") != 85:
                 out.jobs_lost += 1
                 view = await self.orders.inspect(SCOPE, j) or {}
-                out.problems.append(
-                    f"job {j}: order {st!r}, status {view.get('status')}, reason "
-                    f"{await self.client.hget(K.order(j), 'reason')!r}, "
-                    f"markers {view.get('markers')}, response {resp or None}")
+                self._lost(out, j,
+                           f"job {j}: order {st!r}, status {view.get('status')}, reason "
+                           f"{await self.client.hget(K.order(j), 'reason')!r}, "
+                           f"markers {view.get('markers')}, response {resp or None}",
+                           jobs=1)
+                if j in self.cut_jobs:
+                    continue        # counted once, as the fault's limit: not a shape
             shapes[tuple(sorted(data))] += 1
             self.times.append((resp.get("StartTime"), resp.get("EndTime")))
         if len(shapes) > 1:
@@ -384,6 +406,15 @@ class Cluster:
                 out.problems.append(f"--- {h.name} log:\n{h.tail(800)}")
         return out
 
+    def _lost(self, out: Outcome, job: str, what: str, **kinds: int) -> None:
+        """A loss (``kinds``: how many of each): the fault's known limit when its writes
+        to the job were taken away, else a failure."""
+        if job in self.cut_jobs:
+            out.limit.update({k: n for k, n in kinds.items() if n})
+            out.limit_notes.append(what)
+        else:
+            out.problems.append(what)
+
     def _check_commands(self, out: Outcome) -> None:
         got = self.received()
         per_job: dict[str, list[str]] = defaultdict(list)
@@ -399,8 +430,9 @@ class Cluster:
             out.commands_lost += len(lost)
             out.unexpected += len(extra)
             if lost or extra or [c for c in seen if c in want] != want[:len(seen)]:
-                out.problems.append(f"job {j}: lost {lost}, unexpected {extra}, "
-                                    f"received {per_job.get(j)}")
+                self._lost(out, j, f"job {j}: lost {lost}, unexpected {extra}, "
+                                   f"received {per_job.get(j)}",
+                           commands=len(lost), unexpected=len(extra))
         for cid, times in at.items():
             if len(times) < 2:
                 continue
@@ -412,9 +444,10 @@ class Cluster:
                 out.dups_in_window += 1
             else:
                 wins = [(round(a - self.t0, 3), round(b - self.t0, 3)) for a, b in self.windows]
-                out.problems.append(f"duplicate {cid} outside the window: received at "
-                                    f"{[round(t - self.t0, 3) for t in times]} s, "
-                                    f"windows {wins}")
+                self._lost(out, cid.split(":", 1)[0],
+                           f"duplicate {cid} outside the window: received at "
+                           f"{[round(t - self.t0, 3) for t in times]} s, windows {wins}",
+                           duplicates=1)
         out.notes["commands"] = len(got)
 
 
@@ -507,6 +540,114 @@ async def redis_restart(seed: int, n_jobs: int = 150) -> Outcome:
     async with Cluster(seed) as c:
         return await _restart(Outcome("Redis restart (AOF everysec)", seed), c, c.redis,
                               n_jobs)
+
+
+class AofTail:
+    """The size of redis-server's newest AOF file, sampled every 20 ms while the load
+    runs, so that a fault can cut the file back to where it was a moment before a kill:
+    what a machine crash takes with it when the AOF is fsynced only once a second."""
+
+    def __init__(self, redis: RedisServer) -> None:
+        self.dir = redis.workdir / "appendonlydir"
+        self.sizes: list[tuple[float, Path, int]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def newest(self) -> Path:
+        # appendonly.aof.{n}.incr.aof: the highest n is the one being appended to
+        return max(self.dir.glob("*.incr.aof"), key=lambda f: int(f.name.split(".")[2]))
+
+    def sample(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            f = self.newest()
+            self.sizes.append((time.time(), f, f.stat().st_size))
+
+    async def _sample(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(0.02)
+
+    def __enter__(self) -> AofTail:
+        self.sample()           # the setup (Work Master, scope) is never cut
+        self._task = asyncio.ensure_future(self._sample())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def cut(self, at: float, lose_s: float) -> bytes:
+        """Cut the newest AOF file (redis-server stopped) back to its size ``lose_s``
+        before ``at``; the bytes cut. redis-server loads a file cut inside a command or
+        a MULTI/EXEC block (``aof-load-truncated``, the default) up to the last whole
+        one, as it would after a crash."""
+        f = self.newest()
+        before = [n for t, g, n in self.sizes if g == f and t <= at - lose_s]
+        if not before:
+            raise AssertionError(f"no size of {f.name} sampled {lose_s} s before the kill")
+        keep = before[-1]
+        data = f.read_bytes()
+        with f.open("r+b") as fh:
+            fh.truncate(keep)
+        return data[keep:]
+
+
+# A job id in an AOF command (a key, a stream field, a command id)
+JOB_IN_AOF = re.compile(rb"(?<![0-9A-Za-z])(J\d{3})(?![0-9])")
+# everysec fsyncs once a second: a machine crash may take the last second of writes
+LOST_S = 1.0
+
+
+def aof_commands(data: bytes) -> int:
+    """Whole commands in a piece of AOF (RESP arrays of bulk strings; the first may be
+    the rest of one cut in two, and is not counted)."""
+    return len(re.findall(rb"\r\n\*\d+\r\n\$", b"\r\n" + data)) if data else 0
+
+
+async def redis_kill9(seed: int, n_jobs: int = 150, appendfsync: str = "everysec",
+                      lose_s: float = 0.0) -> Outcome:
+    """redis-server killed (SIGKILL) mid-load and started again on the same port and
+    data folder after 0.5 s.
+
+    A killed process loses nothing it acknowledged: redis-server writes the AOF (to the
+    OS's page cache) before it replies, and the kernel keeps the page cache when the
+    process dies; ``appendfsync`` decides only what reaches the disk, so what a crash
+    of the machine can take. ``lose_s`` > 0 plays that too: the AOF is cut back to its
+    size ``lose_s`` before the kill (under ``everysec`` the last second may not be on
+    disk yet); the jobs that second touched are named, and what they lose is the known
+    limit of ``everysec``, counted but not a failure. Under ``always`` nothing is
+    acknowledged or seen by another client before it is fsynced: a machine crash is
+    this kill."""
+    what = f"Redis kill -9 (AOF {appendfsync}" + (
+        f", last {lose_s:g} s of the AOF lost)" if lose_s else ")")
+    out = Outcome(what, seed)
+    async with Cluster(seed, appendfsync=appendfsync) as c:
+        with AofTail(c.redis) as aof:
+            async def fault() -> None:
+                # past the first second of load, so that a cut second holds only load
+                await asyncio.sleep(lose_s + c.rng.uniform(0.5, 2.0))
+                assert c.redis.proc is not None
+                down = time.time()
+                c.redis.proc.send_signal(signal.SIGKILL)
+                await asyncio.to_thread(c.redis.proc.wait, 10)
+                if lose_s:
+                    cut = aof.cut(down, lose_s)
+                    c.cut_jobs = {m.decode() for m in JOB_IN_AOF.findall(cut)}
+                    out.notes["cut"] = {"bytes": len(cut), "commands": aof_commands(cut),
+                                        "jobs": len(c.cut_jobs)}
+                await asyncio.sleep(0.5)
+                await asyncio.to_thread(c.redis.start)
+                c.windows.append((down, time.time() + RECONNECT_S))
+                out.faults += 1
+            await _during(c.load(n_jobs, 0.02), fault)
+        res = await c.check(out)
+        if lose_s:
+            # how the jobs the cut touched ended: never stored (an acknowledged Store
+            # lost), aborted (an applied answer lost: the action timed out), completed
+            ends = Counter((st or b"").decode().split("_")[0] or "never stored"
+                           for j, st in zip(c.jobs, await c.states(), strict=True)
+                           if j in c.cut_jobs)
+            res.notes["jobs cut"] = dict(ends)
+        return res
 
 
 async def broker_restart(seed: int, n_jobs: int = 150) -> Outcome:
@@ -657,6 +798,9 @@ SCENARIOS: dict[str, Callable[[int], Awaitable[Outcome]]] = {
     "kill9": kill9,
     "kill9_stalled_broker": kill9_stalled_broker,
     "redis_restart": redis_restart,
+    "redis_kill9": redis_kill9,
+    "redis_kill9_lost_second": lambda seed: redis_kill9(seed, lose_s=LOST_S),
+    "redis_kill9_always": lambda seed: redis_kill9(seed, appendfsync="always"),
     "broker_restart": broker_restart,
     "sigstop_one": sigstop,
     "sigstop_all": lambda seed: sigstop(seed, every_host=True),
