@@ -120,16 +120,25 @@ class RedisServer(_Server):
             return s.recv(64).startswith(b"+PONG")
 
 
-def _command(port: int, *args: str | int, timeout: float = 2.0) -> bytes | int:
+def _resp(*args: str | int) -> bytes:
+    parts = [str(a).encode() for a in args]
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def _command(port: int, *args: str | int, timeout: float = 2.0,
+             password: str | None = None) -> bytes | int:
     """Send one command to a Redis on loopback; the reply of a simple, integer or bulk string.
 
-    An error reply raises RuntimeError with its text.
+    ``password``: AUTH as the default user first (a server with an ACL file). An error
+    reply raises RuntimeError with its text.
     """
-    parts = [str(a).encode() for a in args]
-    out = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
     with (socket.create_connection(("127.0.0.1", port), timeout=timeout) as s,
           s.makefile("rb") as f):
-        s.sendall(out)
+        if password is not None:
+            s.sendall(_resp("AUTH", password))
+            if not f.readline().startswith(b"+OK"):
+                raise RuntimeError(f"redis on port {port}: AUTH refused")
+        s.sendall(_resp(*args))
         line = f.readline().rstrip(b"\r\n")
         kind, rest = line[:1], line[1:]
         if kind == b"+":
@@ -152,9 +161,13 @@ class RedisClusterServer:
     depend on ``port + 10000`` being free). ``start()`` starts the nodes, spreads the 16384
     slots evenly, joins them with CLUSTER MEET and waits until every node reports
     ``cluster_state:ok``; if anything fails it stops what it started before raising.
+
+    A subclass may make other nodes (``_node``: TLS, an ACL file) and set ``password``
+    (the default user's, which the setup commands then AUTH with).
     """
 
     name = "redis-cluster"
+    password: str | None = None
 
     def __init__(self, workdir: Path, n_masters: int = 3, *,
                  node_timeout_ms: int = 2000) -> None:
@@ -167,8 +180,14 @@ class RedisClusterServer:
             port, bus = self._fresh_port(taken), self._fresh_port(taken)
             extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                      "--cluster-node-timeout", str(node_timeout_ms), "--cluster-port", str(bus)]
-            self.nodes.append(RedisServer(workdir / f"node{i}", port, extra=extra))
+            self.nodes.append(self._node(workdir / f"node{i}", port, extra))
             self.bus_ports.append(bus)
+
+    def _node(self, workdir: Path, port: int, extra: list[str]) -> RedisServer:
+        return RedisServer(workdir, port, extra=extra)
+
+    def _admin(self, port: int, *args: str | int) -> bytes | int:
+        return _command(port, *args, password=self.password)
 
     @staticmethod
     def _fresh_port(taken: set[int]) -> int:
@@ -204,19 +223,19 @@ class RedisClusterServer:
         n = len(self.nodes)
         for i, node in enumerate(self.nodes):
             first, last = i * 16384 // n, (i + 1) * 16384 // n - 1
-            _command(node.port, "CLUSTER", "ADDSLOTSRANGE", first, last)
-            _command(node.port, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+            self._admin(node.port, "CLUSTER", "ADDSLOTSRANGE", first, last)
+            self._admin(node.port, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
         # every pair meets directly: no waiting for gossip to introduce them (~1 s a hop)
         for i, node in enumerate(self.nodes):
             for other, bus in zip(self.nodes[i + 1:], self.bus_ports[i + 1:], strict=True):
-                _command(node.port, "CLUSTER", "MEET", "127.0.0.1", other.port, bus)
+                self._admin(node.port, "CLUSTER", "MEET", "127.0.0.1", other.port, bus)
         self._wait_ok()
 
     def _states(self) -> list[str]:
         states = []
         for node in self.nodes:
             try:
-                info = _command(node.port, "CLUSTER", "INFO")
+                info = self._admin(node.port, "CLUSTER", "INFO")
             except (OSError, RuntimeError) as e:
                 states.append(f"port {node.port}: {e}")
                 continue
