@@ -466,12 +466,20 @@ async def _during(load: Awaitable[None], fault: Callable[[], Awaitable[None]]) -
                 await task
 
 
-async def kill9(seed: int, n_jobs: int = 200) -> Outcome:
+# The takeover of a patient host: entries idle longer than the station's answer repeat
+# (1 s) plus its working time. A killed host's command whose answer died with it is then
+# settled by the repeated answer before the entry is taken over, instead of being sent
+# again (production's default claim_min_idle_ms is 30 s).
+PATIENT_CLAIM_MS = 2000
+
+
+async def kill9(seed: int, n_jobs: int = 200, claim_min_idle_ms: int | None = None) -> Outcome:
     """``kill -9`` of a host at a random point of the load (on odd seeds the other
     original host is killed later too); the other host takes its pending entries over
     (XAUTOCLAIM), and a restarted host joins (recovery runs while jobs run)."""
     out = Outcome("kill -9 of a host", seed)
-    async with Cluster(seed) as c:
+    settings = None if claim_min_idle_ms is None else {"claim_min_idle_ms": claim_min_idle_ms}
+    async with Cluster(seed, settings=settings) as c:
         rng = c.rng
 
         async def fault() -> None:
@@ -796,6 +804,7 @@ async def pause_storm(seed: int, n_jobs: int = 40, seconds: float = 4.0) -> Outc
 
 SCENARIOS: dict[str, Callable[[int], Awaitable[Outcome]]] = {
     "kill9": kill9,
+    "kill9_patient": lambda seed: kill9(seed, claim_min_idle_ms=PATIENT_CLAIM_MS),
     "kill9_stalled_broker": kill9_stalled_broker,
     "redis_restart": redis_restart,
     "redis_kill9": redis_kill9,
