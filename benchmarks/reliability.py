@@ -159,12 +159,17 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
     out += ["", "Notes:", ""]
     if worst is not None and worst[0] > 0:
         o = worst[1]
+        why = ("A killed host's commands that were sent and still waited for the "
+               "broker's PUBACK have no sent marker yet, so the host that takes the "
+               "entries over sends them again: every command of the batch in flight at "
+               "the kill can come twice, always with the same id."
+               if "kill -9 of a host" in o.fault else
+               "QoS 1 messages not acknowledged when a connection ended go out again "
+               "once it is back (MQTT's own at-least-once, the same id), and commands "
+               "whose sent marker could not be written meanwhile are sent again by "
+               "their entries.")
         out.append(f"- Most duplicates per fault: {worst[0]:g} ({o.fault}, seed {o.seed}: "
-                   f"{o.duplicates} over {o.faults}). A killed host's commands that were "
-                   "sent and still waited for the broker's PUBACK have no sent marker yet, "
-                   "so the host that takes the entries over sends them again: every "
-                   "command of the batch in flight at the kill can come twice, always with "
-                   "the same id.")
+                   f"{o.duplicates} over {o.faults}). {why}")
     by = {r.name: r for r in rows}
     if "kill9" in by and "kill9_patient" in by:
         fast, slow = by["kill9"], by["kill9_patient"]
