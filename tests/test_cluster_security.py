@@ -297,6 +297,28 @@ def test_the_single_redis_acl_is_not_enough_for_a_cluster(
     run(main())
 
 
+def test_sfc_host_run_names_the_missing_cluster_command_in_one_line(
+        tls_cluster: TlsRedisCluster, secure_mqtt: SecureMosquitto, certs: Path) -> None:
+    """The same refusal through ``sfc-host run``: one line that names what the ACL user
+    lacks, exit 1, no traceback, no password."""
+    cfg = cluster_config(tls_cluster, secure_mqtt, certs,
+                         redis_url=cluster_url(tls_cluster, "sfc-single"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SFC_")}
+    env.update(SFC_REDIS_URL=cfg.redis_url, SFC_REDIS_CLUSTER="true",
+               SFC_REDIS_CA_FILE=cfg.redis_ca_file, SFC_REDIS_CERT_FILE=cfg.redis_cert_file,
+               SFC_REDIS_KEY_FILE=cfg.redis_key_file, SFC_MQTT_URL=cfg.mqtt_url,
+               SFC_MQTT_USERNAME=cfg.mqtt_username, SFC_MQTT_PASSWORD=cfg.mqtt_password,
+               SFC_MQTT_CA_FILE=cfg.mqtt_ca_file, SFC_MQTT_CERT_FILE=cfg.mqtt_cert_file,
+               SFC_MQTT_KEY_FILE=cfg.mqtt_key_file, SFC_SCOPES=",".join(SCOPES))
+    proc = subprocess.run([sys.executable, "-m", "sfc_host", "run"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "sfc-host: error" in line]
+    assert len(errors) == 1 and "+cluster|slots" in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert HOST_PW not in proc.stderr + proc.stdout
+
+
 def test_sfc_host_run_takes_a_tls_cluster_url_with_credentials_from_the_environment(
         tls_cluster: TlsRedisCluster, secure_mqtt: SecureMosquitto, certs: Path) -> None:
     """``sfc-host run`` as an operator starts it, every setting from ``SFC_*``: the

@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 async def _serve(cfg: HostConfig) -> int:
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import ResponseError
+    from redis.exceptions import RedisClusterException, ResponseError
 
     from sfc_host.app import App
     from sfc_host.mqtt import MqttRefused
@@ -78,6 +78,14 @@ async def _serve(cfg: HostConfig) -> int:
     except ResponseError as e:             # e.g. an ACL that lacks a command the host needs
         await app.aclose()
         print(f"sfc-host: error: Redis at {redis_at} refused the host: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except RedisClusterException as e:
+        # redis-py says "Cluster mode is not enabled" for any refused CLUSTER SLOTS,
+        # most often an ACL user without it
+        await app.aclose()
+        print(f"sfc-host: error: Redis Cluster at {redis_at}: the nodes could not be "
+              f"listed ({e}); an ACL user needs +cluster|slots and +command "
+              f"(docs/operations.md, Redis Cluster)", file=sys.stderr)
         return EXIT_UNREACHABLE
     except MqttRefused as e:               # wrong credentials: at once, not after 10 s
         await app.aclose()
