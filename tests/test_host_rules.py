@@ -350,6 +350,32 @@ def test_a_state_read_before_an_outage_is_not_written_after_it(redis_url: str) -
     run(main())
 
 
+def test_a_version_redis_lost_is_not_given_out_again(redis_url: str) -> None:
+    """A crash or failover that loses writes takes a job back to an older version.
+    The next write's version is above every version given out before (the server
+    clock), so a state a host kept from the lost write cannot win a compare-and-set
+    against the job's new state: its record loses and the job is read again."""
+    async def main() -> None:
+        host = await _one_job_sent(redis_url)
+        try:
+            _, rows = (await host.store.load({S: ["J1"]}))[S]
+            old = rows["J1"]
+            rec = Record("J1", old.version, old.state, 10**12, True, offset=0)
+            lost = (await host.store.commit({S: [rec]}))[S].versions[0]
+            assert lost > int(old.version)
+            await host.client.hset(K.job("J1"), "v", old.version)   # the write is lost
+            again = Record("J1", old.version, old.state, 10**12 + 1, True, offset=0)
+            new = (await host.store.commit({S: [again]}))[S].versions[0]
+            assert new > lost
+            assert await host.client.hget(K.job("J1"), "v") == str(new).encode()
+            kept = Record("J1", str(lost).encode(), old.state, 10**12 + 2, True, offset=0)
+            assert (await host.store.commit({S: [kept]}))[S].versions == [0]
+            assert await host.client.zscore(K.due, "J1") == 10**12 + 1
+        finally:
+            await host.aclose()
+    run(main())
+
+
 def test_a_tick_of_several_jobs_is_done_when_every_job_is(redis_url: str) -> None:
     """A sweep's tick entry names several jobs: each is settled; the entry is acked only
     when all of them are, else it stays pending with the first failure's reason (counted

@@ -31,11 +31,16 @@
 -- XREADGROUP reply (or false).
 local result = {}
 local p = 3
+local t = redis.call('TIME')
 local too_late = false
 if tonumber(ARGV[2]) > 0 then
-  local t = redis.call('TIME')
   too_late = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[2])
 end
+-- A new version is the server clock in microseconds (at least one above the old): a
+-- crash or failover that loses writes takes a job back to an older version, and the
+-- versions it lost are never given out again, so a state a host kept from a lost write
+-- cannot win a compare-and-set. (Below 2^53: exact in Lua's doubles.)
+local clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 for g = 1, tonumber(ARGV[1]) do
   local due_key = KEYS[tonumber(ARGV[p])]
   local active_key = KEYS[tonumber(ARGV[p + 1])]
@@ -75,13 +80,14 @@ for g = 1, tonumber(ARGV[1]) do
     if too_late or current ~= expected or (state ~= '' and roffset ~= offset) then
       out[r] = 0
     else
-      local v = tonumber(current) + 1
+      local v = math.max(tonumber(current) + 1, clock_us)
       if state ~= '' then
         if reset == '1' then redis.call('DEL', key) end
+        local vs = string.format('%d', v)
         if fp ~= '' then
-          redis.call('HSET', key, 's', state, 'v', v, 'g', fp)
+          redis.call('HSET', key, 's', state, 'v', vs, 'g', fp)
         else
-          redis.call('HSET', key, 's', state, 'v', v)
+          redis.call('HSET', key, 's', state, 'v', vs)
         end
         if offset ~= '0' then redis.call('HSET', key, 'o', offset) end
         if gidx > 0 then redis.call('SET', KEYS[gidx], gbytes, 'NX') end
