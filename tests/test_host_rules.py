@@ -119,6 +119,53 @@ def test_restored_job_id_replaces_the_ended_job(redis_url: str) -> None:
     run(main())
 
 
+def test_a_cleared_order_leaves_redis_after_the_retention(redis_url: str) -> None:
+    """Clear and Cancel put the order, its job state and its job response on one timer
+    (``ended_retention_s``), so ended orders do not pile up in Redis. A Store of the id
+    within it takes the order off the timer (the new run replaces the job state, the
+    old response is dropped); after it nothing of the id is left, and the id is stored
+    as a new one."""
+    async def main() -> None:
+        ended: list = []
+        st = Station(torque_ok)
+        host = await _host(redis_url, st, ended, ended_retention_s=3600)
+        c = host.client
+        keys = (K.order("J1"), K.job("J1"), K.response("J1"))
+        try:
+            order = {"ID": "J1", "WorkMasterID": "wm1"}
+            await host.orders.store_order(S, order, start=True)
+            await wait_until(lambda: _is(host, "J1", "Ended_Completed"), what="completed")
+            assert [await c.ttl(k) for k in keys] == [-1, -1, -1]
+            await host.orders.trigger(S, "J1", "Clear")
+            ttls = [await c.ttl(k) for k in keys]
+            assert all(3590 < t <= 3600 for t in ttls), ttls
+            await host.orders.store_order(S, order, start=True)       # within the retention
+            assert await c.ttl(K.order("J1")) == -1
+            await wait_until(lambda: len(ended) == 2, what="second run")
+            await wait_until(lambda: _is(host, "J1", "Ended_Completed"), what="completed again")
+            assert [await c.ttl(k) for k in keys] == [-1, -1, -1]
+            host.orders.ended_retention_s = 1
+            await host.orders.trigger(S, "J1", "Clear")
+
+            async def gone() -> bool:
+                return not await c.exists(*keys)
+            await wait_until(gone, 5, "the order, job state and response expired")
+            await host.orders.store_order(S, order, start=True)       # a new id again
+            await wait_until(lambda: len(ended) == 3, what="third run")
+            # Cancel (an order that never ran) is on the timer too
+            await host.orders.store_order(S, {"ID": "C1", "WorkMasterID": "wm1"}, start=False)
+            host.orders.ended_retention_s = 3600
+            await host.orders.trigger(S, "C1", "Cancel")
+            assert 3590 < await c.ttl(K.order("C1")) <= 3600
+            # 0 keeps them
+            host.orders.ended_retention_s = 0
+            await host.orders.trigger(S, "J1", "Clear")
+            assert [await c.ttl(k) for k in keys] == [-1, -1, -1]
+        finally:
+            await host.aclose()
+    run(main())
+
+
 @pytest.mark.parametrize("case", ["missing", "no_data", "bad_schema", "compile_error"])
 def test_unusable_recipe_aborts_the_job_with_its_reason(redis_url: str, case: str) -> None:
     async def main() -> None:

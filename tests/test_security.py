@@ -56,7 +56,7 @@ WRONG_PW = "wrong-Pw-9d7a2e"          # must never appear anywhere
 # scripts) on its keys only. docs/operations.md shows the same lines.
 HOST_REDIS_COMMANDS = (
     "+time +script|load +evalsha "
-    "+get +set +del +exists +incr +incrby "
+    "+get +set +del +exists +expire +persist +incr +incrby "
     "+hget +hset +hdel +hgetall +hmget +hexists +hvals "
     "+sadd +srem +smembers +scard +sscan "
     "+zadd +zrem +zremrangebyrank +zrange +zrangebyscore +zcard "

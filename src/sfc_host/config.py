@@ -81,6 +81,9 @@ class HostConfig:
     mes_prefix: str = "mes"
     equipment_prefix: str = "equipment"
     max_job_orders: int = 10_000         # live job orders a scope accepts
+    # an order cleared or cancelled (EndState) is deleted with its job state and job
+    # response this long after (seconds); 0 keeps them until the id is stored again
+    ended_retention_s: int = 604_800
     # Script engine (Tasks and Missions run inside the host, with its MQTT and job control)
     scripts_dir: str = ""                # a scripts folder; "" = no engine
     missions: list[str] = field(default_factory=list)  # started at start: NAME or NAME=JSON

@@ -81,7 +81,8 @@ class Host:
                            cluster=self.config.redis_cluster)
         self.settler = Settler(self.store, self.config, self.metrics, on_end)
         self.dispatcher = Dispatcher(self.store, self.settler, self.sink, self.metrics)
-        self.orders = Orders(self.store, self.scripts, self.metrics)
+        self.orders = Orders(self.store, self.scripts, self.metrics,
+                             ended_retention_s=self.config.ended_retention_s)
         self.streams = Streams(self.client, self.scripts, self.config, self.metrics,
                                cluster=self.config.redis_cluster)
         self.work = WorkHandler(self.store, self.settler, self.dispatcher, self.orders,

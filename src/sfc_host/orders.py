@@ -74,10 +74,12 @@ def _order_keys(k: ScopeKeys, job: str) -> list[str]:
 
 
 class Orders:
-    def __init__(self, store: Store, scripts: Scripts, metrics: Metrics) -> None:
+    def __init__(self, store: Store, scripts: Scripts, metrics: Metrics, *,
+                 ended_retention_s: int = 0) -> None:
         self.store = store
         self.scripts = scripts
         self.metrics = metrics
+        self.ended_retention_s = ended_retention_s
         self.on_change: OnChange | None = None
         self._registered: set[str] = set()
 
@@ -118,9 +120,14 @@ class Orders:
                      extra: dict[str, str] | None = None, must_exist: str = "") -> int:
         k = self.store.keys(scope)
         args: list[Any] = [expected, state, order, reason, job, len(entries), *entries]
+        keys = _order_keys(k, job)
+        if state == "EndState":
+            # the order, its job state and job response expire together after the
+            # retention (cleared and cancelled orders would otherwise pile up in Redis)
+            args.append(self.ended_retention_s)
+            keys += (k.job(job), k.response(job))
         for f, v in (extra or {}).items():
             args += (f, v)
-        keys = _order_keys(k, job)
         if must_exist:
             keys.append(must_exist)
         return int(await self.scripts.call(self.scripts["order"], keys, args))
