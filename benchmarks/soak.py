@@ -12,12 +12,16 @@ Clear of every job once it completed, as an MES that keeps its order list short 
 (``--saturation-jobs`` submitted at once, completions per second) unless ``--rate``.
 
 Per minute: jobs submitted and completed, refused requests, the host's RSS (from
-``/proc``) and its answer-to-command latency p50/p99 (the minute's share of the
+``/proc``), Redis's used memory (cleared jobs leave it after ``--retention`` seconds)
+and the host's answer-to-command latency p50/p99 (the minute's share of the
 ``answer_to_command_seconds`` histogram). Verdict: RSS growth from the end of minute 2
 to the end below 5 %, and p99 stable (no minute from 2 on above twice the median
 minute's p99 + 1 ms). The state cache is bounded at ``--state-cache`` jobs (default
 5,000, so it is full within the first minutes: a cache still filling is growth by
 design, not a leak).
+
+Host settings for an experiment: ``SOAK_SETTINGS='{"tune_gc": false}'`` (JSON, over the
+soak's own).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import statistics
 import sys
@@ -174,7 +179,8 @@ async def main(a: argparse.Namespace) -> int:
             host = HostProcess("soak-host", d, {
                 "redis_url": redis.url, "mqtt_url": broker.url, "scopes": [SCOPE],
                 "log_level": "WARNING", "state_cache_size": a.state_cache,
-                "max_job_orders": 100_000})
+                "max_job_orders": 100_000, "ended_retention_s": a.retention,
+                **json.loads(os.environ.get("SOAK_SETTINGS", "{}"))})
             await host.ready()
             async with MesClient(HostConfig(mqtt_url=broker.url), timeout_s=30) as mes:
                 load = Load(mes, client)
@@ -188,7 +194,7 @@ async def main(a: argparse.Namespace) -> int:
                           f"{rate:,.0f} jobs/s", flush=True)
                 else:
                     print(f"soak at {rate:,.0f} jobs/s (given)", flush=True)
-                rows = await soak(load, host, rate, a.minutes)
+                rows = await soak(load, host, client, rate, a.minutes)
                 watcher.cancel()
         finally:
             await client.aclose()
@@ -201,10 +207,10 @@ async def main(a: argparse.Namespace) -> int:
     return verdict(rows)
 
 
-async def soak(load: Load, host: HostProcess, rate: float,
+async def soak(load: Load, host: HostProcess, client: Any, rate: float,
                minutes: float) -> list[dict[str, Any]]:
     print(f"{'min':>4}{'submitted':>11}{'completed':>11}{'refused':>9}{'open':>7}"
-          f"{'RSS MB':>9}{'p50 ms':>9}{'p99 ms':>9}", flush=True)
+          f"{'RSS MB':>9}{'Redis MB':>10}{'p50 ms':>9}{'p99 ms':>9}", flush=True)
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     prev_h = histogram(host.metrics_port)
@@ -226,12 +232,14 @@ async def soak(load: Load, host: HostProcess, rate: float,
         row = {"minute": m, "submitted": load.submitted - sub0,
                "completed": load.completed - done0, "refused": load.refused - ref0,
                "open": len(load.outstanding), "rss": rss_mb(host),
+               "redis": (await client.info("memory"))["used_memory"] / 2**20,
                "p50": diff.quantile(0.5) * 1000 if diff and diff.count else float("nan"),
                "p99": diff.quantile(0.99) * 1000 if diff and diff.count else float("nan")}
         sub0, done0, ref0 = load.submitted, load.completed, load.refused
         rows.append(row)
         print(f"{m:>4}{row['submitted']:>11,}{row['completed']:>11,}{row['refused']:>9}"
-              f"{row['open']:>7}{row['rss']:>9.1f}{row['p50']:>9.2f}{row['p99']:>9.2f}",
+              f"{row['open']:>7}{row['rss']:>9.1f}{row['redis']:>10.1f}{row['p50']:>9.2f}"
+              f"{row['p99']:>9.2f}",
               flush=True)
     return rows
 
@@ -264,6 +272,9 @@ if __name__ == "__main__":
     p.add_argument("--rate", type=float, default=None, help="jobs/s (default: saturation / 2)")
     p.add_argument("--saturation-jobs", type=int, default=3000)
     p.add_argument("--state-cache", type=int, default=5000)
+    p.add_argument("--retention", type=int, default=60,
+                   help="ended_retention_s of the host: cleared jobs leave Redis this long "
+                        "after (at soak rates the 7-day default grows Redis by GBs)")
     try:
         sys.exit(uvloop.run(main(p.parse_args())))
     except asyncio.CancelledError:        # SIGTERM: everything started was stopped
