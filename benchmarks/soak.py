@@ -125,6 +125,13 @@ def rss_mb(host: HostProcess) -> float:
     return host.rss_kb() / 1024
 
 
+def cpu_s(host: HostProcess) -> float:
+    """The host process's CPU time so far (user + system)."""
+    with open(f"/proc/{host.proc.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def histogram(port: int) -> Histogram | None:
     text = scrape(port)
     return merge_histograms([text], HIST) if text else None
@@ -210,10 +217,11 @@ async def main(a: argparse.Namespace) -> int:
 async def soak(load: Load, host: HostProcess, client: Any, rate: float,
                minutes: float) -> list[dict[str, Any]]:
     print(f"{'min':>4}{'submitted':>11}{'completed':>11}{'refused':>9}{'open':>7}"
-          f"{'RSS MB':>9}{'Redis MB':>10}{'p50 ms':>9}{'p99 ms':>9}", flush=True)
+          f"{'RSS MB':>9}{'Redis MB':>10}{'CPU %':>7}{'p50 ms':>9}{'p99 ms':>9}", flush=True)
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     prev_h = histogram(host.metrics_port)
+    prev_cpu, prev_t = cpu_s(host), time.perf_counter()
     sub0, done0, ref0 = load.submitted, load.completed, load.refused
     n_min = max(1, round(minutes))
     for m in range(1, n_min + 1):
@@ -228,17 +236,22 @@ async def soak(load: Load, host: HostProcess, client: Any, rate: float,
             await asyncio.sleep(0.005)
         h = histogram(host.metrics_port)
         diff = minus(h, prev_h) if h else None
+        cpu, t = cpu_s(host), time.perf_counter()
+        cpu_pct = (cpu - prev_cpu) / (t - prev_t) * 100
+        prev_cpu, prev_t = cpu, t
         prev_h = h
         row = {"minute": m, "submitted": load.submitted - sub0,
                "completed": load.completed - done0, "refused": load.refused - ref0,
                "open": len(load.outstanding), "rss": rss_mb(host),
                "redis": (await client.info("memory"))["used_memory"] / 2**20,
+               "cpu": cpu_pct,
                "p50": diff.quantile(0.5) * 1000 if diff and diff.count else float("nan"),
                "p99": diff.quantile(0.99) * 1000 if diff and diff.count else float("nan")}
         sub0, done0, ref0 = load.submitted, load.completed, load.refused
         rows.append(row)
         print(f"{m:>4}{row['submitted']:>11,}{row['completed']:>11,}{row['refused']:>9}"
-              f"{row['open']:>7}{row['rss']:>9.1f}{row['redis']:>10.1f}{row['p50']:>9.2f}"
+              f"{row['open']:>7}{row['rss']:>9.1f}{row['redis']:>10.1f}{row['cpu']:>7.0f}"
+              f"{row['p50']:>9.2f}"
               f"{row['p99']:>9.2f}",
               flush=True)
     return rows

@@ -36,7 +36,9 @@ class HostConfig:
     # Redis
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)  # may hold a password
     redis_cluster: bool = False          # talk to a Redis Cluster (scopes spread by hash tag)
-    redis_pool_size: int = 16            # connections in the shared pool
+    # connections in the shared pool: MES requests take one each while they run, and a
+    # burst of them must not leave the answer path waiting (16 stalled it in the soak)
+    redis_pool_size: int = 64
     redis_ca_file: str = ""              # rediss:// (TLS): CA bundle (default: the system's)
     redis_cert_file: str = ""            # TLS client certificate (a server that asks)
     redis_key_file: str = ""
