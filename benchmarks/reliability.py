@@ -34,6 +34,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "faults")]
 from fault_harness import RECONNECT_S, SCENARIOS, WINDOW_S, Outcome  # noqa: E402
 
 RUN_TIMEOUT_S = 180
+HOST_KILLS = ("kill9", "kill9_patient")   # run with --seeds, the others --other-seeds
 # What each scenario does to the load, for the table (the harness has the details).
 WHAT = {
     "kill9": "`kill -9` of a host at a random point of 200 jobs (odd seeds: both "
@@ -322,8 +323,7 @@ def main() -> int:
         if only and name not in only:
             continue
         rows[name] = Row(name)
-        seeds = args.seeds if name.startswith("kill9") and name != "kill9_stalled_broker" \
-            else args.other_seeds
+        seeds = args.seeds if name in HOST_KILLS else args.other_seeds
         for seed in range(1, seeds + 1):
             res = run_one(name, seed)
             if isinstance(res, str):

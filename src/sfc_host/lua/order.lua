@@ -6,8 +6,9 @@
 -- ARGV[1] expected version ('0': the order must not exist), ARGV[2] new order state,
 -- ARGV[3] order JSON ('' = keep), ARGV[4] reason ('' = keep), ARGV[5] job id,
 -- ARGV[6] n entries, then per entry: kind; for EndState then the retention in seconds
--- (the order, job hash and response expire together; 0 = kept). Any other state
--- removes the order's expiry (an id stored again within the retention).
+-- (the order, job hash and response expire together; 0 = kept). A Store (the only
+-- write with the Work Master key) takes the order off that timer: an id stored again
+-- within the retention.
 -- Extra fields after these: pairs of (field, value) stored on the order too.
 -- The index, its seq and the live set change in the same step, whoever writes the
 -- order (the MES side or a recipe's Run/Complete/Abort), so the live count that
@@ -15,7 +16,8 @@
 -- Returns the new version, 0 when the expected version did not match, -1 when
 -- KEYS[6] does not exist.
 local ending = ARGV[2] == 'EndState'
-if not ending and KEYS[6] ~= nil and redis.call('EXISTS', KEYS[6]) == 0 then return -1 end
+local storing = not ending and KEYS[6] ~= nil
+if storing and redis.call('EXISTS', KEYS[6]) == 0 then return -1 end
 local current = redis.call('HGET', KEYS[1], 'v') or '0'
 if current ~= ARGV[1] then return 0 end
 local v = tonumber(current) + 1
@@ -33,7 +35,7 @@ if ending then
   if ttl > 0 then
     for _, key in ipairs({KEYS[1], KEYS[6], KEYS[7]}) do redis.call('EXPIRE', key, ttl) end
   end
-else
+elseif storing then
   redis.call('PERSIST', KEYS[1])
 end
 while q < #ARGV do
