@@ -56,7 +56,8 @@ cdef class Decision:
     cdef Graph _g
     cdef int64_t _next            # next deadline; NO_TIME = none
     cdef Eff _inl[2]
-    cdef Eff* _effs
+    cdef Eff* _effs               # _inl, or the data of _more
+    cdef bytes _more
     cdef Py_ssize_t _n_effs
     cdef str _job                 # job and scope as str, when the call had them
     cdef str _scope

@@ -8,11 +8,12 @@ The rules are DESIGN §2.2 and docs/execution.md; each is named where it is kept
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcmp, memcpy
-from cpython.bytes cimport PyBytes_AS_STRING
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF
-from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from cpython.object cimport PyTypeObject
+from cpython.unicode cimport PyUnicode_AsUTF8, PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 
 cimport cython
 
@@ -20,6 +21,8 @@ cimport cython
 cdef extern from "Python.h":
     str PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void* PyUnicode_DATA(object o)
+    bint PyUnicode_IS_COMPACT_ASCII(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
 
 from sfc_fast.recipe cimport (
     Graph, _flat_canonical, _put_int, Q_N, Q_P, Q_P1, Q_P0, Q_S, Q_R, Q_L, Q_D, I_PUSH, I_PULL,
@@ -29,7 +32,7 @@ from sfc_fast.conditions cimport (
     CondContext, truthy, REF_RESULT, REF_ROUND, REF_OUTCOME, REF_JOB, REF_BARE,
 )
 from sfc_fast.state cimport (
-    State, ActSt, NO_TIME, decode_state, new_state,
+    State, ActSt, NO_TIME, ascii_only, decode_state, new_state,
     ST_RUNNING, ST_COMPLETED, ST_ABORTED, ST_STOPPED, JF_HELD, JF_ENDING,
     PH_IDLE, PH_DELAYED, PH_OPEN, PH_DONE, PH_WAIT_EXIT,
     OC_NONE, OC_COMPLETED, OC_FAILED, OC_TIMEOUT, OC_CANCELLED, OC_LIMITED,
@@ -46,16 +49,21 @@ import json
 
 from sfc_fast.conditions import canonical_dumps
 
+cdef enum:
+    _MAX_ENTRIES = 10_000
+
 #: Step entries one evolve call may make before the recipe is judged to loop without
 #: waiting (a cycle of steps with no holding action and true conditions).
-MAX_ENTRIES_PER_CALL = 10_000
+MAX_ENTRIES_PER_CALL = _MAX_ENTRIES
 
 STATUS_RUNNING = "running"
 STATUS_HELD = "held"
-_STATUS = ("running", "completed", "aborted", "stopped")
-_OUTCOMES = (None, "completed", "failed", "timeout", "cancelled", "limited")
-_EMPTY = ()
-_JOB_TR = ("Run", "Abort", "Complete")
+# C-level module variables: read on every call without a globals lookup
+cdef str _HELD = STATUS_HELD
+cdef tuple _STATUS = ("running", "completed", "aborted", "stopped")
+cdef tuple _OUTCOMES = (None, "completed", "failed", "timeout", "cancelled", "limited")
+cdef tuple _EMPTY = ()
+cdef tuple _JOB_TR = ("Run", "Abort", "Complete")
 
 
 @cython.freelist(16)
@@ -132,14 +140,6 @@ cdef class Command:
                 "job": self.job, "scope": self.scope, "attempt": self.attempt}
 
 
-cdef inline bint _ascii(const char* p, Py_ssize_t n) noexcept:
-    cdef Py_ssize_t i
-    for i in range(n):
-        if <uint8_t>p[i] >= 0x80:
-            return False
-    return True
-
-
 cdef str _cid(Graph g, const char* job, Py_ssize_t lj, int a, int64_t n, bint hold):
     """``{job}:{action}#{n}`` (``:hold`` appended for a hold), built in C."""
     cdef int32_t sid = g.act_name[a]
@@ -150,7 +150,7 @@ cdef str _cid(Graph g, const char* job, Py_ssize_t lj, int a, int64_t n, bint ho
     cdef Py_ssize_t size = lj + ln + 2 + nd + (5 if hold else 0)
     cdef str out
     cdef char* q
-    if _ascii(job, lj) and _ascii(name, ln):
+    if ascii_only(job, lj) and ascii_only(name, ln):
         # the usual case: written straight into a new ASCII str
         out = PyUnicode_New(size, 127)
         q = <char*>PyUnicode_DATA(out)
@@ -210,17 +210,14 @@ cdef class Decision:
     first read (and kept), so a caller that only stores the state pays for no objects.
     """
 
-    def __dealloc__(self):
-        if self._effs != NULL and self._effs != self._inl:
-            PyMem_Free(self._effs)
-
     cdef int set_effs(self, Eff* effs, Py_ssize_t n) except -1:
+        # more than fit inline live in a bytes object, so that no __dealloc__ is needed
+        # (Cython's wraps every dealloc in an exception save and restore)
         if n <= 2:
             self._effs = self._inl
         else:
-            self._effs = <Eff*>PyMem_Malloc(n * sizeof(Eff))
-            if self._effs == NULL:
-                raise MemoryError()
+            self._more = PyBytes_FromStringAndSize(NULL, n * sizeof(Eff))
+            self._effs = <Eff*>PyBytes_AS_STRING(self._more)
         memcpy(self._effs, effs, n * sizeof(Eff))
         self._n_effs = n
         return 0
@@ -290,6 +287,60 @@ cdef class Decision:
         return (f"Decision(applied={self.applied}, status={self.status!r}, "
                 f"reason={self.reason!r}, work={self.work!r}, job={self.job!r}, "
                 f"next_deadline={self.next_deadline!r})")
+
+
+# ---------------------------------------------------------------- fast attributes
+#
+# Cython serves `cdef readonly` object fields through getset descriptors, which
+# CPython's attribute cache does not specialize; member descriptors (T_OBJECT_EX) it
+# does, so a caller's `d.state` or `c.command_id` becomes a load at a fixed offset.
+# The offsets come from the generated structs: a rename there fails the C build.
+
+cdef extern from *:
+    """
+    #include <structmember.h>
+    #define SFC_OFF_COMMAND(f) offsetof(struct __pyx_obj_8sfc_fast_6evolve_Command, f)
+    #define SFC_OFF_DECISION(f) offsetof(struct __pyx_obj_8sfc_fast_6evolve_Decision, f)
+    """
+    ctypedef struct PyMemberDef:
+        const char* name
+        int type
+        Py_ssize_t offset
+        int flags
+        const char* doc
+    int T_OBJECT_EX
+    int READONLY
+    Py_ssize_t _OFF_COMMAND_ID "SFC_OFF_COMMAND(command_id)"
+    Py_ssize_t _OFF_STATE "SFC_OFF_DECISION(state)"
+    Py_ssize_t _OFF_STATUS "SFC_OFF_DECISION(status)"
+    Py_ssize_t _OFF_REASON "SFC_OFF_DECISION(reason)"
+    Py_ssize_t _OFF_ADDED "SFC_OFF_DECISION(waits_added)"
+    Py_ssize_t _OFF_REMOVED "SFC_OFF_DECISION(waits_removed)"
+    object PyDescr_NewMember(PyTypeObject* t, PyMemberDef* m)
+    void PyType_Modified(PyTypeObject* t)
+
+
+cdef PyMemberDef _members[6]     # static: the descriptors point into it for good
+
+
+cdef int _as_member(type t, int i, str name, Py_ssize_t off) except -1:
+    cdef PyTypeObject* tp = <PyTypeObject*>t
+    _members[i].name = PyUnicode_AsUTF8(name)   # interned literal: lives as long as we do
+    _members[i].type = T_OBJECT_EX
+    _members[i].offset = off
+    _members[i].flags = READONLY
+    _members[i].doc = NULL
+    (<dict>(<object>tp.tp_dict))[name] = PyDescr_NewMember(tp, &_members[i])
+    PyType_Modified(tp)
+    return 0
+
+
+_as_member(Command, 0, "command_id", _OFF_COMMAND_ID)
+_as_member(Decision, 1, "state", _OFF_STATE)
+_as_member(Decision, 2, "status", _OFF_STATUS)
+_as_member(Decision, 3, "reason", _OFF_REASON)
+_as_member(Decision, 4, "waits_added", _OFF_ADDED)
+_as_member(Decision, 5, "waits_removed", _OFF_REMOVED)
 
 
 # ---------------------------------------------------------------- conditions
@@ -389,8 +440,10 @@ cdef int _push_action(Graph g, const char* name, Py_ssize_t n) except -2:
         a = g.n_actions - 1
         while a >= 0:
             sid = g.act_name[a]
+            # length and last byte before memcmp: names often share a prefix, not an end
             if g.act_qual[a] != Q_R and g.str_off[sid + 1] - g.str_off[sid] == n \
-                    and memcmp(g.str_data + g.str_off[sid], name, n) == 0:
+                    and (n == 0 or (g.str_data[g.str_off[sid + 1] - 1] == name[n - 1]
+                                    and memcmp(g.str_data + g.str_off[sid], name, n) == 0)):
                 break
             a -= 1
     if a < 0 or g.act_inter[a] != I_PUSH:
@@ -643,7 +696,7 @@ cdef class _Run:
         cdef int k, a, q, r
         cdef ActSt* x
         self.entries += 1
-        if self.entries > MAX_ENTRIES_PER_CALL:
+        if self.entries > _MAX_ENTRIES:
             raise _Loop(g.s(g.step_name[st]))
         self.s.step_round[st] += 1
         self.s.add_active(st)
@@ -846,10 +899,15 @@ cdef class _Run:
         cdef const char* p
         cdef int64_t v = 0, mul = 1
         cdef uint8_t c
-        try:
-            p = PyUnicode_AsUTF8AndSize(cid, &ln)
-        except UnicodeEncodeError:
-            return -1       # a lone surrogate: no id this core made
+        if PyUnicode_IS_COMPACT_ASCII(cid):
+            # the usual case: the characters are the UTF-8, no lookup of a cached copy
+            p = <const char*>PyUnicode_DATA(cid)
+            ln = PyUnicode_GET_LENGTH(cid)
+        else:
+            try:
+                p = PyUnicode_AsUTF8AndSize(cid, &ln)
+            except UnicodeEncodeError:
+                return -1       # a lone surrogate: no id this core made
         if ln <= lj + 3 or p[lj] != b':' or memcmp(p, self.s.t_job.p, lj) != 0:
             return -1
         end = ln
@@ -1188,8 +1246,8 @@ cdef set _waits(Graph g, State s):
 
 cdef str _status(State s):
     if s.status == ST_RUNNING and (s.flags & JF_HELD):
-        return STATUS_HELD
-    return _STATUS[s.status]
+        return _HELD
+    return <str>_STATUS[s.status]
 
 
 cdef Decision _absorbed(Graph g, State s, object state):
@@ -1309,7 +1367,7 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
                     r.changed = True
     except _Loop as e:
         r.n_effs = 0
-        r.abort(f"the recipe loops without waiting (more than {MAX_ENTRIES_PER_CALL} step "
+        r.abort(f"the recipe loops without waiting (more than {_MAX_ENTRIES} step "
                 f"entries in one step, last at {e.args[0]!r})")
     if not r.changed and not r.n_effs:
         r.park()

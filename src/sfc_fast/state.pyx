@@ -25,8 +25,11 @@ cdef const int64_t NO_TIME = -(1 << 62)
 
 _MAGIC = b"SFS"
 
+cdef enum:
+    _MAX_BYTES = 64 * 1024 * 1024
+
 #: Largest state document accepted, in bytes (a guard against garbage, not a target).
-MAX_STATE_BYTES = 64 * 1024 * 1024
+MAX_STATE_BYTES = _MAX_BYTES
 
 STATUS_NAMES = ("running", "completed", "aborted", "stopped")
 PHASE_NAMES = ("idle", "delayed", "open", "done", "waiting_exit")
@@ -83,7 +86,9 @@ cdef struct Rd:
 
 
 cdef inline uint64_t _get_u(Rd* r) noexcept:
-    # most varints of a state are one byte: that case stays inline
+    # most varints of a state are one byte: that case comes first. Everything that takes
+    # a reader is inline, so that the reader stays in registers (its address never leaves
+    # decode_state; if it did, every field store would reload it).
     cdef uint8_t c
     if r.i < r.n:
         c = <uint8_t>r.p[r.i]
@@ -93,7 +98,7 @@ cdef inline uint64_t _get_u(Rd* r) noexcept:
     return _get_u_long(r)
 
 
-cdef uint64_t _get_u_long(Rd* r) noexcept:
+cdef inline uint64_t _get_u_long(Rd* r) noexcept:
     cdef uint64_t v = 0
     cdef int shift = 0
     cdef uint8_t c
@@ -138,23 +143,31 @@ cdef inline void _get_txt(Rd* r, Txt* t) noexcept:
 
 
 cdef inline bint _ascii(Txt t) noexcept:
-    cdef Py_ssize_t i
-    for i in range(t.n):
-        if <uint8_t>t.p[i] >= 0x80:
-            return False
-    return True
+    return ascii_only(t.p, t.n)
 
 
-cdef object _check_utf8(Txt t, Rd* r):
-    """The str of non-ASCII text (checked now); bad UTF-8 marks r."""
+cdef object _check_utf8(Txt t):
+    """The str of non-ASCII text (checked now); None for bad UTF-8."""
     try:
         return PyUnicode_DecodeUTF8(t.p, t.n, NULL)
     except UnicodeDecodeError:
-        r.bad = True
         return None
 
 
 # ---------------------------------------------------------------- texts
+
+cdef bint ascii_only(const char* p, Py_ssize_t n) noexcept:
+    """No byte of ``p[:n]`` has its high bit set; eight bytes a step."""
+    cdef uint64_t acc = 0, w
+    cdef Py_ssize_t i = 0
+    while i + 8 <= n:
+        memcpy(&w, p + i, 8)
+        acc |= w
+        i += 8
+    while i < n:
+        acc |= <uint8_t>p[i]
+        i += 1
+    return (acc & <uint64_t>0x8080808080808080) == 0
 
 cdef int txt_set(Txt* t, object owner) except -1:
     """Point ``t`` at the UTF-8 of ``owner`` (str or bytes); the caller keeps it alive."""
@@ -458,7 +471,7 @@ cdef State decode_state(Graph g, object data):
     cdef const char* p = PyBytes_AS_STRING(raw)
     if size < 16 or p[0] != b'S' or p[1] != b'F' or p[2] != b'S':
         raise StateFormatError("not a job state document (bad magic)")
-    if size > MAX_STATE_BYTES:
+    if size > _MAX_BYTES:
         raise StateFormatError(f"state document of {size} bytes is over the limit")
     cdef int major = <uint8_t>p[3]
     if major != STATE_FORMAT_MAJOR:
@@ -494,13 +507,17 @@ cdef State decode_state(Graph g, object data):
     if not r.bad:
         # texts are checked now (garbage is refused here), made str only when asked for
         if not _ascii(s.t_job):
-            s.o_job = _check_utf8(s.t_job, &r)
+            s.o_job = _check_utf8(s.t_job)
+            r.bad |= s.o_job is None
         if not _ascii(s.t_scope):
-            s.o_scope = _check_utf8(s.t_scope, &r)
+            s.o_scope = _check_utf8(s.t_scope)
+            r.bad |= s.o_scope is None
         if not _ascii(s.t_reason):
-            s.o_reason = _check_utf8(s.t_reason, &r)
+            s.o_reason = _check_utf8(s.t_reason)
+            r.bad |= s.o_reason is None
         if not _ascii(s.t_order):
-            s.o_order = _check_utf8(s.t_order, &r)
+            s.o_order = _check_utf8(s.t_order)
+            r.bad |= s.o_order is None
     if r.bad:
         raise StateFormatError("state document is truncated or corrupt (header fields)")
     cdef int64_t i, n, k, v
