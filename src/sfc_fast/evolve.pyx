@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, binding=False
 """``evolve``: the pure step of a job. State bytes and an event in, a Decision out.
 
 No clock, no I/O: ``now_ms`` comes in as an argument and everything the host has to do
@@ -10,8 +10,9 @@ from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcmp, memcpy
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.list cimport PyList_New, PyList_SET_ITEM
-from cpython.ref cimport Py_INCREF
+from cpython.list cimport PyList_GET_ITEM, PyList_New, PyList_SET_ITEM
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.object cimport PyTypeObject
 from cpython.unicode cimport PyUnicode_AsUTF8, PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 
@@ -22,6 +23,7 @@ cdef extern from "Python.h":
     str PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void* PyUnicode_DATA(object o)
     bint PyUnicode_IS_COMPACT_ASCII(object o)
+    bint PyUnicode_IS_ASCII(object o)
     Py_ssize_t PyUnicode_GET_LENGTH(object o)
 
 from sfc_fast.recipe cimport (
@@ -140,7 +142,8 @@ cdef class Command:
                 "job": self.job, "scope": self.scope, "attempt": self.attempt}
 
 
-cdef str _cid(Graph g, const char* job, Py_ssize_t lj, int a, int64_t n, bint hold):
+cdef str _cid(Graph g, const char* job, Py_ssize_t lj, bint job_ascii, int a, int64_t n,
+              bint hold):
     """``{job}:{action}#{n}`` (``:hold`` appended for a hold), built in C."""
     cdef int32_t sid = g.act_name[a]
     cdef const char* name = g.str_data + g.str_off[sid]
@@ -150,7 +153,7 @@ cdef str _cid(Graph g, const char* job, Py_ssize_t lj, int a, int64_t n, bint ho
     cdef Py_ssize_t size = lj + ln + 2 + nd + (5 if hold else 0)
     cdef str out
     cdef char* q
-    if ascii_only(job, lj) and ascii_only(name, ln):
+    if job_ascii and ascii_only(name, ln):
         # the usual case: written straight into a new ASCII str
         out = PyUnicode_New(size, 127)
         q = <char*>PyUnicode_DATA(out)
@@ -185,12 +188,16 @@ cdef Command _command(Graph g, Eff* e, str job, str scope, bytes src, Texts* at)
     cdef Command c = Command.__new__(Command)
     cdef Py_ssize_t lj
     cdef const char* jp
+    cdef bint job_ascii
     if job is not None:
         jp = PyUnicode_AsUTF8AndSize(job, &lj)
+        job_ascii = PyUnicode_IS_ASCII(job)
     else:
+        # a job text left in the state bytes is ASCII: decode_state makes a str of the rest
         jp = PyBytes_AS_STRING(src) + at.job_at
         lj = at.job_len
-    c.command_id = _cid(g, jp, lj, e.action, e.n, (e.code & EF_HOLD) != 0)
+        job_ascii = True
+    c.command_id = _cid(g, jp, lj, job_ascii, e.action, e.n, (e.code & EF_HOLD) != 0)
     c._g = g
     c._e = e[0]
     c._job = job
@@ -360,22 +367,22 @@ cdef class _Ctx(CondContext):
     cdef State s
     cdef list refs
     cdef int32_t src_step         # source step for bare names; -1 none
-    cdef dict parsed              # action index -> parsed result (this call; lazy)
+    cdef list results             # the _Run's: action -> parsed result, or _UNSET
+    cdef bint results_set         # a slot was filled (the _Run clears them at park)
     cdef list bare_order          # action indices of the source step, newest first
 
     cdef object result(self, int a):
         cdef ActSt* x = &self.s.acts[a]
         if x.res_len < 0:
             return None
-        v = self.parsed.get(a, self) if self.parsed is not None else self
-        if v is self:
+        v = <object>PyList_GET_ITEM(self.results, a)
+        if v is _UNSET:
             try:
                 v = json.loads(PyUnicode_DecodeUTF8(x.res, x.res_len, NULL))
             except ValueError:
                 v = None
-            if self.parsed is None:
-                self.parsed = {}
-            self.parsed[a] = v
+            self.results[a] = v
+            self.results_set = True
         return v
 
     cdef object load(self, int32_t ref):
@@ -420,6 +427,21 @@ cdef class _Ctx(CondContext):
                 items.append((self.s.acts[a].done_at, a))
         items.sort(reverse=True)
         return [a for _, a in items]
+
+
+cdef object _UNSET = object()     # a result slot not filled in this call
+
+
+cdef void _unset_all(list slots) noexcept:
+    cdef Py_ssize_t i
+    cdef PyObject* v
+    cdef PyObject* unset = <PyObject*>_UNSET
+    for i in range(len(slots)):
+        v = PyList_GET_ITEM(slots, i)
+        if v != unset:
+            Py_INCREF(_UNSET)
+            PyList_SET_ITEM(slots, i, _UNSET)
+            Py_DECREF(<object>v)
 
 
 cdef str _canonical(dict fields):
@@ -467,7 +489,9 @@ cdef class _Run:
     cdef int entries
     cdef _Ctx ctx                 # made on the first condition that needs one
     cdef _Ctx spare_ctx           # kept from an earlier call, reused by make_ctx
-    cdef dict fresh               # action -> result object set by this call (no re-parse)
+    cdef list results             # action -> result object this call (no re-parse), or
+                                  # _UNSET; kept across calls, at least n_actions long
+    cdef bint results_set
 
     def __dealloc__(self):
         if self.effs != NULL and self.effs != self.inl:
@@ -506,7 +530,7 @@ cdef class _Run:
         ctx.g = self.g
         ctx.s = self.s
         ctx.refs = self.g.refs()
-        ctx.parsed = self.fresh
+        ctx.results = self.result_slots()
         ctx.src_step = -1
         ctx.bare_order = None
         self.ctx = ctx
@@ -517,17 +541,21 @@ cdef class _Run:
         global _spare_run
         cdef _Ctx ctx = self.ctx
         if ctx is not None:
+            self.results_set |= ctx.results_set
+            ctx.results_set = False
             ctx.g = None
             ctx.s = None
             ctx.refs = None
-            ctx.parsed = None
+            ctx.results = None
             ctx.bare_order = None
             self.spare_ctx = ctx
             self.ctx = None
         self.g = None
         self.s = None
         self.was_open = None
-        self.fresh = None
+        if self.results_set:
+            _unset_all(self.results)
+            self.results_set = False
         self.n_effs = 0
         _spare_run = self
 
@@ -559,20 +587,21 @@ cdef class _Run:
 
     cdef int keep_result(self, int a, dict result) except -1:
         self.s.set_result(a, _canonical(result))
-        if self.ctx is not None:
-            if self.ctx.parsed is None:
-                self.ctx.parsed = {}
-            self.ctx.parsed[a] = result
-        else:
-            if self.fresh is None:
-                self.fresh = {}
-            self.fresh[a] = result
+        self.result_slots()[a] = result
+        self.results_set = True
         return 0
+
+    cdef list result_slots(self):
+        cdef list slots = self.results
+        if slots is None or len(slots) < self.g.n_actions:
+            slots = self.results = [_UNSET] * max(self.g.n_actions, 8)
+        return slots
 
     # ---- effects
 
     cdef str cmd_id(self, int a, int64_t n):
-        return _cid(self.g, self.s.t_job.p, self.s.t_job.n, a, n, False)
+        return _cid(self.g, self.s.t_job.p, self.s.t_job.n,
+                    ascii_only(self.s.t_job.p, self.s.t_job.n), a, n, False)
 
     cdef int emit(self, int a, int64_t n, bint hold, bint restart,
                   int64_t deadline) except -1:
@@ -1496,6 +1525,7 @@ def sent_markers(Graph graph, state) -> tuple:
     cdef int ai
     cdef ActSt* x
     cdef str name
+    cdef bint ja = ascii_only(s.t_job.p, s.t_job.n)
     if s.status == ST_RUNNING:
         for ai in range(graph.n_actions):
             x = &s.acts[ai]
@@ -1504,10 +1534,10 @@ def sent_markers(Graph graph, state) -> tuple:
             name = graph.s(graph.act_name[ai])
             if x.cmd_n > 0 and x.hold != HP_HELD:
                 out.append(("sent:" + name,
-                            _cid(graph, s.t_job.p, s.t_job.n, ai, x.cmd_n, False)))
+                            _cid(graph, s.t_job.p, s.t_job.n, ja, ai, x.cmd_n, False)))
             if x.hold == HP_OPEN and x.hold_n > 0:
                 out.append(("sent:" + name + ":hold",
-                            _cid(graph, s.t_job.p, s.t_job.n, ai, x.hold_n, True)))
+                            _cid(graph, s.t_job.p, s.t_job.n, ja, ai, x.hold_n, True)))
     started = s.started_at
     s.release()
     return started, tuple(out)

@@ -97,6 +97,7 @@ cdef class State:
     cdef int32_t* step_round      # [n_steps]
     cdef int32_t* br_ended        # [n_branches]: paths ended, -1 = branch not active
     cdef ActSt* acts              # [n_actions]
+    cdef ActSt* idle              # [n_actions] all idle: what acquire_state copies in
     cdef list keep                # objects that own the memory `res` pointers borrow
     cdef object _params_obj       # decoded params (lazy)
     cdef char* buf                # encode scratch, reused across calls

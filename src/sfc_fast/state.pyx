@@ -71,6 +71,9 @@ cdef inline char* _w_time(char* q, int64_t t, int64_t base) noexcept:
 
 
 cdef inline char* _w_raw(char* q, const char* s, Py_ssize_t n) noexcept:
+    if n == 0:
+        q[0] = 0        # most of these texts are empty: no call to memcpy
+        return q + 1
     q = _w_u(q, <uint64_t>n)
     memcpy(q, s, n)
     return q + n
@@ -189,6 +192,23 @@ cdef str txt_str(Txt t):
 
 # ---------------------------------------------------------------- the state
 
+cdef Py_ssize_t _count_rounds(const int32_t* rounds, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i, k = 0
+    for i in range(n):
+        if rounds[i]:
+            k += 1
+    return k
+
+
+cdef Py_ssize_t _count_armed(const ActSt* acts, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i, k = 0
+    for i in range(n):
+        if acts[i].phase != PH_IDLE:
+            k += 1
+    return k
+
+
+
 cdef ActSt _IDLE
 
 
@@ -281,14 +301,16 @@ cdef class State:
         cdef ActSt* s
         cdef int64_t base = self.started_at
         cdef char* q
-        # worst case: 10 bytes a varint
+        cdef char* count_at
+        # worst case: 10 bytes a varint; an armed action's record is at most 112 bytes
+        # and its result text
         cdef Py_ssize_t need = (16 + 40 + 50 + self.t_job.n + self.t_scope.n + self.t_reason.n
                                 + self.t_order.n + self.t_params.n + 30 + 10 * self.n_active
-                                + 20 * g.n_steps + 20 * g.n_branches)
+                                + 20 * g.n_steps + 20 * g.n_branches + 10
+                                + 112 * g.n_actions)
         for a in range(g.n_actions):
-            s = &self.acts[a]
-            if s.phase != PH_IDLE:
-                need += 112 + (s.res_len if s.res_len > 0 else 0)
+            if self.acts[a].res_len > 0:
+                need += self.acts[a].res_len
         if need > self.buf_cap:
             q = <char*>PyMem_Realloc(self.buf, need)
             if q == NULL:
@@ -324,33 +346,39 @@ cdef class State:
         q = _w_u(q, <uint64_t>self.n_active)
         for i in range(self.n_active):
             q = _w_u(q, <uint64_t>self.active[i])
+        # Each sparse list is preceded by its count, known only after the list is
+        # written: when the count cannot reach 128 it is one byte, written in place
+        # afterwards; otherwise the list is counted first.
+        count_at = q
+        q = _w_u(q, <uint64_t>_count_rounds(self.step_round, g.n_steps)) \
+            if g.n_steps >= 128 else q + 1
         n = 0
-        for i in range(g.n_steps):
-            if self.step_round[i]:
-                n += 1
-        q = _w_u(q, <uint64_t>n)
         for i in range(g.n_steps):
             if self.step_round[i]:
                 q = _w_u(q, <uint64_t>i)
                 q = _w_u(q, <uint64_t>self.step_round[i])
+                n += 1
+        if g.n_steps < 128:
+            count_at[0] = <char>n
         n = 0
         for i in range(g.n_branches):
             if self.br_ended[i] >= 0:
                 n += 1
         q = _w_u(q, <uint64_t>n)
-        for i in range(g.n_branches):
-            if self.br_ended[i] >= 0:
-                q = _w_u(q, <uint64_t>i)
-                q = _w_u(q, <uint64_t>self.br_ended[i])
+        if n:
+            for i in range(g.n_branches):
+                if self.br_ended[i] >= 0:
+                    q = _w_u(q, <uint64_t>i)
+                    q = _w_u(q, <uint64_t>self.br_ended[i])
+        count_at = q
+        q = _w_u(q, <uint64_t>_count_armed(self.acts, g.n_actions)) \
+            if g.n_actions >= 128 else q + 1
         n = 0
-        for a in range(g.n_actions):
-            if self.acts[a].phase != PH_IDLE:
-                n += 1
-        q = _w_u(q, <uint64_t>n)
         for a in range(g.n_actions):
             s = &self.acts[a]
             if s.phase == PH_IDLE:
                 continue
+            n += 1
             q = _w_u(q, <uint64_t>a)
             q[0] = <char>(s.phase | (s.hold << 4))
             q[1] = <char>(s.outcome | (s.flags << 4))
@@ -372,6 +400,8 @@ cdef class State:
                 q = _w_u(q, <uint64_t>(s.res_len + 1))
                 memcpy(q, s.res, s.res_len)
                 q += s.res_len
+        if g.n_actions < 128:
+            count_at[0] = <char>n
         return PyBytes_FromStringAndSize(self.buf, q - self.buf)
 
     cdef void release(self) noexcept:
@@ -416,20 +446,22 @@ cdef State acquire_state(Graph g):
     else:
         s = State.__new__(State)
         s.keep = []
-        block = <char*>PyMem_Malloc((g.n_actions + 1) * sizeof(ActSt)
+        block = <char*>PyMem_Malloc((2 * g.n_actions + 1) * sizeof(ActSt)
                                     + (2 * g.n_steps + g.n_branches + 3) * sizeof(int32_t))
         if block == NULL:
             raise MemoryError()
         s.acts = <ActSt*>block
-        s.step_round = <int32_t*>(block + (g.n_actions + 1) * sizeof(ActSt))
+        s.idle = s.acts + g.n_actions + 1
+        for i in range(g.n_actions):
+            s.idle[i] = _IDLE
+        s.step_round = <int32_t*>(block + (2 * g.n_actions + 1) * sizeof(ActSt))
         s.br_ended = s.step_round + (g.n_steps + 1)
         s.active = s.br_ended + (g.n_branches + 1)
     s.g = g
     memset(s.step_round, 0, g.n_steps * sizeof(int32_t))
     for i in range(g.n_branches):
         s.br_ended[i] = -1
-    for i in range(g.n_actions):
-        s.acts[i] = _IDLE
+    memcpy(s.acts, s.idle, g.n_actions * sizeof(ActSt))   # one copy, not a loop of them
     s.n_active = 0
     s.status = ST_RUNNING
     s.flags = 0
