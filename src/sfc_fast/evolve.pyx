@@ -6,7 +6,7 @@ comes out as data (work entries, commands, job order transitions, index changes)
 The rules are DESIGN §2.2 and docs/execution.md; each is named where it is kept.
 """
 
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -142,6 +142,31 @@ cdef class Command:
                 "job": self.job, "scope": self.scope, "attempt": self.attempt}
 
 
+cdef inline void _copy(char* w, const char* p, Py_ssize_t n) noexcept:
+    """memcpy for the short texts of an id: fixed-size moves, no call, up to 16 bytes."""
+    cdef uint64_t a8, b8
+    cdef uint32_t a4, b4
+    if n >= 8:
+        if n > 16:
+            memcpy(w, p, n)
+            return
+        memcpy(&a8, p, 8)                   # two overlapping words cover 8..16 bytes
+        memcpy(&b8, p + n - 8, 8)
+        memcpy(w, &a8, 8)
+        memcpy(w + n - 8, &b8, 8)
+    elif n >= 4:
+        memcpy(&a4, p, 4)
+        memcpy(&b4, p + n - 4, 4)
+        memcpy(w, &a4, 4)
+        memcpy(w + n - 4, &b4, 4)
+    else:
+        if n > 0:
+            w[0] = p[0]
+            w[n - 1] = p[n - 1]
+            if n == 3:
+                w[1] = p[1]
+
+
 cdef str _cid(Graph g, const char* job, Py_ssize_t lj, bint job_ascii, int a, int64_t n,
               bint hold):
     """``{job}:{action}#{n}`` (``:hold`` appended for a hold), built in C."""
@@ -149,7 +174,12 @@ cdef str _cid(Graph g, const char* job, Py_ssize_t lj, bint job_ascii, int a, in
     cdef const char* name = g.str_data + g.str_off[sid]
     cdef Py_ssize_t ln = g.str_off[sid + 1] - g.str_off[sid]
     cdef char digits[24]
-    cdef Py_ssize_t nd = _put_int(digits, n)
+    cdef Py_ssize_t nd
+    if 0 <= n < 10:             # most attempts of most jobs
+        digits[0] = <char>(48 + n)
+        nd = 1
+    else:
+        nd = _put_int(digits, n)
     cdef Py_ssize_t size = lj + ln + 2 + nd + (5 if hold else 0)
     cdef str out
     cdef char* q
@@ -163,15 +193,15 @@ cdef str _cid(Graph g, const char* job, Py_ssize_t lj, bint job_ascii, int a, in
         if q == NULL:
             raise MemoryError()
     cdef char* w = q
-    memcpy(w, job, lj)
+    _copy(w, job, lj)
     w += lj
     w[0] = b':'
     w += 1
-    memcpy(w, name, ln)
+    _copy(w, name, ln)
     w += ln
     w[0] = b'#'
     w += 1
-    memcpy(w, digits, nd)
+    _copy(w, digits, nd)
     w += nd
     if hold:
         memcpy(w, b":hold", 5)
@@ -361,6 +391,7 @@ cdef inline object _lookup(object value, tuple segs):
     return value
 
 
+@cython.final    # direct calls, not through the vtable: gcc can inline the small ones
 cdef class _Ctx(CondContext):
     """Resolves condition references against a job's state."""
     cdef Graph g
@@ -475,6 +506,7 @@ cdef int _push_action(Graph g, const char* name, Py_ssize_t n) except -2:
 
 # ---------------------------------------------------------------- one call
 
+@cython.final
 cdef class _Run:
     cdef Graph g
     cdef State s

@@ -3,6 +3,7 @@
 # Times are integer milliseconds; NO_TIME marks "none". Per-action records are dense
 # (one per association of the graph) in memory and sparse on the wire.
 
+cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
 from sfc_fast.recipe cimport Graph
@@ -79,6 +80,7 @@ cdef struct Txt:
     Py_ssize_t n
 
 
+@cython.final
 cdef class State:
     # Evolve reuses one State per graph (acquire/release), so a decode allocates no
     # Python objects: texts stay UTF-8 views into the input until someone asks for a str.

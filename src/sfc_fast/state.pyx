@@ -212,6 +212,7 @@ cdef Py_ssize_t _count_armed(const ActSt* acts, Py_ssize_t n) noexcept:
 cdef ActSt _IDLE
 
 
+@cython.final
 cdef class State:
     """One job's state, decoded. Evolve mutates it and encodes the result."""
 
