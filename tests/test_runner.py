@@ -31,6 +31,11 @@ def test_job_of_command():
     assert job_of_command("J:act#3:hold") == "J"
     assert job_of_command("nonsense") == ""
     assert job_of_command("#1") == ""
+    # edges of the in-place scan: empty parts, non-ASCII text, a bare ":hold"
+    for cid, job in [("x#1", ""), ("", ""), (":hold", ""), (":a#1", ""), ("j:#1", "j"),
+                     ("j:a#", "j"), ("jöb-ü:äct#3:hold", "jöb-ü"), ("j😀b:a#12", "j😀b"),
+                     ("a:b#1:hold:hold", "a")]:
+        assert job_of_command(cid) == job, cid
 
 
 def test_axle_recipe_runs_to_completion_with_scripted_answers():

@@ -11,6 +11,13 @@ as fast as the CPU allows. Answers come back through ``complete``/``fail``/``hel
 import time
 
 from libc.stdint cimport int64_t
+from cpython.unicode cimport PyUnicode_Substring
+
+cdef extern from "Python.h":
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+    int PyUnicode_KIND(object o)
+    void* PyUnicode_DATA(object o)
+    Py_UCS4 PyUnicode_READ(int kind, void* data, Py_ssize_t i)
 
 from sfc_fast.deadlines cimport DeadlineIndex
 from sfc_fast.evolve cimport Decision, evolve
@@ -21,7 +28,6 @@ from sfc_fast.events import (
 from sfc_fast.recipe cimport Graph
 from sfc_fast.state import state_to_json
 
-_TERMINAL = frozenset(("completed", "aborted", "stopped"))
 
 
 def _wall_ms() -> int:
@@ -30,14 +36,28 @@ def _wall_ms() -> int:
 
 cpdef str job_of_command(str command_id):
     """The job id a command id names (``{job}:{action}#{n}``, maybe ``:hold``), or ''."""
-    cdef str cid = command_id[:-5] if command_id.endswith(":hold") else command_id
-    cdef Py_ssize_t h = cid.rfind("#")
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(command_id)
+    cdef Py_ssize_t h, c
+    cdef int kind = PyUnicode_KIND(command_id)
+    cdef void* data = PyUnicode_DATA(command_id)
+    # scanned in place (no slices, no method calls): the last '#', then the ':' before it
+    if n >= 5 and PyUnicode_READ(kind, data, n - 5) == u':' \
+            and PyUnicode_READ(kind, data, n - 4) == u'h' \
+            and PyUnicode_READ(kind, data, n - 3) == u'o' \
+            and PyUnicode_READ(kind, data, n - 2) == u'l' \
+            and PyUnicode_READ(kind, data, n - 1) == u'd':
+        n -= 5
+    h = n - 1
+    while h > 0 and PyUnicode_READ(kind, data, h) != u'#':
+        h -= 1
     if h <= 0:
         return ""
-    cdef Py_ssize_t c = cid.rfind(":", 0, h)
+    c = h - 1
+    while c > 0 and PyUnicode_READ(kind, data, c) != u':':
+        c -= 1
     if c <= 0:
         return ""
-    return cid[:c]
+    return PyUnicode_Substring(command_id, 0, c)
 
 
 cdef class Runner:
@@ -70,8 +90,11 @@ cdef class Runner:
 
     def start(self, str job, Graph graph, str scope="default", params=None, str order=""):
         """Start ``job`` on ``graph``; a running job of that id absorbs the start."""
-        return self._apply(job, graph, self._states.get(job),
-                           Start(job, scope, params, order or None))
+        cdef Decision d = self._apply(job, graph, self._states.get(job),
+                                      Start(job, scope, params, order or None))
+        if d.applied:
+            self._graphs[job] = graph
+        return d
 
     def cancel(self, str job, str reason="", bint stop=False):
         return self._to(job, Cancel(reason, stop))
@@ -179,7 +202,6 @@ cdef class Runner:
             self.absorbed += 1
             return d
         self.applied += 1
-        self._graphs[job] = graph
         self._states[job] = d.state
         if d._next == NO_TIME:
             self._index.c_remove(job)
@@ -196,12 +218,13 @@ cdef class Runner:
             now = self._clock()
             for t in d.waits_added:
                 self._waits.setdefault(t, {})[job] = now
-        if d.status in _TERMINAL:
+        cdef bint ended = d.status != "running" and d.status != "held"
+        if ended:
             self._drop_waits(job)
         if d._n_effs:
             for c in d.commands:
                 self._on_command(c)
-        if d.status in _TERMINAL and self._on_end is not None:
+        if ended and self._on_end is not None:
             self._on_end(job, d)
         return d
 
