@@ -77,11 +77,12 @@ def part_ratios(quick: bool) -> dict[str, Any]:
     jobs = 1_000 if quick else 10_000
     c_state, p_state = er.step3_states(graph, model, "job-0000001")
     core: list[dict[str, Any]] = []
-    for label, result in (("one completion", None), ("one completion, result dict", er.RESULT)):
+    for label, result in (("one completion, id read", None),
+                          ("one completion, result dict, id read", er.RESULT)):
         ev = Completed("job-0000001:a2#3", result)
-        tc = er.per_call(er.loop_core, (graph, c_state, ev, er.NOW), calls, rounds)
-        tp = er.per_call(er.loop_py, (model, p_state, ev, er.NOW), max(calls // 20, 500),
-                         rounds)
+        tc, tp = er.per_call_turns(
+            [(er.loop_core_read, (graph, c_state, ev, er.NOW), calls),
+             (er.loop_py_read, (model, p_state, ev, er.NOW), max(calls // 10, 500))], rounds)
         core.append({"workload": label, "core": 1 / tc, "py": 1 / tp})
     for label, result in (("whole runs, no result", None), ("whole runs, result dict", er.RESULT)):
         tc, (nc, _) = er.timed(er.run_core, graph, er.job_ids(jobs), result)

@@ -133,7 +133,8 @@ def ratios(d: Doc, R: dict[str, Any]) -> None:
     d("## 1. Against the baselines", "",
       "The compiled core (`sfc_fast.evolve`) against `benchmarks/py_evolve.py`, the same "
       "rules in plain Python with a JSON state document (evolve_ratio.py's 6-step recipe; "
-      "one completion = the same completion evolved over and over; whole runs = start "
+      "one completion = the same completion evolved over and over, the new command's id "
+      "read as every caller does, the two sides in turns; whole runs = start "
       "and complete every job's six actions, driver loop included):", "")
     d.table(["workload", "compiled core", "plain Python", "ratio"],
             [[c["workload"], f"{n(c['core'])}/s", f"{n(c['py'])}/s",
