@@ -168,3 +168,22 @@ def test_syntax_error_messages_and_positions(text: str, message: str, position: 
 ])
 def test_keywords_only_as_whole_words_and_literals_as_before(text: str, code: list) -> None:
     assert disassemble(text, ["a"]) == code
+
+
+def test_a_reference_compared_to_a_constant_decides_as_the_general_path() -> None:
+    """`ref <op> constant` runs without the stack machine (the common shape); it must
+    decide as the stack machine does, which `... and true` still goes through."""
+    values = [None, True, False, 0, 1, 2, -1, 1.0, 2.5, float("inf"), "a", "b", "", [1],
+              {"x": 1}, 10**20]
+    consts = ["null", "true", "false", "0", "1", "2", "-1", "1.0", "2.5", "'a'", "'b'",
+              "''", "[1]"]
+    for op in ("==", "!=", "<", "<=", ">", ">="):
+        for k in consts:
+            text = f"t.v {op} {k}"
+            assert len(disassemble(text, ["t"])) == 4             # the short shape
+            assert len(disassemble(f"({text}) and true", ["t"])) > 4
+            for v in values:
+                results = {"t": {"v": v}}
+                fast = evaluate(text, results=results)
+                general = evaluate(f"({text}) and true", results=results)
+                assert fast is general, (text, v)

@@ -820,6 +820,24 @@ cdef object run_condition(const int32_t* code, Py_ssize_t start, Py_ssize_t end,
     cdef int o
     cdef Py_ssize_t n
     cdef list items
+    if end - start == 6 and code[start] == OP_LOAD and code[start + 2] == OP_CONST:
+        # the most common condition, `ref <op> constant` (`a.ok == true`, `t < 5`):
+        # the same result as the loop below, without the stack
+        op = code[start + 4]
+        if op == OP_EQ or op == OP_NE:
+            return values_equal(ctx.load(code[start + 1]), consts[code[start + 3]]) \
+                == (op == OP_EQ)
+        if OP_LT <= op <= OP_GE:
+            o = _order(ctx.load(code[start + 1]), consts[code[start + 3]])
+            if o == 2:
+                return False
+            if op == OP_LT:
+                return o < 0
+            if op == OP_LE:
+                return o <= 0
+            if op == OP_GT:
+                return o > 0
+            return o >= 0
     try:
         while pc < end:
             op = code[pc]
