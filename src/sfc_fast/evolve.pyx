@@ -1324,7 +1324,7 @@ cdef Decision _absorbed(Graph g, State s, object state):
         d._next = NO_TIME
     else:
         d.status = _status(s)
-        d.reason = s.reason() or None
+        d.reason = s.reason() if s.t_reason.n else None    # no str made for no reason
         d._next = _next_deadline(g, s)
         s.release()
     return d
@@ -1438,7 +1438,7 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
     d.state = s.encode()
     d._g = g
     d.status = _status(s)
-    d.reason = s.reason() or None
+    d.reason = s.reason() if s.t_reason.n else None    # no str made for no reason
     if r.n_effs:
         d.set_effs(r.effs, r.n_effs)
         d._job = s.o_job
