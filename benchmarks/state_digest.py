@@ -24,7 +24,7 @@ from conftest import load_reference, reference_recipes_dir
 from recipes import V110, generated, linear
 
 from sfc_fast import compile_recipe
-from sfc_fast import events as ev_   # ev_.Completed(...): the event classes
+from sfc_fast import events as ev_  # ev_.Completed(...): the event classes
 from sfc_fast.evolve import evolve
 
 
