@@ -12,10 +12,17 @@ refuses a newer major version and any byte sequence that does not decode exactly
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_SIZE
+from cpython.object cimport PyObject
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 
 cimport cython
+
+cdef extern from "Python.h":
+    # Cython's declaration takes an object for the items; NULL (delete) is what we need
+    int _list_set_slice "PyList_SetSlice" (object lst, Py_ssize_t lo, Py_ssize_t hi,
+                                           PyObject* items) except -1
 
 from sfc_fast.recipe cimport Graph, Q_D, Q_L, Q_P0, I_PUSH
 
@@ -413,8 +420,8 @@ cdef class State:
         self.src = None
         self.o_job = self.o_scope = self.o_reason = self.o_order = None
         self._params_obj = None
-        if len(self.keep):
-            del self.keep[:]
+        if PyList_GET_SIZE(self.keep):
+            _list_set_slice(self.keep, 0, PyList_GET_SIZE(self.keep), NULL)   # no slice object
         if self.buf_cap > 65536:
             # a rare huge document does not keep its buffer for the graph's lifetime
             PyMem_Free(self.buf)
