@@ -248,7 +248,8 @@ cdef extern from "Python.h":
     char* PyOS_double_to_string(double val, char format_code, int precision, int flags,
                                 int* ptype) except NULL
     int Py_DTSF_ADD_DOT_0
-    object PyUnicode_FromKindAndData(int kind, const void* buf, Py_ssize_t size)
+    str PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    void* PyUnicode_DATA(object o)
     long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
 
 cdef struct _Item:
@@ -408,7 +409,11 @@ cdef object _flat_canonical(dict d):
             return None
     buf[at] = b'}'
     at += 1
-    return PyUnicode_FromKindAndData(1, buf, at)
+    # all of it is ASCII (keys and text checked above, numbers and escapes are):
+    # a new ASCII str filled in place, without a scan for its widest character
+    out = PyUnicode_New(at, 127)
+    memcpy(PyUnicode_DATA(out), buf, at)
+    return out
 
 
 cdef inline bint _key_less(const char* a, Py_ssize_t na, const char* b, Py_ssize_t nb) noexcept:

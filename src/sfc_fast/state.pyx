@@ -20,6 +20,9 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 cimport cython
 
 cdef extern from "Python.h":
+    bint PyUnicode_IS_COMPACT_ASCII(object o)
+    void* PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
     # Cython's declaration takes an object for the items; NULL (delete) is what we need
     int _list_set_slice "PyList_SetSlice" (object lst, Py_ssize_t lo, Py_ssize_t hi,
                                            PyObject* items) except -1
@@ -183,6 +186,10 @@ cdef int txt_set(Txt* t, object owner) except -1:
     """Point ``t`` at the UTF-8 of ``owner`` (str or bytes); the caller keeps it alive."""
     cdef Py_ssize_t n
     if isinstance(owner, str):
+        if PyUnicode_IS_COMPACT_ASCII(owner):
+            t.p = <const char*>PyUnicode_DATA(owner)     # the characters are the UTF-8
+            t.n = PyUnicode_GET_LENGTH(owner)
+            return 0
         t.p = PyUnicode_AsUTF8AndSize(owner, &n)
         t.n = n
     else:
