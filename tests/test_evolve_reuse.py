@@ -50,6 +50,28 @@ def test_decision_views_are_built_once():
     assert absorbed.work == [] and absorbed.commands == [] and absorbed.job == ()
 
 
+def test_decision_and_command_fields_are_read_only():
+    """The object fields are member descriptors (fast loads); they stay read-only and
+    read what the call decided, on a fresh and on a reused Decision."""
+    g = compile_recipe(linear(2), V110)
+    for _ in range(3):      # the freelists hand back used objects: same answers
+        d = evolve(g, None, Start("J", "s1"), NOW)
+        c = d.commands[0]
+        assert (d.applied, d.status, d.reason, d.waits_added, d.waits_removed) == (
+            True, "running", None, (), ())
+        assert type(d.state) is bytes and c.command_id == "J:a0#1"
+        for obj, name in [(d, "state"), (d, "status"), (d, "reason"), (d, "waits_added"),
+                          (d, "waits_removed"), (d, "applied"), (c, "command_id")]:
+            try:
+                setattr(obj, name, "x")
+            except AttributeError:
+                pass
+            else:
+                raise AssertionError(f"{type(obj).__name__}.{name} can be set")
+    ended = evolve(g, d.state, Failed("J:a0#1", "jammed"), NOW)
+    assert ended.status == "aborted" and "jammed" in ended.reason
+
+
 def test_texts_that_are_not_ascii_go_through():
     """Job, scope and action names are any Unicode text; ids are built from them."""
     recipe = {"Steps": [{"Name": "Stufe", "Initial": True}, {"Name": "Zwei"}],
