@@ -11,9 +11,8 @@ from libc.string cimport memcmp, memcpy
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.list cimport PyList_GET_ITEM, PyList_New, PyList_SET_ITEM
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
-from cpython.object cimport PyTypeObject
 from cpython.unicode cimport PyUnicode_AsUTF8, PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 
 cimport cython
@@ -249,7 +248,7 @@ cdef class Decision:
 
     cdef int set_effs(self, Eff* effs, Py_ssize_t n) except -1:
         # more than fit inline live in a bytes object, so that no __dealloc__ is needed
-        # (Cython's wraps every dealloc in an exception save and restore)
+        # (Cython wraps every __dealloc__ in an exception save and restore)
         if n <= 2:
             self._effs = self._inl
         else:
