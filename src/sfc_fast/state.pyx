@@ -182,6 +182,7 @@ cdef bint ascii_only(const char* p, Py_ssize_t n) noexcept:
         i += 1
     return (acc & <uint64_t>0x8080808080808080) == 0
 
+
 cdef int txt_set(Txt* t, object owner) except -1:
     """Point ``t`` at the UTF-8 of ``owner`` (str or bytes); the caller keeps it alive."""
     cdef Py_ssize_t n
@@ -220,7 +221,6 @@ cdef Py_ssize_t _count_armed(const ActSt* acts, Py_ssize_t n) noexcept:
         if acts[i].phase != PH_IDLE:
             k += 1
     return k
-
 
 
 cdef ActSt _IDLE
@@ -318,14 +318,14 @@ cdef class State:
         cdef char* q
         cdef char* count_at
         # worst case: 10 bytes a varint; an armed action's record is at most 112 bytes
-        # and its result text
+        # and its result text (armed ones only: a big recipe's buffer stays small)
         cdef Py_ssize_t need = (16 + 40 + 50 + self.t_job.n + self.t_scope.n + self.t_reason.n
                                 + self.t_order.n + self.t_params.n + 30 + 10 * self.n_active
-                                + 20 * g.n_steps + 20 * g.n_branches + 10
-                                + 112 * g.n_actions)
+                                + 20 * g.n_steps + 20 * g.n_branches + 10)
         for a in range(g.n_actions):
-            if self.acts[a].res_len > 0:
-                need += self.acts[a].res_len
+            s = &self.acts[a]
+            if s.phase != PH_IDLE:
+                need += 112 + (s.res_len if s.res_len > 0 else 0)
         if need > self.buf_cap:
             q = <char*>PyMem_Realloc(self.buf, need)
             if q == NULL:
