@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import pickle
 
+import pytest
 from recipes import V110, linear, push
 
 from sfc_fast import compile_recipe
@@ -70,6 +71,46 @@ def test_decision_and_command_fields_are_read_only():
                 raise AssertionError(f"{type(obj).__name__}.{name} can be set")
     ended = evolve(g, d.state, Failed("J:a0#1", "jammed"), NOW)
     assert ended.status == "aborted" and "jammed" in ended.reason
+
+
+@pytest.mark.parametrize("n", [4, 10])   # 10: more than a call notes one by one
+def test_results_read_by_one_call_are_not_seen_by_the_next(n: int):
+    """A call keeps the results it parses in slots reused by later calls; they are
+    cleared when it ends, also when it read more of them than it counts one by one."""
+    recipe = {
+        "Steps": [{"Name": "S0", "Initial": True}, {"Name": "ALL_ONE"}, {"Name": "OTHER"}],
+        "Transitions": [
+            {"Source": "S0", "Target": "ALL_ONE", "Priority": 1,
+             # not the last action's result: the call that reads these got that one
+             # fresh, the others it reads from the state
+             "Condition": " and ".join(f"a{i}.v == 1" for i in range(n - 1))},
+            {"Source": "S0", "Target": "OTHER", "Priority": 2, "Condition": "always"}],
+        "Actions": [push(f"a{i}", "S0") for i in range(n)]
+        + [push("x", "ALL_ONE"), push("y", "OTHER")]}
+    g = compile_recipe(recipe, V110)
+
+    def start(job: str) -> tuple[bytes, list[str]]:
+        d = evolve(g, None, Start(job, "s"), NOW)
+        return d.state, [c.command_id for c in d.commands]
+
+    def complete(state: bytes, cids: list[str], v: int) -> bytes:
+        for cid in cids:
+            state = evolve(g, state, Completed(cid, {"v": v}), NOW).state
+        return state
+
+    def step(state: bytes) -> str:
+        return state_to_json(g, state)["active_steps"][0]
+
+    for _ in range(3):
+        # B answers all but one; then all of A's answers, whose last call reads every
+        # result (v == 1); then B's last answer, whose call reads B's own (v == 2)
+        b, b_ids = start("B")
+        b = complete(b, b_ids[:-1], 2)
+        a, a_ids = start("A")
+        a = complete(a, a_ids, 1)
+        b = complete(b, b_ids[-1:], 2)
+        assert step(a) == "ALL_ONE"
+        assert step(b) == "OTHER"
 
 
 def test_texts_that_are_not_ascii_go_through():

@@ -390,6 +390,14 @@ cdef inline object _lookup(object value, tuple segs):
     return value
 
 
+cdef enum:
+    FILLED_MAX = 8
+
+cdef struct Filled:
+    int32_t a[FILLED_MAX]        # result slots filled in this call
+    int n
+
+
 @cython.final    # direct calls, not through the vtable: gcc can inline the small ones
 cdef class _Ctx(CondContext):
     """Resolves condition references against a job's state."""
@@ -398,7 +406,7 @@ cdef class _Ctx(CondContext):
     cdef list refs
     cdef int32_t src_step         # source step for bare names; -1 none
     cdef list results             # the _Run's: action -> parsed result, or _UNSET
-    cdef bint results_set         # a slot was filled (the _Run clears them at park)
+    cdef Filled filled            # slots it filled (the _Run clears them at park)
     cdef list bare_order          # action indices of the source step, newest first
 
     cdef object result(self, int a):
@@ -412,7 +420,7 @@ cdef class _Ctx(CondContext):
             except ValueError:
                 v = None
             self.results[a] = v
-            self.results_set = True
+            _note_filled(&self.filled, a)
         return v
 
     cdef object load(self, int32_t ref):
@@ -462,16 +470,31 @@ cdef class _Ctx(CondContext):
 cdef object _UNSET = object()     # a result slot not filled in this call
 
 
-cdef void _unset_all(list slots) noexcept:
+cdef inline void _unset(list slots, Py_ssize_t i) noexcept:
+    cdef PyObject* v = PyList_GET_ITEM(slots, i)
+    if v != <PyObject*>_UNSET:
+        Py_INCREF(_UNSET)
+        PyList_SET_ITEM(slots, i, _UNSET)
+        Py_DECREF(<object>v)
+
+
+cdef inline void _note_filled(Filled* f, int a) noexcept:
+    if f.n < FILLED_MAX:
+        f.a[f.n] = a
+    f.n += 1                     # past FILLED_MAX: clear them all
+
+
+cdef void _clear_filled(list slots, Filled* f) noexcept:
+    """Put _UNSET back in the slots ``f`` names (all of them if it lost count); a call
+    fills one or two, so a big recipe's list is not walked on every call."""
     cdef Py_ssize_t i
-    cdef PyObject* v
-    cdef PyObject* unset = <PyObject*>_UNSET
-    for i in range(len(slots)):
-        v = PyList_GET_ITEM(slots, i)
-        if v != unset:
-            Py_INCREF(_UNSET)
-            PyList_SET_ITEM(slots, i, _UNSET)
-            Py_DECREF(<object>v)
+    if f.n > FILLED_MAX:
+        for i in range(len(slots)):
+            _unset(slots, i)
+    else:
+        for i in range(f.n):
+            _unset(slots, f.a[i])
+    f.n = 0
 
 
 cdef str _canonical(dict fields):
@@ -522,7 +545,7 @@ cdef class _Run:
     cdef _Ctx spare_ctx           # kept from an earlier call, reused by make_ctx
     cdef list results             # action -> result object this call (no re-parse), or
                                   # _UNSET; kept across calls, at least n_actions long
-    cdef bint results_set
+    cdef Filled filled
 
     def __dealloc__(self):
         if self.effs != NULL and self.effs != self.inl:
@@ -572,8 +595,8 @@ cdef class _Run:
         global _spare_run
         cdef _Ctx ctx = self.ctx
         if ctx is not None:
-            self.results_set |= ctx.results_set
-            ctx.results_set = False
+            if ctx.filled.n:
+                _clear_filled(self.results, &ctx.filled)
             ctx.g = None
             ctx.s = None
             ctx.refs = None
@@ -584,9 +607,8 @@ cdef class _Run:
         self.g = None
         self.s = None
         self.was_open = None
-        if self.results_set:
-            _unset_all(self.results)
-            self.results_set = False
+        if self.filled.n:
+            _clear_filled(self.results, &self.filled)
         self.n_effs = 0
         _spare_run = self
 
@@ -619,7 +641,7 @@ cdef class _Run:
     cdef int keep_result(self, int a, dict result) except -1:
         self.s.set_result(a, _canonical(result))
         self.result_slots()[a] = result
-        self.results_set = True
+        _note_filled(&self.filled, a)
         return 0
 
     cdef list result_slots(self):
