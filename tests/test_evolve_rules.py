@@ -673,6 +673,28 @@ def test_state_document_is_compact():
     assert len(j.state) <= 512, len(j.state)
 
 
+def test_long_lists_of_the_state_document_round_trip():
+    """Counts of 128 and more (entered steps, armed actions) take more than one byte
+    in front of their list; such a document reads back to the same state."""
+    n = 200
+    recipe = {"Steps": [{"Name": f"S{i}", "Initial": i == 0} for i in range(n)],
+              "Transitions": [{"Source": f"S{i}", "Target": f"S{i + 1}",
+                               "Condition": "always"} for i in range(n - 1)],
+              "Actions": [push(f"a{i}", f"S{i}") for i in range(n)]
+              + [push(f"s{i}", "S0", qualifier="S") for i in range(140)]}
+    g = compile_recipe(recipe, V110)
+    d = evolve(g, None, Start("J", "s"), 1_000)
+    for i in range(150):
+        cid = next(c.command_id for c in d.commands if c.action == f"a{i}")
+        d = evolve(g, d.state, Completed(cid, {"i": i}), 1_000 + i)
+    view = state_to_json(g, d.state)
+    assert len(view["step_rounds"]) == 151                # S0 .. S150 entered
+    assert len(view["actions"]) == 291                    # 140 stored + a0 .. a150
+    shifted = evolve(g, d.state, Shift(5), 2_000)        # decode, change, encode again
+    assert shifted.applied
+    assert state_to_json(g, shifted.state)["step_rounds"] == view["step_rounds"]
+
+
 def test_newer_major_and_garbage_are_refused_clearly():
     """A newer major version is refused with a clear error; garbage never crashes."""
     j = Job(linear(1), V100)

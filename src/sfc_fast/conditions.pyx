@@ -103,10 +103,7 @@ cdef struct Tok:
     Py_ssize_t pos
     Py_ssize_t end
 
-cdef extern from "Python.h":
-    int PyUnicode_KIND(object o)
-    void* PyUnicode_DATA(object o)
-    Py_UCS4 PyUnicode_READ(int kind, void* data, Py_ssize_t index) nogil
+from sfc_fast._text cimport PyUnicode_DATA, PyUnicode_KIND, PyUnicode_READ
 
 
 cdef inline bint _ident_start(Py_UCS4 c) noexcept:

@@ -13,17 +13,14 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.list cimport PyList_GET_ITEM, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
-from cpython.unicode cimport PyUnicode_AsUTF8, PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from cpython.unicode cimport PyUnicode_AsUTF8, PyUnicode_DecodeUTF8
 
 cimport cython
 
 
-cdef extern from "Python.h":
-    str PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
-    void* PyUnicode_DATA(object o)
-    bint PyUnicode_IS_COMPACT_ASCII(object o)
-    bint PyUnicode_IS_ASCII(object o)
-    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+from sfc_fast._text cimport (
+    PyUnicode_DATA, PyUnicode_IS_ASCII, PyUnicode_New, ascii_only, utf8_view,
+)
 
 from sfc_fast.recipe cimport (
     Graph, _flat_canonical, _put_int, Q_N, Q_P, Q_P1, Q_P0, Q_S, Q_R, Q_L, Q_D, I_PUSH, I_PULL,
@@ -33,7 +30,7 @@ from sfc_fast.conditions cimport (
     CondContext, truthy, REF_RESULT, REF_ROUND, REF_OUTCOME, REF_JOB, REF_BARE,
 )
 from sfc_fast.state cimport (
-    State, ActSt, NO_TIME, ascii_only, decode_state, new_state,
+    State, ActSt, NO_TIME, decode_state, new_state,
     ST_RUNNING, ST_COMPLETED, ST_ABORTED, ST_STOPPED, JF_HELD, JF_ENDING,
     PH_IDLE, PH_DELAYED, PH_OPEN, PH_DONE, PH_WAIT_EXIT,
     OC_NONE, OC_COMPLETED, OC_FAILED, OC_TIMEOUT, OC_CANCELLED, OC_LIMITED,
@@ -219,7 +216,7 @@ cdef Command _command(Graph g, Eff* e, str job, str scope, bytes src, Texts* at)
     cdef const char* jp
     cdef bint job_ascii
     if job is not None:
-        jp = PyUnicode_AsUTF8AndSize(job, &lj)
+        jp = utf8_view(job, &lj)
         job_ascii = PyUnicode_IS_ASCII(job)
     else:
         # a job text left in the state bytes is ASCII: decode_state makes a str of the rest
@@ -981,15 +978,10 @@ cdef class _Run:
         cdef const char* p
         cdef int64_t v = 0, mul = 1
         cdef uint8_t c
-        if PyUnicode_IS_COMPACT_ASCII(cid):
-            # the usual case: the characters are the UTF-8, no lookup of a cached copy
-            p = <const char*>PyUnicode_DATA(cid)
-            ln = PyUnicode_GET_LENGTH(cid)
-        else:
-            try:
-                p = PyUnicode_AsUTF8AndSize(cid, &ln)
-            except UnicodeEncodeError:
-                return -1       # a lone surrogate: no id this core made
+        try:
+            p = utf8_view(cid, &ln)
+        except UnicodeEncodeError:
+            return -1       # a lone surrogate: no id this core made
         if ln <= lj + 3 or p[lj] != b':' or memcmp(p, self.s.t_job.p, lj) != 0:
             return -1
         end = ln

@@ -241,15 +241,14 @@ cdef extern from *:
     """
     dict sfc_dict_presized(Py_ssize_t n)
 
+from sfc_fast._text cimport PyUnicode_DATA, PyUnicode_IS_ASCII, PyUnicode_New
+
 cdef extern from "Python.h":
-    bint PyUnicode_IS_ASCII(object o)
     PyObject* PyDict_SetDefault(object d, object key, object default)
     Py_ssize_t PyDict_GET_SIZE(object d)
     char* PyOS_double_to_string(double val, char format_code, int precision, int flags,
                                 int* ptype) except NULL
     int Py_DTSF_ADD_DOT_0
-    str PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
-    void* PyUnicode_DATA(object o)
     long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
 
 cdef struct _Item:

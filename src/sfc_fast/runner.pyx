@@ -13,11 +13,7 @@ import time
 from libc.stdint cimport int64_t
 from cpython.unicode cimport PyUnicode_Substring
 
-cdef extern from "Python.h":
-    Py_ssize_t PyUnicode_GET_LENGTH(object o)
-    int PyUnicode_KIND(object o)
-    void* PyUnicode_DATA(object o)
-    Py_UCS4 PyUnicode_READ(int kind, void* data, Py_ssize_t i)
+from sfc_fast._text cimport PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND, PyUnicode_READ
 
 from sfc_fast.deadlines cimport DeadlineIndex
 from sfc_fast.evolve cimport Decision, evolve
@@ -27,7 +23,6 @@ from sfc_fast.events import (
 )
 from sfc_fast.recipe cimport Graph
 from sfc_fast.state import state_to_json
-
 
 
 def _wall_ms() -> int:
@@ -40,12 +35,8 @@ cpdef str job_of_command(str command_id):
     cdef Py_ssize_t h, c
     cdef int kind = PyUnicode_KIND(command_id)
     cdef void* data = PyUnicode_DATA(command_id)
-    # scanned in place (no slices, no method calls): the last '#', then the ':' before it
-    if n >= 5 and PyUnicode_READ(kind, data, n - 5) == u':' \
-            and PyUnicode_READ(kind, data, n - 4) == u'h' \
-            and PyUnicode_READ(kind, data, n - 3) == u'o' \
-            and PyUnicode_READ(kind, data, n - 2) == u'l' \
-            and PyUnicode_READ(kind, data, n - 1) == u'd':
+    # scanned in place (no slices): the last '#', then the ':' before it
+    if command_id.endswith(":hold"):
         n -= 5
     h = n - 1
     while h > 0 and PyUnicode_READ(kind, data, h) != u'#':

@@ -120,7 +120,6 @@ cdef class State:
     cdef void release(self) noexcept
 
 
-cdef bint ascii_only(const char* p, Py_ssize_t n) noexcept
 cdef int txt_set(Txt* t, object owner) except -1
 cdef str txt_str(Txt t)
 cdef State acquire_state(Graph g)

@@ -10,19 +10,18 @@ refuses a newer major version and any byte sequence that does not decode exactly
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_SIZE
 from cpython.object cimport PyObject
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 cimport cython
 
+from sfc_fast._text cimport ascii_only, utf8_view
+
 cdef extern from "Python.h":
-    bint PyUnicode_IS_COMPACT_ASCII(object o)
-    void* PyUnicode_DATA(object o)
-    Py_ssize_t PyUnicode_GET_LENGTH(object o)
     # Cython's declaration takes an object for the items; NULL (delete) is what we need
     int _list_set_slice "PyList_SetSlice" (object lst, Py_ssize_t lo, Py_ssize_t hi,
                                            PyObject* items) except -1
@@ -169,29 +168,11 @@ cdef object _check_utf8(Txt t):
 
 # ---------------------------------------------------------------- texts
 
-cdef bint ascii_only(const char* p, Py_ssize_t n) noexcept:
-    """No byte of ``p[:n]`` has its high bit set; eight bytes a step."""
-    cdef uint64_t acc = 0, w
-    cdef Py_ssize_t i = 0
-    while i + 8 <= n:
-        memcpy(&w, p + i, 8)
-        acc |= w
-        i += 8
-    while i < n:
-        acc |= <uint8_t>p[i]
-        i += 1
-    return (acc & <uint64_t>0x8080808080808080) == 0
-
-
 cdef int txt_set(Txt* t, object owner) except -1:
     """Point ``t`` at the UTF-8 of ``owner`` (str or bytes); the caller keeps it alive."""
     cdef Py_ssize_t n
     if isinstance(owner, str):
-        if PyUnicode_IS_COMPACT_ASCII(owner):
-            t.p = <const char*>PyUnicode_DATA(owner)     # the characters are the UTF-8
-            t.n = PyUnicode_GET_LENGTH(owner)
-            return 0
-        t.p = PyUnicode_AsUTF8AndSize(owner, &n)
+        t.p = utf8_view(<str>owner, &n)
         t.n = n
     else:
         t.p = PyBytes_AS_STRING(owner)
@@ -207,20 +188,19 @@ cdef str txt_str(Txt t):
 
 # ---------------------------------------------------------------- the state
 
-cdef Py_ssize_t _count_rounds(const int32_t* rounds, Py_ssize_t n) noexcept:
-    cdef Py_ssize_t i, k = 0
-    for i in range(n):
-        if rounds[i]:
-            k += 1
-    return k
-
-
-cdef Py_ssize_t _count_armed(const ActSt* acts, Py_ssize_t n) noexcept:
-    cdef Py_ssize_t i, k = 0
-    for i in range(n):
-        if acts[i].phase != PH_IDLE:
-            k += 1
-    return k
+cdef inline char* _close_list(char* count_at, char* end, Py_ssize_t n) noexcept:
+    """Write the count ``n`` of the list between ``count_at + 1`` and ``end`` into the
+    byte kept for it; a count of 128 or more needs more bytes, for which the list moves
+    right. Returns the list's new end."""
+    cdef char tmp[10]
+    cdef Py_ssize_t k
+    if n < 128:
+        count_at[0] = <char>n
+        return end
+    k = _w_u(tmp, <uint64_t>n) - tmp
+    memmove(count_at + k, count_at + 1, end - count_at - 1)
+    memcpy(count_at, tmp, k)
+    return end + k - 1
 
 
 cdef ActSt _IDLE
@@ -321,7 +301,7 @@ cdef class State:
         # and its result text (armed ones only: a big recipe's buffer stays small)
         cdef Py_ssize_t need = (16 + 40 + 50 + self.t_job.n + self.t_scope.n + self.t_reason.n
                                 + self.t_order.n + self.t_params.n + 30 + 10 * self.n_active
-                                + 20 * g.n_steps + 20 * g.n_branches + 10)
+                                + 20 * g.n_steps + 20 * g.n_branches + 30)
         for a in range(g.n_actions):
             s = &self.acts[a]
             if s.phase != PH_IDLE:
@@ -361,33 +341,28 @@ cdef class State:
         q = _w_u(q, <uint64_t>self.n_active)
         for i in range(self.n_active):
             q = _w_u(q, <uint64_t>self.active[i])
-        # Each sparse list is preceded by its count, known only after the list is
-        # written: when the count cannot reach 128 it is one byte, written in place
-        # afterwards; otherwise the list is counted first.
+        # Each sparse list is preceded by its count, known once the list is written:
+        # one byte is kept for it (_close_list makes room when it needs more).
         count_at = q
-        q = _w_u(q, <uint64_t>_count_rounds(self.step_round, g.n_steps)) \
-            if g.n_steps >= 128 else q + 1
+        q += 1
         n = 0
         for i in range(g.n_steps):
             if self.step_round[i]:
                 q = _w_u(q, <uint64_t>i)
                 q = _w_u(q, <uint64_t>self.step_round[i])
                 n += 1
-        if g.n_steps < 128:
-            count_at[0] = <char>n
+        q = _close_list(count_at, q, n)
+        count_at = q
+        q += 1
         n = 0
         for i in range(g.n_branches):
             if self.br_ended[i] >= 0:
+                q = _w_u(q, <uint64_t>i)
+                q = _w_u(q, <uint64_t>self.br_ended[i])
                 n += 1
-        q = _w_u(q, <uint64_t>n)
-        if n:
-            for i in range(g.n_branches):
-                if self.br_ended[i] >= 0:
-                    q = _w_u(q, <uint64_t>i)
-                    q = _w_u(q, <uint64_t>self.br_ended[i])
+        q = _close_list(count_at, q, n)
         count_at = q
-        q = _w_u(q, <uint64_t>_count_armed(self.acts, g.n_actions)) \
-            if g.n_actions >= 128 else q + 1
+        q += 1
         n = 0
         for a in range(g.n_actions):
             s = &self.acts[a]
@@ -415,8 +390,7 @@ cdef class State:
                 q = _w_u(q, <uint64_t>(s.res_len + 1))
                 memcpy(q, s.res, s.res_len)
                 q += s.res_len
-        if g.n_actions < 128:
-            count_at[0] = <char>n
+        q = _close_list(count_at, q, n)
         return PyBytes_FromStringAndSize(self.buf, q - self.buf)
 
     cdef void release(self) noexcept:
