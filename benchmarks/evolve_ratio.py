@@ -181,19 +181,9 @@ def loop_py_read(model, state: bytes, ev, now: int, n: int) -> None:
     assert cid
 
 
-def per_call(loop, args: tuple, calls: int, rounds: int) -> float:
-    """Median seconds per call of ``loop(*args, calls)`` over ``rounds`` rounds."""
-    return per_call_turns([(loop, args, calls)], rounds)[0]
-
-
-def per_call_turns(cases: list[tuple[Any, tuple, int]], rounds: int) -> list[float]:
-    """Median seconds per call of each ``(loop, args, calls)`` case over ``rounds`` rounds
-    (``loop(*args, calls)`` makes ``calls`` calls)."""
-    return [statistics.median(s) for s in per_call_samples(cases, rounds)]
-
-
 def per_call_samples(cases: list[tuple[Any, tuple, int]], rounds: int) -> list[list[float]]:
-    """Seconds per call of each case in each round.
+    """Seconds per call of each ``(loop, args, calls)`` case in each of ``rounds`` rounds
+    (``loop(*args, calls)`` makes ``calls`` calls).
 
     The cases take turns round by round, so that on a shared machine the core and the
     baseline see the same load (one after the other, a busy spell would land on one)."""

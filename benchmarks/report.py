@@ -32,6 +32,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,14 +81,16 @@ def part_ratios(quick: bool) -> dict[str, Any]:
     for label, result in (("one completion, id read", None),
                           ("one completion, result dict, id read", er.RESULT)):
         ev = Completed("job-0000001:a2#3", result)
-        tc, tp = er.per_call_turns(
+        sc, sp = er.per_call_samples(
             [(er.loop_core_read, (graph, c_state, ev, er.NOW), calls),
              (er.loop_py_read, (model, p_state, ev, er.NOW), max(calls // 10, 500))], rounds)
-        core.append({"workload": label, "core": 1 / tc, "py": 1 / tp})
+        core.append({"workload": label, "core": 1 / statistics.median(sc),
+                     "py": 1 / statistics.median(sp), "ratio": er.paired_ratio(sc, sp)})
     for label, result in (("whole runs, no result", None), ("whole runs, result dict", er.RESULT)):
         tc, (nc, _) = er.timed(er.run_core, graph, er.job_ids(jobs), result)
         tp, (np_, _) = er.timed(er.run_py, model, er.job_ids(max(jobs // 4, 250)), result)
-        core.append({"workload": label, "core": nc / tc, "py": np_ / tp})
+        core.append({"workload": label, "core": nc / tc, "py": np_ / tp,
+                     "ratio": (nc / tc) / (np_ / tp)})
     machines: list[dict[str, Any]] = []
     for name, make in mr.CONTENDERS:
         try:

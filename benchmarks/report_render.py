@@ -134,11 +134,12 @@ def ratios(d: Doc, R: dict[str, Any]) -> None:
       "The compiled core (`sfc_fast.evolve`) against `benchmarks/py_evolve.py`, the same "
       "rules in plain Python with a JSON state document (evolve_ratio.py's 6-step recipe; "
       "one completion = the same completion evolved over and over, the new command's id "
-      "read as every caller does, the two sides in turns; whole runs = start "
+      "read as every caller does, the two sides in turns and the ratio the median of "
+      "the rounds' own; whole runs = start "
       "and complete every job's six actions, driver loop included):", "")
     d.table(["workload", "compiled core", "plain Python", "ratio"],
             [[c["workload"], f"{n(c['core'])}/s", f"{n(c['py'])}/s",
-              f"{c['core'] / c['py']:.1f}×"] for c in r["core"]], "lrrr")
+              f"{c.get('ratio', c['core'] / c['py']):.1f}×"] for c in r["core"]], "lrrr")
     ms = [m for m in r["machines"] if m.get("rate")]
     ours = ms[0]["rate"] if ms else None
     d("The ISA-95 job order machine (machines_ratio.py: the 7-transition cycle Store … "
