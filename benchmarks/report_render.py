@@ -130,13 +130,15 @@ def ratios(d: Doc, R: dict[str, Any]) -> None:
     r = R.get("ratios")
     if not r:
         return
+    paired = all("ratio" in c for c in r["core"])    # results saved before had no ratio
     d("## 1. Against the baselines", "",
       "The compiled core (`sfc_fast.evolve`) against `benchmarks/py_evolve.py`, the same "
       "rules in plain Python with a JSON state document (evolve_ratio.py's 6-step recipe; "
       "one completion = the same completion evolved over and over, the new command's id "
-      "read as every caller does, the two sides in turns and the ratio the median of "
-      "the rounds' own; whole runs = start "
-      "and complete every job's six actions, driver loop included):", "")
+      "read as every caller does, the two sides in turns and the ratio "
+      + ("the median of the rounds' own" if paired else "that of the medians")
+      + "; whole runs = start and complete every job's six actions, driver loop "
+      "included):", "")
     d.table(["workload", "compiled core", "plain Python", "ratio"],
             [[c["workload"], f"{n(c['core'])}/s", f"{n(c['py'])}/s",
               f"{c.get('ratio', c['core'] / c['py']):.1f}×"] for c in r["core"]], "lrrr")
