@@ -88,6 +88,55 @@ def test_wrong_arguments_are_one_line_and_exit_2(capsys, argv: list[str]) -> Non
     assert "Traceback" not in out + err
 
 
+def test_check_reports_every_file_past_an_unreadable_one(capsys, tmp_path: Path) -> None:
+    files = [str(tmp_path / "missing.json"), str(REF / "axle_fit_qa.json"), str(tmp_path),
+             str(REF / "bad_two_initial.json"), str(REF / "tighten_rework.json")]
+    rc, out, err = run(capsys, "recipe", "check", *files)
+    assert rc == 2      # the worst: an unreadable file is a mistake, over a refused recipe
+    assert err.splitlines() == [f"sfc-host: error: cannot read {files[0]}: No such file or "
+                                "directory", f"sfc-host: error: {files[2]} is a folder, not a "
+                                "recipe file"]
+    assert [ln.split(": ")[0] for ln in out.splitlines() if ": SFC" not in ln] == [
+        files[1], files[3], files[4]]
+    assert f"{files[3]}: refused, 6 problems" in out and f"{files[4]}: ok, recipe" in out
+    rc, out, _ = run(capsys, "recipe", "check", *files[1:2], *files[3:])
+    assert rc == 1
+
+
+def test_check_json_is_one_document_with_the_unreadable_files(capsys, tmp_path: Path) -> None:
+    files = [str(tmp_path / "missing.json"), str(REF / "axle_fit_qa.json"), str(tmp_path)]
+    rc, out, err = run(capsys, "recipe", "check", "--json", *files)
+    assert rc == 2 and err == ""
+    doc = json.loads(out)
+    assert [d["file"] for d in doc] == files and [d["ok"] for d in doc] == [False, True, False]
+    assert doc[0]["error"].startswith("cannot read") and "folder" in doc[2]["error"]
+    assert "problems" not in doc[0] and doc[1]["steps"] == 6
+
+
+def test_check_with_an_unknown_dataschema_flag_is_a_mistake(capsys, tmp_path: Path) -> None:
+    f = tmp_path / "bare.json"
+    f.write_text(json.dumps(linear(3)))
+    rc, out, err = run(capsys, "recipe", "check", "--dataschema", "9.9.9", str(f))
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "--dataschema '9.9.9'" in err
+
+
+def test_version(capsys) -> None:
+    from sfc_host.versions import package_version
+
+    rc, out, _ = run(capsys, "--version")
+    assert rc == 0 and out == f"sfc-host (sfc-fast) {package_version()}\n"
+    rc, out, _ = run(capsys, "version")
+    names = [ln.split()[0] for ln in out.splitlines()]
+    assert rc == 0 and names == ["sfc-fast", "python", "redis-py", "hiredis", "paho-mqtt",
+                                 "aiomqtt", "uvloop", "sfc_fast"]
+    assert "not installed" not in out
+    rc, out, _ = run(capsys, "version", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["sfc-fast"] == package_version()
+    # the core of this checkout is built: its modules are extensions, not Python files
+    assert doc["sfc_fast"]["compiled"] and doc["sfc_fast"]["extension"].startswith("cpython-")
+
+
 def test_check_of_a_folder_is_a_usage_error(capsys, tmp_path: Path) -> None:
     rc, _, err = run(capsys, "recipe", "check", str(tmp_path))
     assert rc == 2 and "folder" in err

@@ -46,38 +46,88 @@ def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _check_one(path: str, dataschema: str | None) -> tuple[int, dict[str, Any]]:
+    """One file's exit status and result: ``{file, ok, …summary}``, ``{file, ok: false,
+    problems}`` for a refused recipe or ``{file, ok: false, error}`` for a file that
+    cannot be read (a usage mistake)."""
+    try:
+        _loaded, graph = compile_file(path, dataschema)
+    except UsageError as e:
+        return EXIT_USAGE, {"file": path, "ok": False, "error": str(e)}
+    except OSError as e:   # stat works but reading does not (permissions, a device)
+        return EXIT_USAGE, {"file": path, "ok": False,
+                            "error": f"cannot read {path}: {e.strerror or e}"}
+    except RecipeError as e:
+        return EXIT_PROBLEMS, {"file": path, "ok": False,
+                               "problems": [p.to_dict() for p in e.problems]}
+    return EXIT_OK, {"file": path, "ok": True, **graph.summary()}
+
+
+def _check_text(r: dict[str, Any]) -> None:
+    path = r["file"]
+    if "error" in r:
+        print(f"sfc-host: error: {r['error']}", file=sys.stderr)
+    elif not r["ok"]:
+        n = len(r["problems"])
+        print(f"{path}: refused, {n} problem{'s' if n != 1 else ''}")
+        for p in r["problems"]:
+            print(f"{path}: {p['code']} {p['path']}: {p['message']}")
+    else:
+        br = r["branches"]
+        print(f"{path}: ok, recipe v{r['version']}, {r['steps']} steps, "
+              f"{r['actions']} actions, {br} branch{'es' if br != 1 else ''}, "
+              f"{r['transitions']} transitions, initial {r['initial']}, "
+              f"fingerprint {r['fingerprint']}")
+
+
 def cmd_recipe_check(args: argparse.Namespace) -> int:
+    """Every file is checked and reported, whatever the ones before gave: the exit
+    status is the worst (2 a file that cannot be read, 1 a refused recipe)."""
+    from sfc_fast.recipe import SCHEMAS
+    from sfc_host.workmaster import resolve_schema
+
+    schema = None if args.dataschema is None else resolve_schema(args.dataschema)
+    if schema is not None and schema not in SCHEMAS:
+        # the flag is the user's mistake; a Work Master's own unknown one is a problem
+        print(f"sfc-host: error: --dataschema {args.dataschema!r}: one of 1.0.0, 1.1.0 "
+              "or the full URI", file=sys.stderr)
+        return EXIT_USAGE
     worst = EXIT_OK
     results = []
     for path in args.files:
-        try:
-            _loaded, graph = compile_file(path, args.dataschema)
-        except UsageError as e:
-            print(f"sfc-host: error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        except RecipeError as e:
-            worst = EXIT_PROBLEMS
-            if args.json:
-                results.append({"file": path, "ok": False,
-                                "problems": [p.to_dict() for p in e.problems]})
-            else:
-                n = len(e.problems)
-                print(f"{path}: refused, {n} problem{'s' if n != 1 else ''}")
-                for p in e.problems:
-                    print(f"{path}: {p.code} {p.path}: {p.message}")
-            continue
-        s = graph.summary()
+        code, result = _check_one(path, schema)
+        worst = max(worst, code)
         if args.json:
-            results.append({"file": path, "ok": True, **s})
+            results.append(result)
         else:
-            br = s["branches"]
-            print(f"{path}: ok, recipe v{s['version']}, {s['steps']} steps, "
-                  f"{s['actions']} actions, {br} branch{'es' if br != 1 else ''}, "
-                  f"{s['transitions']} transitions, initial {s['initial']}, "
-                  f"fingerprint {s['fingerprint']}")
+            _check_text(result)
+            sys.stdout.flush()   # in file order, also when stderr lines come between
     if args.json:
         print(json.dumps(results, indent=2))
     return worst
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    from sfc_host.versions import versions, versions_text
+
+    doc = versions()
+    print(json.dumps(doc, indent=2) if args.json else versions_text(doc))
+    return EXIT_OK
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the package version, read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kw: Any) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        from sfc_host.versions import package_version
+
+        print(f"sfc-host (sfc-fast) {package_version()}")
+        parser.exit(EXIT_OK)
 
 
 def _diagram_usage(message: str) -> int:
@@ -146,6 +196,8 @@ def cmd_recipe_diagram(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sfc-host", description="sfc-fast recipe-execution host")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the package version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -172,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     diagram.add_argument("--config", metavar="FILE", help="host settings (TOML) for Redis")
     diagram.add_argument("--redis", metavar="URL", help="Redis URL (over the config's)")
     diagram.set_defaults(func=cmd_recipe_diagram)
+
+    version = sub.add_parser("version", help="the versions of the package, Python, the "
+                             "client libraries and the compiled core")
+    version.add_argument("--json", action="store_true", help="print them as JSON")
+    version.set_defaults(func=cmd_version)
 
     for name in _PLUGGED:
         try:
