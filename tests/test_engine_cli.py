@@ -85,18 +85,36 @@ def test_build_errors_are_file_and_line(tmp_path: Path, capsys) -> None:
 
 
 def test_status_and_stop_without_an_engine(tmp_path: Path, capsys) -> None:
+    # naming a folder no engine has run on, or none at all, is the user's mistake
     d = scripts(tmp_path)
-    rc, _, err = run(capsys, "engine", "status", "--scripts", str(d))
-    assert rc == 1 and "no engine has run on" in err
-    rc, _, err = run(capsys, "engine", "stop", "--scripts", str(d))
-    assert rc == 1 and "no engine has run on" in err
+    for cmd in ("status", "stop"):
+        rc, out, err = run(capsys, "engine", cmd, "--scripts", str(d))
+        assert rc == 2 and out == "" and err.count("\n") == 1 and "no engine has run on" in err
+        rc, out, err = run(capsys, "engine", cmd, "--scripts", str(tmp_path / "missing"))
+        assert rc == 2 and out == "" and err == (f"sfc-host: error: scripts folder "
+                                                 f"{tmp_path / 'missing'} does not exist\n")
+
+
+def test_start_checks_missions_before_it_starts(tmp_path: Path, capsys) -> None:
+    d = scripts(tmp_path)
+    for spec, words in [("nope", "--mission nope: no such mission in"),
+                        ('load={"zzz": 1}', "--mission load: mission load(parts): got an "
+                         "unexpected keyword argument 'zzz'"),
+                        ("load={bad", "--mission load={bad: arguments are not JSON"),
+                        ("load=[1]", "arguments must be a JSON object")]:
+        rc, out, err = run(capsys, "engine", "start", "--scripts", str(d), "--no-redis",
+                           "--mission", spec, "--for", "5")
+        assert rc == 2 and out == "" and err.count("\n") == 1 and words in err, (spec, err)
+        assert "Traceback" not in err
+    rc, _, err = run(capsys, "engine", "start", "--scripts", str(d), "--no-redis", "--for", "0")
+    assert rc == 2 and "must be positive" in err
 
 
 def test_start_refuses_an_unreachable_redis_in_one_line(tmp_path: Path, capsys) -> None:
     d = scripts(tmp_path)
     rc, _, err = run(capsys, "engine", "start", "--scripts", str(d), "--redis",
                      "redis://127.0.0.1:1/0", "--for", "0.1")
-    assert rc == 2
+    assert rc == 1      # a server out of reach is a failure, not the user's mistake
     assert err.startswith("sfc-host: error: cannot reach Redis at redis://127.0.0.1:1/0")
     assert len(err.strip().splitlines()) == 1
 
@@ -111,8 +129,6 @@ def test_a_bad_redis_url_or_config_is_one_line(tmp_path: Path, capsys) -> None:
         (["engine", "start", "--scripts", str(d), "--redis", "http://u:secret@h/0",
           "--for", "0.1"], "Redis URL must specify"),
         (["missions", "list", "--redis", "nope"], "redis_url nope: Redis URL must specify"),
-        (["missions", "list", "--redis", "redis://u:secret@127.0.0.1:1/0"],
-         "cannot reach Redis at redis://u:***@127.0.0.1:1/0"),
         (["missions", "list", "--config", str(bad_toml)], "is not valid TOML"),
         (["missions", "list", "--config", str(tmp_path / "nope.toml")], "cannot read"),
         (["missions", "list", "--state", "Sleeping"], "invalid choice: 'Sleeping'"),
@@ -122,6 +138,9 @@ def test_a_bad_redis_url_or_config_is_one_line(tmp_path: Path, capsys) -> None:
         assert rc == 2 and out == "", (argv, err)
         assert len(err.strip().splitlines()) == 1 and words in err, (argv, err)
         assert "Traceback" not in err and "secret" not in err
+    rc, out, err = run(capsys, "missions", "list", "--redis", "redis://u:secret@127.0.0.1:1/0")
+    assert rc == 1 and out == "" and err.count("\n") == 1 and "secret" not in err
+    assert "cannot reach Redis at redis://u:***@127.0.0.1:1/0" in err
 
 
 def test_start_status_stop_and_missions_list(tmp_path: Path, capsys, redis_url: str) -> None:
@@ -169,6 +188,8 @@ def test_start_status_stop_and_missions_list(tmp_path: Path, capsys, redis_url: 
     assert [x["msg"] for x in load["log"]] == ["part 0", "part 1", "part 2"]
     rc, out, _ = run(capsys, "missions", "list", "--redis", redis_url, "--state", "Canceled")
     assert rc == 0
+    assert out.splitlines()[0].split() == ["ID", "MISSION", "STATE", "SCORE", "STEPS",
+                                           "DURATION", "ENDED", "ERROR"]
     assert any(line.startswith("idle_loop-") and " Canceled " in line
                for line in out.splitlines())
     rc, out, _ = run(capsys, "missions", "list", "--redis", redis_url, "--name",
@@ -207,6 +228,7 @@ def test_missions_list_reads_a_cluster_hosts_records(tmp_path: Path, capsys,
     conf.write_text(f'[host]\nredis_url = "{redis_cluster.url}"\nredis_cluster = true\n')
     rc, out, err = run(capsys, "missions", "list", "--config", str(conf), "--name", name)
     assert rc == 0, err
-    assert out.splitlines()[0].startswith(rid) and out.strip().endswith("1 mission record")
+    assert out.splitlines()[0].startswith("ID  ")
+    assert out.splitlines()[1].startswith(rid) and out.strip().endswith("1 mission record")
     rc, _, err = run(capsys, "missions", "list", "--config", str(tmp_path / "nope.toml"))
     assert rc == 2 and "cannot read" in err and len(err.strip().splitlines()) == 1

@@ -4,6 +4,11 @@
 ``--for SECONDS``); while it runs it keeps ``DIR/.sfc-engine.json`` (its pid and
 status) up to date, which ``engine status`` reads and ``engine stop`` uses to send
 SIGTERM. Mission records go to Redis (``--redis``), where ``missions list`` reads them.
+
+Exit status as every ``sfc-host`` command: 0 done; 1 refused or failed (scripts that do
+not build, an engine already running, a fault, Redis out of reach, a stop that timed
+out); 2 a user mistake (a missing scripts folder, a folder no engine has run on, a bad
+flag, an unknown mission or wrong mission arguments), one line on stderr.
 """
 
 from __future__ import annotations
@@ -34,6 +39,23 @@ def _err(msg: str, code: int = EXIT_USAGE) -> int:
 def _scripts_dir(args: argparse.Namespace) -> Path | None:
     d = Path(args.scripts)
     return d if d.is_dir() else None
+
+
+def _no_folder(args: argparse.Namespace) -> int:
+    return _err(f"scripts folder {args.scripts} does not exist")
+
+
+def _last_status(args: argparse.Namespace) -> dict[str, Any] | int:
+    """The status file of ``--scripts``, or the exit status of the mistake: a folder
+    that is not there, or one no engine has run on (the wrong folder named)."""
+    scripts = _scripts_dir(args)
+    if scripts is None:
+        return _no_folder(args)
+    st = read_status(scripts)
+    if st is None:
+        return _err(f"no engine has run on {scripts} (no {STATUS_FILE}); start one with: "
+                    f"sfc-host engine start --scripts {args.scripts}")
+    return st
 
 
 # ---- status file ----------------------------------------------------------------------
@@ -75,7 +97,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     scripts = _scripts_dir(args)
     if scripts is None:
-        return _err(f"scripts folder {args.scripts} does not exist")
+        return _no_folder(args)
 
     async def run() -> tuple[Engine, list[Any]]:
         engine = Engine(scripts)
@@ -114,22 +136,37 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    from sfc_host.engine.missions import parse_mission_spec
+
     scripts = _scripts_dir(args)
     if scripts is None:
-        return _err(f"scripts folder {args.scripts} does not exist")
+        return _no_folder(args)
+    missions = []
+    for spec in args.mission or ():   # before anything starts: a typo costs no start-up
+        try:
+            missions.append(parse_mission_spec(spec))
+        except ValueError as e:
+            return _err(f"--mission {spec}: {e}")
     prev = read_status(scripts)
     if prev and prev.get("running") and pid_alive(int(prev.get("pid", 0))) \
             and prev.get("pid") != os.getpid():
         return _err(f"an engine already runs on {scripts} (pid {prev['pid']}); "
-                    "stop it with: sfc-host engine stop --scripts " + str(args.scripts))
+                    "stop it with: sfc-host engine stop --scripts " + str(args.scripts),
+                    EXIT_PROBLEMS)
     try:
-        return asyncio.run(_run_engine(scripts, args))
+        return asyncio.run(_run_engine(scripts, args, missions))
     except _Usage as e:
         return _err(str(e))
+    except _Unreachable as e:
+        return _err(str(e), EXIT_PROBLEMS)
 
 
 class _Usage(Exception):
-    pass
+    """A user mistake: one line, exit 2."""
+
+
+class _Unreachable(Exception):
+    """A server that cannot be reached: one line, exit 1."""
 
 
 async def _open_store(args: argparse.Namespace) -> Any:
@@ -147,14 +184,14 @@ async def _open_store(args: argparse.Namespace) -> Any:
         await store.client.ping()
     except Exception as e:
         await store.close()
-        raise _Usage(f"cannot reach Redis at {redact(args.redis)} ({type(e).__name__}); "
+        raise _Unreachable(f"cannot reach Redis at {redact(args.redis)} ({type(e).__name__}); "
                      "give --redis URL, or --no-redis to keep mission records in memory") from e
     return store
 
 
-async def _run_engine(scripts: Path, args: argparse.Namespace) -> int:
+async def _run_engine(scripts: Path, args: argparse.Namespace,
+                      missions: list[tuple[str, dict[str, Any]]]) -> int:
     from sfc_host.engine.manager import Engine, EngineFault
-    from sfc_host.engine.missions import parse_mission_spec
 
     store = await _open_store(args)
     engine = Engine(scripts, store=store, stop_timeout=args.stop_timeout)
@@ -180,15 +217,21 @@ async def _run_engine(scripts: Path, args: argparse.Namespace) -> int:
             for p in problems:
                 print(f"{scripts / p.file}:{p.line}: {p.message}", file=sys.stderr)
             return EXIT_PROBLEMS
+        for name, margs in missions:   # against the build: before the engine runs
+            defn = engine.missions.get(name)
+            if defn is None:
+                known = ", ".join(sorted(engine.missions)) or "none"
+                raise _Usage(f"--mission {name}: no such mission in {scripts} "
+                             f"(missions: {known})")
+            try:
+                defn.check_args(margs)
+            except ValueError as e:
+                raise _Usage(f"--mission {name}: {e}") from None
         await engine.start()
         save(True)
         print(f"engine {engine.state}: {len(engine.tasks)} tasks, {len(engine.missions)} "
               f"missions; stop with: sfc-host engine stop --scripts {scripts}", flush=True)
-        for spec in args.mission or ():
-            try:
-                name, margs = parse_mission_spec(spec)
-            except ValueError as e:
-                raise _Usage(f"--mission {spec}: {e}") from None
+        for name, margs in missions:
             inst = await engine.start_mission(name, **margs)
             print(f"mission {inst.id} started", flush=True)
         deadline = None if args.seconds is None else loop.time() + args.seconds
@@ -225,9 +268,9 @@ async def _run_engine(scripts: Path, args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     scripts = Path(args.scripts)
-    st = read_status(scripts)
-    if st is None:
-        return _err(f"no engine has run on {scripts} (no {STATUS_FILE})", EXIT_PROBLEMS)
+    st = _last_status(args)
+    if isinstance(st, int):
+        return st
     pid = int(st.get("pid", 0))
     if not st.get("running") or not pid_alive(pid):
         print(f"engine on {scripts} is not running (last state {st.get('state')})")
@@ -250,10 +293,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    scripts = Path(args.scripts)
-    st = read_status(scripts)
-    if st is None:
-        return _err(f"no engine has run on {scripts} (no {STATUS_FILE})", EXIT_PROBLEMS)
+    st = _last_status(args)
+    if isinstance(st, int):
+        return st
     alive = bool(st.get("running")) and pid_alive(int(st.get("pid", 0)))
     if args.json:
         print(json.dumps({**st, "running": alive}, indent=2))
@@ -310,15 +352,16 @@ def cmd_missions_list(args: argparse.Namespace) -> int:
     try:
         records = asyncio.run(run())
     except (OSError, ConnectionError, RedisConnectionError) as e:
-        return _err(f"cannot reach Redis at {where} ({redact(str(e))})")
+        return _err(f"cannot reach Redis at {where} ({redact(str(e))})", EXIT_PROBLEMS)
     except Exception as e:
         if type(e).__module__.startswith("redis"):
-            return _err(f"cannot read mission records from {where} ({redact(str(e))})")
+            return _err(f"cannot read mission records from {where} ({redact(str(e))})",
+                        EXIT_PROBLEMS)
         raise
     if args.json:
         print(json.dumps(records, indent=2))
     else:
-        for line in summarize(records):
+        for line in summarize(records):   # a header line first
             print(line)
         print(f"{len(records)} mission record{'s' if len(records) != 1 else ''}")
     return EXIT_OK
@@ -328,6 +371,8 @@ def cmd_missions_list(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from sfc_host.cli import positive
+
     engine = sub.add_parser("engine", help="build, start, stop and watch the script engine")
     parser_class = type(engine)
     esub = engine.add_subparsers(dest="engine_command", metavar="ACTION",
@@ -351,15 +396,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep mission records in memory only")
     s.add_argument("--mission", action="append", metavar="NAME[=JSON]",
                    help="start a mission instance once running (repeatable)")
-    s.add_argument("--for", dest="seconds", type=float, metavar="SECONDS",
+    s.add_argument("--for", dest="seconds", type=positive(float), metavar="SECONDS",
                    help="stop after this many seconds")
-    s.add_argument("--stop-timeout", type=float, default=10.0, metavar="SECONDS",
+    s.add_argument("--stop-timeout", type=positive(float), default=10.0, metavar="SECONDS",
                    help="how long Stopping may take before the engine faults")
     s.set_defaults(func=cmd_start)
 
     st = esub.add_parser("stop", help="stop the engine running on a scripts folder")
     scripts_arg(st)
-    st.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS")
+    st.add_argument("--timeout", type=positive(float), default=30.0, metavar="SECONDS")
     st.set_defaults(func=cmd_stop)
 
     ss = esub.add_parser("status", help="state of the engine, its Tasks and Missions")
@@ -381,6 +426,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ml.add_argument("--name", help="only this mission")
     ml.add_argument("--state", choices=("Completed", "Canceled", "Error"),
                     help="only this final state")
-    ml.add_argument("--limit", type=int, default=50)
+    ml.add_argument("--limit", type=positive(int), default=50,
+                    help="at most this many records (default 50)")
     ml.add_argument("--json", action="store_true")
     ml.set_defaults(func=cmd_missions_list)

@@ -429,14 +429,22 @@ def _s(v: bytes | str) -> str:
 
 
 def summarize(records: Iterable[dict[str, Any]]) -> list[str]:
-    """One line per record, for ``sfc-host missions list``."""
-    lines = []
+    """A header line and one line per record, for ``sfc-host missions list`` (none
+    without records)."""
+    rows = []
     for r in records:
         ended = r.get("ended_at")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ended / 1000)) if ended else "-"
         dur = r.get("duration_ms")
         dur_s = f"{dur / 1000:.3f}s" if isinstance(dur, int | float) else "-"
-        err = f"  {r['error']}" if r.get("error") else ""
-        lines.append(f"{r['id']:<36} {r['name']:<20} {r['state']:<10} score {r.get('score', 0):<8} "
-                     f"steps {r.get('steps', 0):<5} {dur_s:>10}  ended {when}{err}")
-    return lines
+        err = " ".join(str(r.get("error") or "").split())   # one line per record
+        rows.append([str(r["id"]), str(r["name"]), str(r["state"]), str(r.get("score", 0)),
+                     str(r.get("steps", 0)), dur_s, when, err])
+    if not rows:
+        return []
+    head = ["ID", "MISSION", "STATE", "SCORE", "STEPS", "DURATION", "ENDED", "ERROR"]
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    right = {3, 4, 5}   # numbers line up on the right
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in [head, *rows]]

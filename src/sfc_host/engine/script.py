@@ -80,6 +80,19 @@ class MissionDef:
             params = params[1:]
         return [p.name for p in params]
 
+    def check_args(self, args: dict[str, Any]) -> None:
+        """ValueError saying why ``fn(api, **args)`` would not take these arguments (an
+        instance started with them would only fail with a TypeError)."""
+        try:
+            sig = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return     # nothing to check against: the call will tell
+        try:
+            sig.bind(*((None,) if self.takes_api else ()), **args)
+        except TypeError as e:
+            raise ValueError(f"mission {self.name}({', '.join(self.parameters())}): "
+                             f"{e}") from None
+
 
 def _takes_positional(fn: Callable[..., Any]) -> bool:
     try:
