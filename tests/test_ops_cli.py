@@ -518,7 +518,9 @@ def test_inspect_user_mistakes(host: HostThread, conf: str, capsys) -> None:
     port = free_port()
     rc, _, err = sfc(capsys, "inspect", "J1", "--config", conf, "--redis",
                      f"redis://:hunter2@127.0.0.1:{port}/0")
-    one_line_error(rc, err, f"Redis at redis://127.0.0.1:{port}/0: ")
+    # a server out of reach is a failure (1), not the user's mistake; one line still
+    assert rc == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"sfc-host: error: cannot reach Redis at redis://127.0.0.1:{port}/0: ")
     assert "hunter2" not in err
     rc, _, err = sfc(capsys, "inspect", "--config", conf)
     one_line_error(rc, err, "the following arguments are required: JOB")
@@ -589,7 +591,8 @@ def test_top_live_on_a_terminal_until_ctrl_c(host: HostThread, conf: str) -> Non
     leader, follower = pty.openpty()
     p = subprocess.Popen([sys.executable, "-m", "sfc_host", "top", "--config", conf,
                           "--scope", host.scope, "--interval", "0.2"],
-                         stdout=follower, stderr=subprocess.PIPE, text=True)
+                         stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
+                         text=True)
     os.close(follower)
     seen = b""
     try:
@@ -619,7 +622,9 @@ def test_top_user_mistakes(host: HostThread, conf: str, capsys) -> None:
     one_line_error(rc, err, "must be positive")
     rc, _, err = sfc(capsys, "top", "--once", "--config", conf, "--redis",
                      f"redis://127.0.0.1:{free_port()}/0")
-    one_line_error(rc, err, "Redis at")
+    assert rc == 1 and err.count("\n") == 1 and "cannot reach Redis at" in err, err
+    rc, _, err = sfc(capsys, "top", "--once", "--config", conf, "--width", "0")
+    one_line_error(rc, err, "must be positive")
     # an unreachable metrics endpoint is shown, not fatal; reachable ones add up
     port = free_port()
     good = f"http://127.0.0.1:{host.metrics_port}/metrics"

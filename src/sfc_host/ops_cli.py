@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
+import os
+import shutil
 import sys
+import textwrap
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -117,6 +121,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics", action="append", metavar="URL",
                    help="a host's metrics endpoint, once per host: their counters add up "
                    "(default: the config's metrics_port)")
+    p.add_argument("--width", type=positive(int), metavar="COLUMNS",
+                   help="fit frames to this many columns (default: the terminal's width; "
+                   "no limit into a pipe)")
     _common(p, mqtt=False, redis=True, scope=False)
     p.set_defaults(func=cmd_top)
 
@@ -128,9 +135,24 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _error(msg: str) -> int:
+def _error(msg: str, code: int = EXIT_USAGE) -> int:
     print(f"sfc-host: error: {_one_line(msg)}", file=sys.stderr)
-    return EXIT_USAGE
+    return code
+
+
+def _unreachable(e: BaseException | None) -> bool:
+    """Whether a Redis client error means the server could not be reached (a refused or
+    timed-out connection; on a cluster, no start-up node answering) rather than a
+    wrong setting (a password, a server that is no cluster node)."""
+    from redis.exceptions import AuthenticationError, RedisClusterException
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    if isinstance(e, AuthenticationError):
+        return False
+    if isinstance(e, RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
+        return True
+    return isinstance(e, RedisClusterException) and _unreachable(e.__cause__)
 
 
 def _config(args: argparse.Namespace) -> HostConfig:
@@ -149,7 +171,7 @@ def _scope(args: argparse.Namespace, cfg: HostConfig) -> str:
 
 def _guarded(args: argparse.Namespace, body: Callable[[HostConfig], Awaitable[int]]) -> int:
     """Run ``body`` with the settings; every user mistake becomes one line and exit 2."""
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisClusterException, RedisError
 
     from sfc_host.mes_client import MesError
 
@@ -161,7 +183,10 @@ def _guarded(args: argparse.Namespace, body: Callable[[HostConfig], Awaitable[in
         return asyncio.run(body(cfg))
     except (UsageError, ConfigError, MesError, NotFound) as e:
         return _error(str(e))
-    except RedisError as e:
+    except (RedisError, RedisClusterException) as e:
+        if _unreachable(e):   # a server out of reach: failed, not the user's mistake
+            return _error(f"cannot reach Redis at {_where(cfg.redis_url)}: {e}",
+                          EXIT_REFUSED)
         return _error(f"Redis at {_where(cfg.redis_url)}: {e}")
     except OSError as e:
         return _error(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
@@ -496,6 +521,13 @@ COLUMNS = ("NotAllowedToStart", "AllowedToStart", "Running", "Interrupted", "End
 HEADERS = ["SCOPE", "STORED", "READY", "RUNNING", "HELD", "ENDED", "ABORTED", "ACTIVE", "DUE",
            "DUE NOW", "STREAM", "PENDING", "DEAD", "HB AGE", "DONE/S", "ORDER CHG/S",
            "ENTRIES/S"]
+# The columns a narrow terminal keeps, first to last (SCOPE always): what may need an
+# operator now (running, held, aborted, overdue, dead entries, a silent host), then the
+# throughput, then the rest. They show in HEADERS' order.
+KEEP_FIRST = ("RUNNING", "HELD", "ABORTED", "DUE NOW", "DEAD", "HB AGE", "DONE/S", "ENDED",
+              "PENDING", "READY", "STORED", "ACTIVE", "DUE", "STREAM", "ORDER CHG/S",
+              "ENTRIES/S")
+SCOPE_MIN = 10   # a narrow terminal cuts longer scope names to a quarter of it, not below
 RATE_COUNTERS = ("commands_sent", "answers_applied", "mes_requests", "entries", "dead_entries")
 
 
@@ -513,28 +545,82 @@ async def _top(args: argparse.Namespace, cfg: HostConfig) -> int:
     client = connect(cfg)
     prev: dict[str, Any] | None = None
     n = 0
+    quit_ = asyncio.Event()
     try:
-        while True:
-            names = wanted or await scopes(client)
-            sample = await scope_sample(client, names, cfg.group)
-            sample["metrics"] = await fetch_all_metrics(urls) if urls else None
-            sample["mono"] = time.monotonic()
-            if args.json:
-                print(json.dumps(_with_rates(sample, prev)), flush=True)
-            else:
-                text = render_frame(sample, prev, cfg.group)
-                # a terminal gets the frame in place; a pipe gets frames one after another
-                sys.stdout.write(("\x1b[H\x1b[2J" if live else "") + text + "\n")
-                if not live and frames != 1:
-                    sys.stdout.write("\n")
-                sys.stdout.flush()
-            n += 1
-            if frames and n >= frames:
-                return EXIT_OK
-            prev = sample
-            await asyncio.sleep(args.interval)
+        with quit_keys(quit_, frames != 1) as keys:
+            while True:
+                names = wanted or await scopes(client)
+                sample = await scope_sample(client, names, cfg.group)
+                sample["metrics"] = await fetch_all_metrics(urls) if urls else None
+                sample["mono"] = time.monotonic()
+                if args.json:
+                    print(json.dumps(_with_rates(sample, prev)), flush=True)
+                else:
+                    # the terminal's size each frame: a resized window gets fitted
+                    size = shutil.get_terminal_size() if live else None
+                    width = args.width or (size.columns if size else None)
+                    text = render_frame(sample, prev, cfg.group, width=width,
+                                        height=size.lines if size else None, keys=keys)
+                    # a terminal gets the frame in place; a pipe frames one after another
+                    sys.stdout.write(("\x1b[H\x1b[2J" if live else "") + text + "\n")
+                    if not live and frames != 1:
+                        sys.stdout.write("\n")
+                    sys.stdout.flush()
+                n += 1
+                if frames and n >= frames:
+                    return EXIT_OK
+                prev = sample
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(quit_.wait(), args.interval)
+                if quit_.is_set():
+                    return EXIT_OK
     finally:
         await client.aclose()
+
+
+@contextlib.contextmanager
+def quit_keys(quit_: asyncio.Event, wanted: bool = True) -> Iterator[bool]:
+    """While in the block, ``q`` typed on the terminal (and SIGTERM) sets ``quit_``:
+    stdin in cbreak mode (keys come one by one, unechoed; Ctrl-C still interrupts),
+    read by the running event loop when a key is there, so the frames never wait for
+    one. The terminal's settings come back on the way out, however it is left. Yields
+    whether keys are read: not when stdin is no terminal (a pipe, a service) or ``top``
+    runs in the background of a shell (changing the terminal would stop it)."""
+    try:
+        fd = sys.stdin.fileno()
+        usable = wanted and os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):   # no stdin, or one without a fd
+        usable = False
+    if not usable:
+        yield False
+        return
+    import signal
+    import termios
+    import tty
+
+    loop = asyncio.get_running_loop()
+    saved = termios.tcgetattr(fd)
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            data = b""
+        if not data:   # the terminal went away: stop watching it
+            loop.remove_reader(fd)
+        elif b"q" in data.lower():
+            quit_.set()
+
+    tty.setcbreak(fd, termios.TCSANOW)
+    try:
+        loop.add_reader(fd, readable)
+        # SIGTERM's default would leave the terminal in cbreak mode
+        loop.add_signal_handler(signal.SIGTERM, quit_.set)
+        yield True
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        loop.remove_reader(fd)
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 def _rate(now: int | None, before: int | None, secs: float) -> float | None:
@@ -565,31 +651,80 @@ def _f(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.1f}"
 
 
-def render_frame(sample: dict[str, Any], prev: dict[str, Any] | None, group: str) -> str:
+def fit_columns(rows: list[list[str]], width: int) -> tuple[list[str], list[list[str]],
+                                                          list[str]]:
+    """The headers and rows of the columns that fit ``width`` (in ``KEEP_FIRST``'s
+    order; a column that does not fit leaves room for a narrower one after it), scope
+    names cut with '…' to a quarter of the width; and the headers left out."""
+    widths = [max(len(x) for x in col) for col in zip(HEADERS, *rows, strict=True)]
+    scope_w = min(widths[0], max(SCOPE_MIN, width // 4))
+    keep, used = [0], scope_w
+    for name in KEEP_FIRST:
+        i = HEADERS.index(name)
+        if used + 2 + widths[i] <= width:
+            keep.append(i)
+            used += 2 + widths[i]
+    keep.sort()
+    cut = [[(r[0] if len(r[0]) <= scope_w else r[0][:scope_w - 1] + "…"),
+            *(r[i] for i in keep[1:])] for r in rows]
+    return ([HEADERS[i] for i in keep], cut,
+            [h for i, h in enumerate(HEADERS) if i not in keep])
+
+
+def _wrap(line: str, width: int | None) -> list[str]:
+    if width is None or len(line) <= width:
+        return [line]
+    return textwrap.wrap(line, width, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def render_frame(sample: dict[str, Any], prev: dict[str, Any] | None, group: str, *,
+                 width: int | None = None, height: int | None = None,
+                 keys: bool = False) -> str:
+    """One frame as text. With ``width`` no line is longer (columns that do not fit are
+    left out and named; long lines wrap), with ``height`` the frame has fewer lines
+    (the scopes that do not fit are counted)."""
     sample = _with_rates(sample, prev)
     rows = []
     for s in sample["scopes"]:
         hb = s["heartbeat_age_ms"]
         r = s["rates"]
-        rows.append([s["scope"], *(s["by_state"].get(c, 0) for c in COLUMNS), s["active"],
-                     s["due"], s["due_now"], s["stream"], s["pending"], s["dead"],
-                     "-" if hb is None else f"{hb / 1000:.1f}s", _f(r["completed"]),
-                     _f(r["order_changes"]), _f(r["entries"])])
+        rows.append([str(x) for x in (
+            s["scope"], *(s["by_state"].get(c, 0) for c in COLUMNS), s["active"], s["due"],
+            s["due_now"], s["stream"], s["pending"], s["dead"],
+            "-" if hb is None else f"{hb / 1000:.1f}s", _f(r["completed"]),
+            _f(r["order_changes"]), _f(r["entries"]))])
     head = (f"sfc-host top  {iso(sample['server_ms'])}  {len(rows)} scope"
-            f"{'' if len(rows) == 1 else 's'}  group {group}")
-    body = table(HEADERS, rows) if rows else "no scopes known"
-    lines = [head, "", body]
+            f"{'' if len(rows) == 1 else 's'}  group {group}" + ("  (q quits)" if keys else ""))
+    headers, hidden = HEADERS, []
+    if rows and width is not None:
+        headers, rows, hidden = fit_columns(rows, width)
+    note = _wrap(f"(not shown at {width} columns: {', '.join(hidden)})", width) if hidden else []
+    tail = []
     m = sample.get("metrics")
     if m is not None:
-        lines.append("")
+        tail.append("")
         if m["hosts"]:
             mr = m.get("rates", {})
             parts = [f"{k.replace('_', ' ')} {m['counters'].get(k, 0)} ({_f(mr.get(k))}/s)"
                      for k in RATE_COUNTERS]
             where = m["hosts"][0] if len(m["hosts"]) == 1 else f"{len(m['hosts'])} hosts"
-            lines.append(f"host metrics {where}: " + ", ".join(parts))
-        lines += [f"host metrics {url}: {why}" for url, why in m["errors"].items()]
-    return "\n".join(lines)
+            tail += _wrap(f"host metrics {where}: " + ", ".join(parts), width)
+        for url, why in m["errors"].items():
+            tail += _wrap(f"host metrics {url}: {why}", width)
+    more = []
+    if height is not None:
+        # the head, a blank line, the table's header, the tail; one line for the cursor
+        room = max(1, height - 4 - len(note) - len(tail))
+        if len(rows) > room and note:   # rows first: the note gives its lines to them
+            room, note = room + len(note), []
+        if len(rows) > room:
+            n = len(rows) - room + 1
+            more = [f"… {n} more scope{'s' if n != 1 else ''} (choose with --scope)"]
+            rows = rows[:room - 1]
+    body = table(headers, rows).splitlines() if rows or more else ["no scopes known"]
+    lines = [head, "", *body, *more, *note, *tail]
+    # the last guard: a width below a column's own keeps no line longer than it
+    return "\n".join(lines if width is None else [ln[:width] for ln in lines])
 
 
 async def fetch_all_metrics(urls: list[str]) -> dict[str, Any]:
