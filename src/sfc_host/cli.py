@@ -1,8 +1,8 @@
 """The ``sfc-host`` command line.
 
-User mistakes (a wrong argument, a missing file) are one line on stderr and exit 2;
-a recipe with problems is exit 1 with one line per problem; never a traceback for
-either.
+Every command exits 0 when done, 1 when refused or failed (a recipe with problems,
+with one line per problem; a server out of reach, one line) and 2 for a user mistake
+(a wrong argument, a missing file: one line on stderr); never with a traceback.
 """
 
 from __future__ import annotations
@@ -44,6 +44,21 @@ def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return v
     return parse
+
+
+def redis_unreachable(e: BaseException | None) -> bool:
+    """Whether a Redis client error means the server could not be reached (a refused or
+    timed-out connection; on a cluster, no start-up node answering) rather than a
+    wrong setting (a password, a server that is no cluster node)."""
+    from redis.exceptions import AuthenticationError, RedisClusterException
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    if isinstance(e, AuthenticationError):
+        return False
+    if isinstance(e, RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
+        return True
+    return isinstance(e, RedisClusterException) and redis_unreachable(e.__cause__)
 
 
 def _check_one(path: str, dataschema: str | None) -> tuple[int, dict[str, Any]]:
@@ -138,7 +153,8 @@ def _diagram_usage(message: str) -> int:
 def cmd_recipe_diagram(args: argparse.Namespace) -> int:
     """Mermaid (default) or, with ``--svg``, an SVG picture; with ``--job`` the picture
     of a running job's recipe, its active and finished steps coloured. Every mistake is
-    one line and exit 2 (a recipe with problems too: ``recipe check`` lists them)."""
+    one line and exit 2 (a recipe with problems too: ``recipe check`` lists them); a
+    Redis out of reach is one line and exit 1."""
     import asyncio
     from pathlib import Path
 
@@ -170,6 +186,9 @@ def cmd_recipe_diagram(args: argparse.Namespace) -> int:
             cfg = HostConfig.load(args.config, redis_url=args.redis)
             job_graph, view = asyncio.run(read_job(cfg, args.job, args.scope))
         except (ConfigError, JobNotReadable) as e:
+            if redis_unreachable(e.__cause__):   # failed, not the user's mistake
+                print(f"sfc-host: error: {e}", file=sys.stderr)
+                return EXIT_PROBLEMS
             return _diagram_usage(str(e))
         if graph is not None and graph.fingerprint != job_graph.fingerprint:
             return _diagram_usage(

@@ -126,7 +126,7 @@ async def read_job(config: HostConfig, job: str, scope: str | None = None,
                    timeout_s: float = 15.0) -> tuple[Graph, dict[str, Any]]:
     """The recipe a job runs (pinned by fingerprint) and its ``state_to_json`` view, read
     from Redis through the host's store. Nothing is written."""
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisClusterException, RedisError
 
     from sfc_fast import StateFormatError, state_to_json
     from sfc_host.host import connect
@@ -158,9 +158,10 @@ async def read_job(config: HostConfig, job: str, scope: str | None = None,
 
     try:
         return await asyncio.wait_for(read(), timeout_s)
-    except (RedisError, OSError, TimeoutError) as e:
+    except (RedisError, RedisClusterException, OSError, TimeoutError) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        # the cause tells the CLI a server out of reach (exit 1) from a mistake (2)
         raise JobNotReadable(f"cannot read from Redis at {_no_credentials(config.redis_url)} "
-                             f"({why})") from None
+                             f"({why})") from e
     finally:
         await client.aclose()

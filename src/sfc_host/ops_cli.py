@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from sfc_fast import JOB_ORDER
-from sfc_host.cli import positive
+from sfc_host.cli import positive, redis_unreachable
 from sfc_host.config import ConfigError, HostConfig
 from sfc_host.inspect import NotFound
 from sfc_host.keys import check_job, check_scope
@@ -140,21 +140,6 @@ def _error(msg: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
-def _unreachable(e: BaseException | None) -> bool:
-    """Whether a Redis client error means the server could not be reached (a refused or
-    timed-out connection; on a cluster, no start-up node answering) rather than a
-    wrong setting (a password, a server that is no cluster node)."""
-    from redis.exceptions import AuthenticationError, RedisClusterException
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    if isinstance(e, AuthenticationError):
-        return False
-    if isinstance(e, RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
-        return True
-    return isinstance(e, RedisClusterException) and _unreachable(e.__cause__)
-
-
 def _config(args: argparse.Namespace) -> HostConfig:
     return HostConfig.load(args.config, mqtt_url=getattr(args, "mqtt", None),
                            redis_url=getattr(args, "redis", None))
@@ -184,7 +169,7 @@ def _guarded(args: argparse.Namespace, body: Callable[[HostConfig], Awaitable[in
     except (UsageError, ConfigError, MesError, NotFound) as e:
         return _error(str(e))
     except (RedisError, RedisClusterException) as e:
-        if _unreachable(e):   # a server out of reach: failed, not the user's mistake
+        if redis_unreachable(e):   # a server out of reach: failed, not the user's mistake
             return _error(f"cannot reach Redis at {_where(cfg.redis_url)}: {e}",
                           EXIT_REFUSED)
         return _error(f"Redis at {_where(cfg.redis_url)}: {e}")
