@@ -34,7 +34,7 @@ def test_a_wrong_setting_is_one_line_and_exit_2(tmp_path: Path) -> None:
     bad.write_text("[host\nread_count = 1\n")
     r = _run(["run", "--config", str(bad)])
     assert r.returncode == 2 and "is not valid TOML" in r.stderr
-    for flag, url, words in (("--redis", "nope", "Redis URL must specify"),
+    for flag, url, words in (("--redis", "nope", "setting redis_url: 'nope': use redis:"),
                              ("--mqtt", "http://h:1", "use mqtt://host:port")):
         r = _run(["run", flag, url])
         assert r.returncode == 2 and words in r.stderr, r.stderr

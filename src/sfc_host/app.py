@@ -4,6 +4,11 @@ built-in Tasks run the host's loops; with ``scripts_dir`` it runs the scripts' T
 Missions too, on their own MQTT connection (``api.jobs`` is this host's job control).
 ``sfc-host run`` and the demo start one of these.
 
+``start`` goes in a safe order (DESIGN §5a): Redis and its scripts, the engine's build
+and the missions' arguments, the HTTP port, the MQTT connections (publishing only),
+recovery and the loops, and only then the MQTT subscriptions. Whatever fails, fails
+before the host took a message another host should have had.
+
     async with App(HostConfig.load("host.toml")) as app:
         await app.wait_closed()
 """
@@ -12,26 +17,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 import tempfile
 
-from sfc_host.config import ConfigError, HostConfig
+from sfc_host import __version__
+from sfc_host.config import HostConfig
 from sfc_host.engine.api import MqttLink as EngineMqtt
 from sfc_host.engine.manager import Engine
-from sfc_host.engine.missions import RedisMissionStore, mission_prefix, parse_mission_spec
+from sfc_host.engine.missions import RedisMissionStore, mission_prefix
 from sfc_host.equipment_mqtt import EquipmentIn, MqttSink
 from sfc_host.host import Host
-from sfc_host.mes import MesControl
-from sfc_host.metrics import Metrics, MetricsServer
+from sfc_host.http_endpoint import HttpEndpoint
+from sfc_host.mes.control import MesControl
+from sfc_host.metrics import COUNTERS, Metrics
 from sfc_host.mqtt import MqttLink
+from sfc_host.preflight import build_problems, check_missions, listen_error
 from sfc_host.script_host import ScriptJobs, ScriptLink
 
 log = logging.getLogger("sfc_host.app")
 
+READY_PING_S = 1.0       # /readyz: Redis must answer a PING within this
+
 
 class App:
     def __init__(self, config: HostConfig) -> None:
+        config.check_files()     # before the engine would create a missing scripts_dir
         self.config = config
         self.metrics = Metrics()
+        self.metrics.set_info("build_info", {"version": __version__,
+                                             "python": platform.python_version()},
+                              "The host's version; always 1.")
         self.link = MqttLink(config, self.metrics)
         self.sink = MqttSink(self.link)
         # The host's loops run as built-in Tasks of the script engine (DESIGN §4), so
@@ -39,8 +54,11 @@ class App:
         self.host = Host(config, self.sink, metrics=self.metrics, loops=False)
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
         self.mes = MesControl(self.host, self.link)
+        self.metrics.declare([*COUNTERS, *(f"loop_errors_{n}" for n, _ in self.host.passes())])
         self._closed = asyncio.Event()
-        self.metrics_server: MetricsServer | None = None
+        self._closing = False
+        self.recovered = False               # recovery ran (readiness)
+        self.http: HttpEndpoint | None = None
         self.script_link: MqttLink | None = None
         self._empty: tempfile.TemporaryDirectory[str] | None = None
         mqtt: EngineMqtt | None = None
@@ -59,43 +77,66 @@ class App:
                                      jobs=ScriptJobs(self.mes))
 
     async def start(self, connect_timeout_s: float = 10.0) -> App:
-        await self.link.start()
-        await self.link.wait_connected(connect_timeout_s)
-        await self.host.start()
-        if self.script_link is not None:
-            await self.script_link.start()
-            await self.script_link.wait_connected(connect_timeout_s)
+        cfg = self.config
+        await self.host.scripts.load()            # Redis reachable, its scripts loaded
         for name, one_pass in self.host.passes():
             self.engine.add_builtin_task(f"host.{name}", one_pass, interval=0,
                                          critical=False)
-        await self._start_engine(self.engine)
-        if self.config.metrics_port > 0:
-            self.metrics_server = MetricsServer(self.metrics, self.config.metrics_host,
-                                                self.config.metrics_port,
-                                                labels={"consumer": self.config.consumer_name})
-            await self.metrics_server.start()
+        problems = await self.engine.build()
+        if problems:
+            raise build_problems(problems)
+        missions = check_missions(self.engine.missions, cfg.missions)
+        if cfg.metrics_port > 0:
+            http = HttpEndpoint(self.metrics, cfg.metrics_host, cfg.metrics_port,
+                                labels={"consumer": cfg.consumer_name},
+                                readiness=self.not_ready)
+            try:
+                await http.start()
+            except OSError as e:
+                raise listen_error(cfg, e) from None
+            self.http = http
+        links = [self.link, *([self.script_link] if self.script_link is not None else [])]
+        for link in links:
+            await link.start(subscribe=False)    # commands may go out; nothing comes in
+        for link in links:
+            await link.wait_connected(connect_timeout_s)
+        await self.host.start()                  # discovery and recovery
+        self.recovered = True
+        await self.mes.start()
+        await self.engine.start()                # the host's loops and the scripts' Tasks
+        for name, args in missions:
+            inst = await self.engine.start_mission(name, **args)
+            log.info("mission %s (%s) started", inst.id, name)
+        for link in links:                       # ready: now messages may come
+            await link.open_subscriptions()
         return self
 
-    async def _start_engine(self, engine: Engine) -> None:
-        problems = await engine.build()
-        if problems:
-            raise ConfigError("scripts_dir: the scripts do not build: " + "; ".join(
-                f"{p.file}:{p.line}: {p.message}" for p in problems))
-        await engine.start()
-        for spec in self.config.missions:
-            try:
-                name, args = parse_mission_spec(spec)
-            except ValueError as e:
-                raise ConfigError(f"missions: {spec!r}: {e}") from None
-            try:
-                inst = await engine.start_mission(name, **args)
-            except KeyError as e:  # an unknown mission: the message names the known ones
-                raise ConfigError(f"missions: {spec!r}: {e.args[0]}") from None
-            log.info("mission %s (%s) started", inst.id, name)
+    async def not_ready(self) -> list[str]:
+        """What keeps the host from being ready (``/readyz``); empty when it is."""
+        if self._closing:
+            return ["stopping"]
+        missing = []
+        try:
+            await asyncio.wait_for(self.host.client.ping(), READY_PING_S)
+        except Exception as e:
+            missing.append(f"redis: {str(e)[:200] or f'no answer within {READY_PING_S:g} s'}")
+        for name, link in (("mqtt", self.link), ("mqtt (scripts)", self.script_link)):
+            if link is None:
+                continue
+            if not link.connected.is_set():
+                missing.append(f"{name}: not connected")
+            elif not link.subscribing:
+                missing.append(f"{name}: not subscribed yet")
+        if self.engine.state != "Running":
+            missing.append(f"engine: {self.engine.state}")
+        if not self.recovered:
+            missing.append("recovery: not done")
+        return missing
 
     async def aclose(self) -> None:
-        if self.metrics_server is not None:
-            await self.metrics_server.aclose()
+        self._closing = True
+        if self.http is not None:
+            await self.http.aclose()
         # The passes end at once; then the engine's Stop waits for them (and the
         # scripts). An engine that never started has nothing to stop.
         self.host.begin_close()

@@ -9,6 +9,8 @@ one clear line naming the setting.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
 import socket
 import tomllib
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from sfc_host.keys import check_scope  # scopes by the rule the keys use
 
 
 class ConfigError(ValueError):
@@ -131,6 +135,53 @@ class HostConfig:
         if self.outage_threshold_ms <= self.sweep_interval_ms:
             raise ConfigError("setting outage_threshold_ms: must be longer than "
                               "sweep_interval_ms")
+        self._validate_values()
+
+    def _validate_values(self) -> None:
+        """The values a type check lets through but the host cannot use: each refused
+        with the setting's name and value, before anything connects."""
+        if self.metrics_port and not 1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"setting metrics_port: {self.metrics_port} is not a port "
+                              "(1-65535, or 0 for no endpoint)")
+        _check_url("redis_url", self.redis_url, ("redis", "rediss", "unix"),
+                   "redis://host:port/db, rediss://… or unix://path")
+        _check_url("mqtt_url", self.mqtt_url, ("mqtt", "mqtts", "tcp", "ssl"),
+                   "mqtt://host:port or mqtts://host:port")
+        if self.mqtt_version not in (3, 5):
+            raise ConfigError(f"setting mqtt_version: expected 3 or 5, got {self.mqtt_version}")
+        if self.mqtt_qos not in (0, 1, 2):
+            raise ConfigError(f"setting mqtt_qos: expected 0, 1 or 2, got {self.mqtt_qos}")
+        for name in ("mes_prefix", "equipment_prefix", "mqtt_shared_group"):
+            v = getattr(self, name)
+            if any(c in v for c in "+#\0") or (name == "mqtt_shared_group" and "/" in v):
+                raise ConfigError(f"setting {name}: {v!r} cannot be used in an MQTT topic")
+        for scope in self.scopes:
+            try:
+                check_scope(scope)
+            except ValueError as e:
+                raise ConfigError(f"setting scopes: {e}") from None
+        if self.missions:
+            # a lazy import: the engine's modules import this one
+            from sfc_host.engine.missions import parse_mission_spec
+            for spec in self.missions:
+                try:
+                    parse_mission_spec(spec)
+                except ValueError as e:
+                    raise ConfigError(f"setting missions: {spec!r}: {e}") from None
+        if not isinstance(logging.getLevelName(self.log_level.upper()), int):
+            raise ConfigError(f"setting log_level: unknown level {self.log_level!r} "
+                              "(DEBUG, INFO, WARNING, ERROR)")
+
+    def check_files(self) -> None:
+        """The files and folders the settings name exist (the host never creates them):
+        checked at start, before the script engine would create a missing folder."""
+        if self.scripts_dir and not Path(self.scripts_dir).is_dir():
+            raise ConfigError(f"setting scripts_dir: {self.scripts_dir!r} is not a folder")
+        for name in ("redis_ca_file", "redis_cert_file", "redis_key_file", "mqtt_ca_file",
+                     "mqtt_cert_file", "mqtt_key_file"):
+            v = getattr(self, name)
+            if v and not Path(v).is_file():
+                raise ConfigError(f"setting {name}: {v!r} is not a file")
 
     @classmethod
     def load(cls, path: str | Path | None = None, *, env: Mapping[str, str] | None = None,
@@ -145,6 +196,21 @@ class HostConfig:
         if unknown:
             raise ConfigError(f"unknown setting {unknown[0]!r}")
         return cls(**values)
+
+
+def _check_url(name: str, url: str, schemes: tuple[str, ...], use: str) -> None:
+    u = urlsplit(url)
+    shown = without_credentials(url)
+    if u.scheme not in schemes:
+        raise ConfigError(f"setting {name}: {shown!r}: use {use}")
+    if u.scheme == "unix" or ":" not in u.netloc.rpartition("@")[2].rpartition("]")[2]:
+        return                       # no port given: the scheme's default
+    try:
+        port = u.port
+    except ValueError:               # not a number, or above 65535
+        port = None
+    if not port:
+        raise ConfigError(f"setting {name}: {shown!r}: the port is not in 1-65535")
 
 
 def _from_toml(path: Path) -> dict[str, Any]:
@@ -185,5 +251,15 @@ def _parse(name: str, typ: Any, raw: str) -> Any:
             return False
         raise ConfigError(f"SFC_{name.upper()}: expected true or false, got {raw!r}")
     if typ == "list[str]":
+        if raw.lstrip().startswith("["):
+            # a JSON list carries any text, commas and quotes too (missions' arguments)
+            try:
+                v = json.loads(raw)
+            except ValueError as e:
+                raise ConfigError(f"SFC_{name.upper()}: not a JSON list ({e})") from None
+            if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+                raise ConfigError(f"SFC_{name.upper()}: expected a JSON list of strings, "
+                                  f"got {raw!r}")
+            return v
         return [s.strip() for s in raw.split(",") if s.strip()]
     return raw

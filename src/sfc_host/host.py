@@ -79,7 +79,8 @@ class Host:
         self.store = Store(self.client, self.scripts, GraphCache(self.config.graph_cache_size),
                            self.config.state_cache_size, self.config.group,
                            cluster=self.config.redis_cluster)
-        self.settler = Settler(self.store, self.config, self.metrics, on_end)
+        self._on_end = on_end
+        self.settler = Settler(self.store, self.config, self.metrics, self._job_ended)
         self.dispatcher = Dispatcher(self.store, self.settler, self.sink, self.metrics)
         self.orders = Orders(self.store, self.scripts, self.metrics,
                              ended_retention_s=self.config.ended_retention_s)
@@ -101,6 +102,18 @@ class Host:
         self._answers_dropping = False       # warned about this overflow already
         self._answers_ready = asyncio.Event()
         self._closing = False
+
+    def _job_ended(self, scope: str, job: str, decision: Any) -> None:
+        """A job this host settled to its end: one INFO line (operators follow jobs in
+        the log), then the caller's ``on_end``."""
+        fields = {"scope": scope, "job": job}
+        why = decision.reason or ("no reason given" if decision.status == "aborted" else "")
+        if why:
+            log.info("job %s in %s %s: %s", job, scope, decision.status, why, extra=fields)
+        else:
+            log.info("job %s in %s %s", job, scope, decision.status, extra=fields)
+        if self._on_end is not None:
+            self._on_end(scope, job, decision)
 
     # ---- lifecycle
 

@@ -1,14 +1,12 @@
-"""Counters and latency histograms of one host instance, and their Prometheus endpoint.
+"""Counters and latency histograms of one host instance, in the Prometheus text format.
 
 ``Metrics.inc`` and ``Metrics.observe`` sit on the hot path, so they only touch plain dicts and
-lists; the text exposition (format 0.0.4) is built on demand when the endpoint is scraped.
+lists; the text exposition (format 0.0.4) is built on demand when the endpoint
+(``sfc_host.http_endpoint``) is scraped.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import math
 import re
 import time
@@ -16,8 +14,6 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-
-log = logging.getLogger(__name__)
 
 # Upper bounds (seconds) of the histogram buckets: 50 µs to 10 s, roughly 1-2.5-5 per decade,
 # the range of an evolve step up to an equipment round trip.
@@ -94,6 +90,12 @@ HELP: dict[str, str] = {
                                 "job that took it being queued (events this host received "
                                 "and handled).",
 }
+# The histograms among HELP's names; every other one is a counter.
+HISTOGRAMS = frozenset(("evolve_seconds", "answer_to_command_seconds",
+                        "event_to_command_seconds"))
+# The counters a host exports from the start, at 0 until their first increment (a rate
+# or an alert needs the series before the first event, not from it on).
+COUNTERS: tuple[str, ...] = tuple(n for n in HELP if n not in HISTOGRAMS)
 _HELP_PREFIXES: tuple[tuple[str, str], ...] = (
     ("loop_errors_", "Errors in the host loop {}."),
 )
@@ -126,7 +128,7 @@ def _escape_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _check_labels(labels: Mapping[str, str]) -> dict[str, str]:
+def check_labels(labels: Mapping[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in labels.items():
         # "le" is the bucket label of histograms; "__" names are reserved by Prometheus.
@@ -244,8 +246,18 @@ class Metrics:
                  buckets: Iterable[float] = BUCKETS) -> None:
         self.counts: Counter[str] = Counter()
         self.histograms: dict[str, Histogram] = {}
-        self.labels = _check_labels(labels or {})
+        self.labels = check_labels(labels or {})
         self.buckets: tuple[float, ...] = tuple(Histogram(buckets).bounds)
+        self.declared: set[str] = set()
+        self.infos: dict[str, tuple[dict[str, str], str]] = {}
+
+    def declare(self, names: Iterable[str]) -> None:
+        """Export these counters at 0 until their first increment."""
+        self.declared.update(names)
+
+    def set_info(self, name: str, labels: Mapping[str, str], help_text: str) -> None:
+        """A gauge always 1 whose labels carry facts (``build_info{version=…}``)."""
+        self.infos[name] = (check_labels(labels), help_text)
 
     def inc(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -291,14 +303,16 @@ class Metrics:
     def exposition(self, prefix: str = "sfc_", labels: Mapping[str, str] | None = None) -> str:
         """Everything in the Prometheus text format 0.0.4; ``labels`` add to (and override)
         the constant labels of the constructor."""
-        const = {**self.labels, **_check_labels(labels or {})}
+        const = {**self.labels, **check_labels(labels or {})}
         base = ",".join(f'{k}="{_escape_value(v)}"' for k, v in const.items())
         plain = "{" + base + "}" if base else ""
         sep = base + "," if base else ""
 
         # Names that sanitize alike are one family: Prometheus refuses a repeated family.
         counters: dict[str, tuple[str, int]] = {}
-        for name, value in list(self.counts.items()):
+        counts = self.counts
+        zeros = [(n, 0) for n in self.declared if n not in counts]
+        for name, value in [*zeros, *counts.items()]:
             full = metric_name(prefix + name)
             if not full.endswith("_total"):
                 full += "_total"
@@ -317,6 +331,12 @@ class Metrics:
                 hists[full] = (name, copy)
 
         lines: list[str] = []
+        for name, (info, text) in sorted(self.infos.items()):
+            full = metric_name(prefix + name)
+            values = ",".join(f'{k}="{_escape_value(v)}"' for k, v in {**const, **info}.items())
+            lines.append(f"# HELP {full} {_escape_help(text)}")
+            lines.append(f"# TYPE {full} gauge")
+            lines.append(f"{full}{{{values}}} 1" if values else f"{full} 1")
         for full in sorted(counters):
             name, value = counters[full]
             lines.append(f"# HELP {full} {_escape_help(_help_text(name))}")
@@ -332,142 +352,3 @@ class Metrics:
             lines.append(f"{full}_sum{plain} {_fmt(h.sum)}")
             lines.append(f"{full}_count{plain} {h.count}")
         return "\n".join(lines) + "\n" if lines else ""
-
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            408: "Request Timeout", 431: "Request Header Fields Too Large",
-            500: "Internal Server Error", 503: "Service Unavailable"}
-
-
-class MetricsServer:
-    """A minimal HTTP/1.1 endpoint serving ``GET /metrics`` (one request per connection).
-
-    Every read and write has a timeout and every error ends only its own connection, so a
-    scraper that misbehaves can never disturb the host. ``port=0`` binds an ephemeral port
-    (the bound one is in ``port``); the host itself treats a configured 0 as "off".
-    """
-
-    def __init__(self, metrics: Metrics, host: str = "127.0.0.1", port: int = 0, *,
-                 prefix: str = "sfc_", labels: Mapping[str, str] | None = None,
-                 timeout: float = 5.0, max_connections: int = 32,
-                 max_header_bytes: int = 8192) -> None:
-        self.metrics = metrics
-        self.host = host
-        self.port = port
-        self.prefix = prefix
-        self.labels = _check_labels(labels or {})
-        self.timeout = timeout
-        self.max_connections = max_connections
-        self.max_header_bytes = max_header_bytes
-        self._server: asyncio.Server | None = None
-        self._conns: set[asyncio.Task[None]] = set()
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    async def start(self, host: str | None = None, port: int | None = None) -> None:
-        if self._server is not None:
-            raise RuntimeError("metrics server already started")
-        if host is not None:
-            self.host = host
-        if port is not None:
-            self.port = port
-        self._server = await asyncio.start_server(
-            self._handle, self.host, self.port, limit=self.max_header_bytes)
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("metrics endpoint on %s", self.url)
-
-    async def aclose(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.close()
-        # Python 3.11 leaves accepted connections open on close(): end them here.
-        conns = list(self._conns)
-        for t in conns:
-            t.cancel()
-        await asyncio.gather(*conns, return_exceptions=True)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(server.wait_closed(), self.timeout)
-
-    async def __aenter__(self) -> MetricsServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.aclose()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        try:
-            if len(self._conns) >= self.max_connections:
-                await self._respond(writer, 503, "too many connections\n")
-                return
-            if task is not None:
-                self._conns.add(task)
-            try:
-                status, head, body = await asyncio.wait_for(self._serve(reader), self.timeout)
-            except TimeoutError:
-                status, head, body = 408, False, "request timeout\n"
-            await self._respond(writer, status, body, head=head)
-        except asyncio.CancelledError:
-            pass  # server closing: just drop the connection
-        except (TimeoutError, ConnectionError, OSError):
-            pass  # the client went away or stalled while reading the answer
-        except Exception:  # a scrape never takes the host down
-            log.exception("metrics endpoint: request failed")
-        finally:
-            if task is not None:
-                self._conns.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
-
-    async def _serve(self, reader: asyncio.StreamReader) -> tuple[int, bool, str]:
-        """Read one request; (status, is HEAD, body)."""
-        try:
-            request_line = await reader.readline()
-            total = len(request_line)
-            while True:  # headers are read only to bound them; none changes the answer
-                line = await reader.readline()
-                total += len(line)
-                if total > self.max_header_bytes:
-                    return 431, False, "request header too large\n"
-                if line in (b"\r\n", b"\n", b""):
-                    break
-        except ValueError:  # a line longer than the stream limit
-            return 431, False, "request header too large\n"
-        if not request_line.endswith(b"\n"):
-            return 400, False, "bad request\n"  # the client closed mid-line
-        parts = request_line.decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            return 400, False, "bad request\n"
-        method, target, _ = parts
-        path = target.split("?", 1)[0]
-        if path != "/metrics":
-            return 404, method == "HEAD", "not found; try /metrics\n"
-        if method not in ("GET", "HEAD"):
-            return 405, method == "HEAD", "method not allowed\n"
-        try:
-            text = self.metrics.exposition(self.prefix, self.labels)
-        except Exception:  # a broken exposition answers 500, not a dropped link
-            log.exception("metrics endpoint: exposition failed")
-            return 500, method == "HEAD", "internal error\n"
-        return 200, method == "HEAD", text
-
-    async def _respond(self, writer: asyncio.StreamWriter, status: int, body: str, *,
-                       head: bool = False) -> None:
-        data = body.encode("utf-8")
-        ctype = CONTENT_TYPE if status == 200 else "text/plain; charset=utf-8"
-        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
-                 f"Content-Type: {ctype}", f"Content-Length: {len(data)}",
-                 "Connection: close"]
-        if status == 405:
-            lines.append("Allow: GET, HEAD")
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        if not head:
-            writer.write(data)
-        await asyncio.wait_for(writer.drain(), self.timeout)

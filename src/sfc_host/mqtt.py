@@ -121,6 +121,9 @@ class MqttLink:
         # subscription, told apart by subscription identifiers; on 3.1.1 one copy.
         self.fan_out = fan_out
         self._sub_ids: dict[str, int] = {}
+        # False until ``open_subscriptions``: a host connects to publish first and takes
+        # messages only once it is ready (a host failing its start-up takes none)
+        self.subscribing = True
 
     # ---- setup
 
@@ -128,21 +131,24 @@ class MqttLink:
                   shared: bool = True) -> Callable[[], None]:
         """Shared: ``$share/{group}/{filter}``, so each message goes to one of the hosts.
         Before ``start`` or at any time after (scripts subscribe while they run); every
-        reconnect subscribes again. Returns a function that ends the subscription."""
+        reconnect subscribes again (on a link started with ``subscribe=False``, only from
+        ``open_subscriptions`` on). Returns a function that ends the subscription."""
         group = self.config.mqtt_shared_group
         as_ = f"$share/{group}/{topic_filter}" if shared and group else topic_filter
         entry = (topic_filter, as_, handler)
         self._subs.append(entry)
         if self.fan_out and as_ not in self._sub_ids:
             self._sub_ids[as_] = len(self._sub_ids) + 1
-        if self._live is not None and sum(1 for s in self._subs if s[1] == as_) == 1:
+        if (self._live is not None and self.subscribing
+                and sum(1 for s in self._subs if s[1] == as_) == 1):
             self._later(self._subscribe(self._live, as_), as_)
 
         def unsubscribe() -> None:
             if entry not in self._subs:
                 return
             self._subs.remove(entry)
-            if self._live is not None and not any(s[1] == as_ for s in self._subs):
+            if (self._live is not None and self.subscribing
+                    and not any(s[1] == as_ for s in self._subs)):
                 self._later(self._live.unsubscribe(as_), as_)
         return unsubscribe
 
@@ -165,9 +171,28 @@ class MqttLink:
         self._handler_tasks.add(t)
         t.add_done_callback(self._handler_tasks.discard)
 
-    async def start(self) -> MqttLink:
+    async def start(self, *, subscribe: bool = True) -> MqttLink:
+        """Connect (and keep connecting). ``subscribe=False``: publishing only, the
+        registered filters wait for ``open_subscriptions``."""
+        self.subscribing = subscribe
         self._task = asyncio.create_task(self._run(), name="sfc-mqtt")
         return self
+
+    async def open_subscriptions(self) -> None:
+        """Subscribe every registered filter now (if connected) and on every reconnect.
+        Returns once the broker acknowledged them, or once the connection dropped (the
+        reconnect subscribes them all)."""
+        if self.subscribing:
+            return
+        self.subscribing = True
+        client = self._live
+        if client is None:
+            return
+        try:
+            for as_ in dict.fromkeys(s[1] for s in self._subs):
+                await self._subscribe(client, as_)
+        except aiomqtt.MqttError as e:
+            log.warning("MQTT subscribe failed (%s); the reconnect subscribes again", e)
 
     async def wait_connected(self, timeout: float = 10.0) -> None:
         """Until connected; ``MqttRefused`` at once when the broker refuses the
@@ -282,8 +307,9 @@ class MqttLink:
             try:
                 async with client:
                     self._live = client      # from here subscribe() goes straight out
-                    for as_ in dict.fromkeys(s[1] for s in self._subs):
-                        await self._subscribe(client, as_)
+                    if self.subscribing:
+                        for as_ in dict.fromkeys(s[1] for s in self._subs):
+                            await self._subscribe(client, as_)
                     self.connects += 1
                     if fails or self.connects > 1:
                         log.info("MQTT connected again to %s:%d", self.host, self.port)
