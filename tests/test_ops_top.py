@@ -164,6 +164,24 @@ def test_top_into_a_pipe_reads_no_keys(redis_url: str) -> None:
     frames = p.stdout.split("sfc-host top  ")[1:]
     assert len(frames) == 2 and all(columns(f) == HEADERS for f in frames)
     assert "(q quits)" not in p.stdout and LONG in p.stdout
+    # stdin a terminal, stdout a pipe (a pager reads that terminal itself): left alone
+    leader, follower = os.openpty()
+    before = termios.tcgetattr(follower)
+    try:
+        q = subprocess.Popen([sys.executable, "-m", "sfc_host", "top", "--redis", redis_url,
+                              "--scope", LONG, "--frames", "3", "--interval", "0.3"],
+                             stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True, preexec_fn=_take_terminal, text=True)
+        assert q.stdout is not None
+        first = q.stdout.readline()    # the first frame is out: top is in its loop
+        assert termios.tcgetattr(follower)[3] == before[3]    # no cbreak
+        out, err = q.communicate(timeout=30)
+        out = first + out
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert q.returncode == 0 and err == "" and out.count("sfc-host top  ") == 3
+    assert "(q quits)" not in out
     p = subprocess.run([sys.executable, "-m", "sfc_host", "top", "--redis", redis_url,
                         "--scope", LONG, "--once", "--width", "60"],
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)

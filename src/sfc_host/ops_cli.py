@@ -532,7 +532,8 @@ async def _top(args: argparse.Namespace, cfg: HostConfig) -> int:
     n = 0
     quit_ = asyncio.Event()
     try:
-        with quit_keys(quit_, frames != 1) as keys:
+        # keys only for the live view: a pager after a pipe reads the terminal itself
+        with quit_keys(quit_, live and frames != 1) as keys:
             while True:
                 names = wanted or await scopes(client)
                 sample = await scope_sample(client, names, cfg.group)
