@@ -6,8 +6,10 @@ The wheel itself is built and installed offline in test_wheel.py (slow)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -65,6 +67,19 @@ def test_host_toml_comments_every_setting() -> None:
 def test_host_toml_loads() -> None:
     cfg = HostConfig.load(HOST_TOML, env={})
     assert cfg == HostConfig()
+
+
+def test_run_check_accepts_host_toml(tmp_path: Path) -> None:
+    """`sfc-host run --check` takes the file as shipped (settings, no scripts, no
+    servers reached); from a folder outside the tree, with no SFC_* variables."""
+    cmd = [sys.executable, "-m", "sfc_host", "run"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SFC_")}
+    if "--check" not in subprocess.run([*cmd, "--help"], capture_output=True, text=True,
+                                       env=env, timeout=60).stdout:
+        pytest.skip("this sfc-host has no 'run --check' yet")
+    r = subprocess.run([*cmd, "--check", "--config", str(HOST_TOML)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def _systemd_analyze() -> str:
