@@ -70,7 +70,8 @@ async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None) -> 
     t0 = time.perf_counter()
 
     async def store(i: int) -> None:
-        await app.host.orders.store_order(SCOPE, {"ID": f"{prefix}{i}", "WorkMasterID": "five"},
+        await app.host.orders.store_order(SCOPE, {"JobOrderID": f"{prefix}{i}",
+                                                  "WorkMasterID": [{"ID": "five"}]},
                                           start=True)
     if rate_jobs_s is None:
         for i in range(0, n, 200):

@@ -89,7 +89,8 @@ class E2E:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 t = asyncio.create_task(orders.store_order(
-                    SCOPE, {"ID": f"{prefix}{i}", "WorkMasterID": WM["ID"]}, start=True))
+                    SCOPE, {"JobOrderID": f"{prefix}{i}", "WorkMasterID": [{"ID": WM["ID"]}]},
+                    start=True))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
             offered_s = time.perf_counter() - t0

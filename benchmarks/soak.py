@@ -84,7 +84,8 @@ class Load:
         async with self.slots:
             try:
                 if method == "StoreAndStart":
-                    reply = await self.mes.submit(SCOPE, {"ID": job, "WorkMasterID": "five"})
+                    reply = await self.mes.submit(SCOPE, {"JobOrderID": job,
+                                                          "WorkMasterID": [{"ID": "five"}]})
                 else:
                     reply = await self.mes.control(SCOPE, method, job)
             except MesError:

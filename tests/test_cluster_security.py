@@ -53,6 +53,7 @@ from sfc_host.app import App
 from sfc_host.config import HostConfig
 from sfc_host.host import Host, connect
 from sfc_host.keys import ScopeKeys
+from sfc_host.mes.model import state_list
 from sfc_host.mes_client import MesClient
 
 pytestmark = pytest.mark.servers
@@ -241,13 +242,14 @@ def test_a_host_runs_jobs_on_a_tls_cluster_as_the_least_privilege_user(
                     assert (await mes.put_work_master(s, work_master("tighten_rework",
                                                                      "wm"))).ok
                     for i in range(2):
-                        assert (await mes.submit(s, {"ID": f"{s}-J{i}",
-                                                     "WorkMasterID": "wm"})).ok
+                        assert (await mes.submit(s, {"JobOrderID": f"{s}-J{i}",
+                                                     "WorkMasterID": [{"ID": "wm"}]})).ok
                         jobs.append((s, f"{s}-J{i}"))
                 for s in waiting:
                     assert (await mes.put_work_master(s, work_master("axle_fit_qa",
                                                                      "axle"))).ok
-                    assert (await mes.submit(s, {"ID": f"{s}-A", "WorkMasterID": "axle"})).ok
+                    assert (await mes.submit(s, {"JobOrderID": f"{s}-A",
+                                                 "WorkMasterID": [{"ID": "axle"}]})).ok
                 await wait_until(lambda: completed(app.host, jobs), 20,
                                  f"{len(jobs)} jobs completed on three shards")
                 for s in waiting:
@@ -263,8 +265,8 @@ def test_a_host_runs_jobs_on_a_tls_cluster_as_the_least_privilege_user(
                                          correlationid=job)
                 await wait_until(lambda: completed(app.host, [(s, f"{s}-A") for s in waiting]),
                                  15, "the jobs with pull events completed")
-                assert (await mes.by_id(waiting[0], f"{waiting[0]}-A")).data["JobState"] \
-                    == "Ended_Completed"
+                got = (await mes.by_id(waiting[0], f"{waiting[0]}-A")).data["JobResponse"]
+                assert got["JobState"] == state_list("Ended_Completed")
             ports = await user_ports(tls_cluster, "sfc-host")
         finally:
             await app.aclose()
@@ -360,8 +362,8 @@ def test_sfc_host_run_takes_a_tls_cluster_url_with_credentials_from_the_environm
                 jobs = []
                 for s in SCOPES:
                     await orders.store.put_work_master(s, work_master("tighten_rework", "wm"))
-                    await orders.orders.store_order(s, {"ID": f"{s}-E",
-                                                             "WorkMasterID": "wm"},
+                    await orders.orders.store_order(s, {"JobOrderID": f"{s}-E",
+                                                             "WorkMasterID": [{"ID": "wm"}]},
                                                          start=True)
                     jobs.append((s, f"{s}-E"))
                 await wait_until(lambda: completed(orders, jobs), 30,

@@ -454,7 +454,8 @@ async def ended(app: App, *jobs: str) -> bool:
 
 async def still_serves(app: App, job: str) -> None:
     """A fresh job runs to its end: the host kept serving."""
-    await app.host.orders.store_order(S, {"ID": job, "WorkMasterID": "wm"}, start=True)
+    await app.host.orders.store_order(S, {"JobOrderID": job,
+                                          "WorkMasterID": [{"ID": "wm"}]}, start=True)
     await wait_until(lambda: ended(app, job), 15, f"{job} completed")
 
 
@@ -480,7 +481,8 @@ def held_tighten(hold: set[str]) -> Callable[[dict[str, Any]], dict[str, Any] | 
 async def tightenings_held(app: App, st: MqttStation, jobs: tuple[str, str]) -> None:
     """Store and start ``jobs`` and wait until each tightening went out (unanswered)."""
     for j in jobs:
-        await app.host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm"}, start=True)
+        await app.host.orders.store_order(S, {"JobOrderID": j,
+                                              "WorkMasterID": [{"ID": "wm"}]}, start=True)
     await wait_until(lambda: {f"{j}:tighten#2" for j in jobs} <= set(st.ids()),
                      10, "the tightenings sent")
 
@@ -647,7 +649,8 @@ def test_work_master_replaced_while_its_jobs_run_keeps_their_pinned_recipe(
                 stored = json.loads(await app.host.store.work_master(S, "wm"))
                 assert stored["data"]["Steps"][0]["Name"] == "One"
                 # a new job runs the new recipe …
-                await app.host.orders.store_order(S, {"ID": "N1", "WorkMasterID": "wm"},
+                await app.host.orders.store_order(S, {"JobOrderID": "N1",
+                                                      "WorkMasterID": [{"ID": "wm"}]},
                                                   start=True)
                 await wait_until(lambda: ended(app, "N1"), 15, "N1 completed")
                 assert [c["type"] for c in st.commands if c["correlationid"] == "N1"] == [
@@ -704,7 +707,8 @@ def test_random_stream_entries_through_a_running_host(redis_url: str) -> None:
                                        {b"_": b""})
             await wait_until(lambda: host.metrics["invalid_entries"] > 50, 10, "refusals")
             await wait_until(lambda: quiet(host), 20, "every entry acked")
-            await host.orders.store_order(S, {"ID": "OK", "WorkMasterID": "wm"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "OK",
+                                              "WorkMasterID": [{"ID": "wm"}]}, start=True)
 
             async def done() -> bool:
                 o = await host.orders.get(S, "OK")

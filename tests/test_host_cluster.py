@@ -74,7 +74,8 @@ async def _start_jobs(host: Host, per_scope: int = 1, prefix: str = "J",
         for i in range(per_scope):
             job = f"{prefix}{i}" if same_ids else f"{s}-{prefix}{i}"
             assert await host.orders.store_order(
-                s, {"ID": job, "WorkMasterID": WM}, start=True) == "AllowedToStart_Ready"
+                s, {"JobOrderID": job,
+                    "WorkMasterID": [{"ID": WM}]}, start=True) == "AllowedToStart_Ready"
             jobs.append((s, job))
     return jobs
 

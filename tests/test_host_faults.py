@@ -257,7 +257,8 @@ async def pending_of(c: Any, *consumers: str) -> int:
 async def start_jobs(host: Host, jobs: list[str], gap_s: float) -> None:
     """Store-and-start the jobs one after another, ``gap_s`` apart."""
     for j in jobs:
-        await host.orders.store_order(SCOPE, {"ID": j, "WorkMasterID": "wm1"}, start=True)
+        await host.orders.store_order(SCOPE, {"JobOrderID": j,
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
         await asyncio.sleep(gap_s)
 
 
@@ -443,7 +444,8 @@ async def store_retrying(host: Host, job: str) -> None:
     test_calls_after_a_redis_restart_succeed); a repeat that finds the order is done."""
     for attempt in range(5):
         try:
-            await host.orders.store_order(SCOPE, {"ID": job, "WorkMasterID": "wm1"},
+            await host.orders.store_order(SCOPE, {"JobOrderID": job,
+                                                  "WorkMasterID": [{"ID": "wm1"}]},
                                           start=True)
             return
         except RedisConnectionError:
@@ -572,7 +574,8 @@ def test_answers_during_a_redis_outage_are_not_lost(make_redis: Any) -> None:
             await host.start()
             task = asyncio.create_task(station.run())
             for j in jobs:
-                await host.orders.store_order(SCOPE, {"ID": j, "WorkMasterID": "wm1"},
+                await host.orders.store_order(SCOPE, {"JobOrderID": j,
+                                                      "WorkMasterID": [{"ID": "wm1"}]},
                                               start=True)
             await wait_until(lambda: len(station.commands) == len(jobs), timeout=5,
                              what="every job's first command")
@@ -609,7 +612,7 @@ def test_calls_after_a_redis_restart_succeed(make_redis: Any) -> None:
             await asyncio.gather(*(host.client.ping() for _ in range(8)))  # 8 connections
             await in_thread(server.restart)
             res = await asyncio.gather(*(host.orders.store_order(
-                SCOPE, {"ID": f"J{i}", "WorkMasterID": "wm1"}, start=True)
+                SCOPE, {"JobOrderID": f"J{i}", "WorkMasterID": [{"ID": "wm1"}]}, start=True)
                 for i in range(8)), return_exceptions=True)
             assert res == ["AllowedToStart_Ready"] * 8
         finally:
@@ -636,7 +639,8 @@ def test_run_and_complete_entries_of_a_job_in_any_order(redis_url: str,
         host = Host(quick_config(redis_url, scopes=[SCOPE]), loops=False)
         try:
             await host.store.put_work_master(SCOPE, work_master("tighten_rework", "wm1"))
-            await host.orders.store_order(SCOPE, {"ID": "J1", "WorkMasterID": "wm1"},
+            await host.orders.store_order(SCOPE, {"JobOrderID": "J1",
+                                                  "WorkMasterID": [{"ID": "wm1"}]},
                                           start=True)
             assert (await host.orders.get(SCOPE, "J1"))["state"] == "AllowedToStart_Ready"
             left: list[Any] = []       # entries left pending: delivered again later

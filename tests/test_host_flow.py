@@ -64,7 +64,8 @@ def test_pull_event_goes_to_the_oldest_wait_and_unmatched_are_counted(redis_url:
             assert not await host.queue_event(S, qa)       # nobody waits yet
             assert host.metrics["events_unmatched"] == 1
             for job in ("A", "B"):
-                await host.orders.store_order(S, {"ID": job, "WorkMasterID": "axle"},
+                await host.orders.store_order(S, {"JobOrderID": job,
+                                                  "WorkMasterID": [{"ID": "axle"}]},
                                               start=True)
                 await wait_until(lambda j=job: host.client.zscore(K.waits(qa), j),
                                  what=f"{job} waits")
@@ -90,7 +91,8 @@ def test_abort_and_stop_end_the_recipe_and_later_answers_are_absorbed(redis_url:
         host = await start_host(redis_url, st, work_master("tighten_rework", "wm"))
         try:
             for job in ("A", "B"):
-                await host.orders.store_order(S, {"ID": job, "WorkMasterID": "wm"},
+                await host.orders.store_order(S, {"JobOrderID": job,
+                                                  "WorkMasterID": [{"ID": "wm"}]},
                                               start=True)
             await wait_until(lambda: len(st.commands) == 2, what="commands")
             await wait_until(lambda: order_state(host, "A"), what="order")
@@ -129,7 +131,8 @@ def test_pause_holds_equipment_and_resume_restarts_held_work(redis_url: str) -> 
         st = Station(answer)
         host = await start_host(redis_url, st, work_master("paint_hold_restart", "paint"))
         try:
-            await host.orders.store_order(S, {"ID": "P", "WorkMasterID": "paint"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "P",
+                                              "WorkMasterID": [{"ID": "paint"}]}, start=True)
             await wait_until(lambda: "P:paint#2" in st.ids(), what="paint sent")
             await wait_until(lambda: quiet(host), what="quiet")
             await host.orders.trigger(S, "P", "Pause")
@@ -160,7 +163,8 @@ def test_hold_of_work_that_never_went_out_is_answered_not_held_by_the_host(
         host = await start_host(redis_url, st, work_master("paint_hold_restart", "paint"),
                                 flush_db=False)
         try:
-            await host.orders.store_order(S, {"ID": "P", "WorkMasterID": "paint"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "P",
+                                              "WorkMasterID": [{"ID": "paint"}]}, start=True)
             prime = await asyncio.wait_for(sink.queue.get(), 5)
             await sink.queue.put(prime)       # the queue is full from now on
             host.answer(S, Completed(prime.command_id))
@@ -188,7 +192,8 @@ def test_pause_resume_pause_from_two_consumers_ends_held(redis_url: str) -> None
         h2 = await start_host(redis_url, st, flush_db=False, consumer="h2")
         try:
             for i in range(6):
-                await h1.orders.store_order(S, {"ID": f"J{i}", "WorkMasterID": "wm"},
+                await h1.orders.store_order(S, {"JobOrderID": f"J{i}",
+                                                "WorkMasterID": [{"ID": "wm"}]},
                                             start=True)
             for i in range(6):
                 await wait_until(lambda i=i: _top_is(h1, f"J{i}", "Running"), what="run")
@@ -211,7 +216,8 @@ def test_timeout_retries_with_a_new_id_then_aborts(redis_url: str) -> None:
         ended: list = []
         host = await start_host(redis_url, st, one_step(1, retries=1), ended=ended)
         try:
-            await host.orders.store_order(S, {"ID": "T", "WorkMasterID": "quick"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "T",
+                                              "WorkMasterID": [{"ID": "quick"}]}, start=True)
             await wait_until(lambda: ended, timeout=8, what="abort")
             assert st.ids() == ["T:work#1", "T:work#2"]
             assert ended[0][1] == "aborted" and "timed out" in ended[0][2]
@@ -236,7 +242,8 @@ def test_command_that_never_went_out_is_sent_again_with_its_id_at_its_deadline(
         host = await start_host(redis_url, st, one_step(1, retries=0), flush_db=False)
         try:
             await sink.queue.put(None)  # type: ignore[arg-type]  # the queue is full
-            await host.orders.store_order(S, {"ID": "U", "WorkMasterID": "quick"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "U",
+                                              "WorkMasterID": [{"ID": "quick"}]}, start=True)
             await wait_until(lambda: host.metrics["queue_full"] >= 1, what="not queued")
             sink.queue.get_nowait()
             cmd = await asyncio.wait_for(sink.queue.get(), 5)   # after the 1 s deadline
@@ -253,7 +260,8 @@ def test_dispatch_entry_delivered_again_is_not_sent_twice(redis_url: str) -> Non
         st = Station(lambda c: False)
         host = await start_host(redis_url, st, work_master("tighten_rework", "wm"))
         try:
-            await host.orders.store_order(S, {"ID": "J", "WorkMasterID": "wm"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J",
+                                              "WorkMasterID": [{"ID": "wm"}]}, start=True)
             await wait_until(lambda: st.commands, what="sent")
             await wait_until(lambda: quiet(host), what="quiet")
             await host.client.xadd(K.work, {"k": "dispatch:load_part", "j": "J",
@@ -274,7 +282,8 @@ def test_recovery_repairs_indexes_and_resends_nothing_with_a_deadline(redis_url:
         st = Station(lambda c: False)
         host = await start_host(redis_url, st, work_master("axle_fit_qa", "axle"))
         try:
-            await host.orders.store_order(S, {"ID": "R", "WorkMasterID": "axle"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "R",
+                                              "WorkMasterID": [{"ID": "axle"}]}, start=True)
             await wait_until(lambda: st.commands, what="sent")
             await wait_until(lambda: quiet(host), what="quiet")
             due = await host.client.zscore(K.due, "R")
@@ -314,7 +323,8 @@ def test_a_batch_costs_the_same_round_trips_at_any_size(redis_url: str) -> None:
                 while await host.consume_once(block_ms=0):
                     pass   # drain what the previous batch queued
                 for i in range(n):
-                    await host.orders.store_order(S, {"ID": f"N{n}-{i}", "WorkMasterID": "wm"},
+                    await host.orders.store_order(S, {"JobOrderID": f"N{n}-{i}",
+                                                      "WorkMasterID": [{"ID": "wm"}]},
                                                   start=True)
                 before = await _calls(host)
                 got = await host.consume_once(block_ms=0)

@@ -129,7 +129,8 @@ async def workload(redis_url: str, n_hosts: int, seed: int) -> dict[str, Any]:
         feeder = asyncio.create_task(feed_pull_events(station, hosts, stop))
         rng.shuffle(all_jobs)
         await asyncio.gather(*(rng.choice(hosts).orders.store_order(
-            s, {"ID": j, "WorkMasterID": wm}, start=True) for s, j, wm in all_jobs))
+            s, {"JobOrderID": j,
+                "WorkMasterID": [{"ID": wm}]}, start=True) for s, j, wm in all_jobs))
         await wait_until(lambda: len(ended) >= len(all_jobs), timeout=10,
                          what=f"all {len(all_jobs)} jobs to end")
         c = hosts[0].client
@@ -291,7 +292,8 @@ def test_answers_alternating_between_hosts(redis_url: str) -> None:
             for h in hosts:
                 await h.start()
             for j in jobs:
-                await hosts[0].orders.store_order("cellA", {"ID": j, "WorkMasterID": "wm1"},
+                await hosts[0].orders.store_order("cellA", {"JobOrderID": j,
+                                                            "WorkMasterID": [{"ID": "wm1"}]},
                                                   start=True)
             await wait_until(lambda: len(ended) == len(jobs), timeout=5,
                              what="every job to end")
@@ -318,7 +320,8 @@ def test_same_job_id_in_two_scopes_in_one_dispatch_batch(redis_url: str) -> None
         try:
             for s in ("cellA", "cellB"):
                 await host.store.put_work_master(s, work_master("tighten_rework", "wm1"))
-                await host.orders.store_order(s, {"ID": "J1", "WorkMasterID": "wm1"},
+                await host.orders.store_order(s, {"JobOrderID": "J1",
+                                                  "WorkMasterID": [{"ID": "wm1"}]},
                                               start=True)
             await host.start()     # both start entries in the first read, so both
             await wait_until(      # dispatch entries in the next one
@@ -341,7 +344,7 @@ def test_more_concurrent_calls_than_the_pool_has(redis_url: str) -> None:
             await host.start()
             n = host.config.redis_pool_size * 3
             states = await asyncio.gather(*(host.orders.store_order(
-                "cellA", {"ID": f"J{i}", "WorkMasterID": "wm1"}, start=True)
+                "cellA", {"JobOrderID": f"J{i}", "WorkMasterID": [{"ID": "wm1"}]}, start=True)
                 for i in range(n)))
             assert states == ["AllowedToStart_Ready"] * n
         finally:

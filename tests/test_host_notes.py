@@ -58,7 +58,8 @@ def test_an_event_for_a_wait_begun_before_the_hold_is_recorded_and_routed_on_rel
         st = Station(lambda c: False)
         host = await start_host(redis_url, st)
         try:
-            await host.orders.store_order(S, {"ID": "J", "WorkMasterID": "evwork"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J",
+                                              "WorkMasterID": [{"ID": "evwork"}]}, start=True)
             await wait_until(lambda: host.client.zscore(K.waits(QA), "J"), what="J waits")
             await wait_until(lambda: quiet(host), what="quiet")
             await host.orders.trigger(S, "J", "Pause")
@@ -95,7 +96,8 @@ def test_a_hold_takes_the_server_time_when_applied_not_its_entry_time(
         # no outage in a 1.5 s gap: the outage rule would move the deadline too
         host = await start_host(redis_url, st, outage_threshold_ms=10_000)
         try:
-            await host.orders.store_order(S, {"ID": "J", "WorkMasterID": "evwork"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J",
+                                              "WorkMasterID": [{"ID": "evwork"}]}, start=True)
             await wait_until(lambda: host.client.zscore(K.waits(QA), "J"), what="J waits")
             assert await host.queue_event(S, QA)
             await wait_until(lambda: [c.action for c in st.commands] == ["work"], what="work")
@@ -145,7 +147,8 @@ def test_a_start_entry_that_waited_past_its_first_timeout_still_sends_the_comman
             await writer.scripts.load()
             await writer.store.put_work_master(S, one_step(timeout_s=1))
             await writer.add_scope(S)
-            await writer.orders.store_order(S, {"ID": "J", "WorkMasterID": "quick"},
+            await writer.orders.store_order(S, {"JobOrderID": "J",
+                                                "WorkMasterID": [{"ID": "quick"}]},
                                             start=True)
         finally:
             await writer.aclose()

@@ -63,7 +63,8 @@ def test_evolve_seconds_counts_every_evolve_call(redis_url: str) -> None:
         st = Station(lambda c: {"torque": 85} if c.action == "tighten" else None)
         host = await start_host(redis_url, st, work_master("tighten_rework", "tr"))
         try:
-            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "tr"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "tr"}]}, start=True)
             await wait_until(lambda: host.metrics["answers_applied"] >= 1, what="an answer")
             h = host.metrics.histograms["evolve_seconds"]
             # the Start and every answer were evolved: one observation per evolve call
@@ -85,7 +86,8 @@ def test_event_to_command_seconds_times_a_pull_event_to_its_jobs_command(
         st = Station(lambda c: False)
         host = await start_host(redis_url, st, event_then_work())
         try:
-            await host.orders.store_order(S, {"ID": "E1", "WorkMasterID": "evwork"},
+            await host.orders.store_order(S, {"JobOrderID": "E1",
+                                              "WorkMasterID": [{"ID": "evwork"}]},
                                           start=True)
             k = host.store.keys(S)
             await wait_until(lambda: host.client.zscore(k.waits(QA), "E1"), what="the wait")

@@ -47,7 +47,8 @@ def test_job_runs_to_completion_with_response_and_clean_indexes(redis_url: str) 
         st = Station(torque_ok)
         host = await _host(redis_url, st, ended)
         try:
-            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
             await wait_until(lambda: ended, what="job end")
             assert ended == [("J1", "completed", None)]
             assert st.ids() == ["J1:load_part#1", "J1:tighten#2", "J1:unload_part#3"]
@@ -76,7 +77,8 @@ def test_start_twice_is_absorbed(redis_url: str) -> None:
         st = Station(lambda c: False)   # no answers: the job stays running
         host = await _host(redis_url, st)
         try:
-            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
             await wait_until(lambda: st.commands, what="first command")
             v1 = (await host.inspect(S, "J1"))["version"]
             await host.client.xadd(K.work, {"k": "start", "j": "J1"})
@@ -97,15 +99,14 @@ def test_restored_job_id_replaces_the_ended_job(redis_url: str) -> None:
         st = Station(torque_ok)
         host = await _host(redis_url, st, ended)
         try:
-            order = {"ID": "J1", "WorkMasterID": "wm1"}
+            order = {"JobOrderID": "J1", "WorkMasterID": [{"ID": "wm1"}]}
             await host.orders.store_order(S, order, start=True)
             await wait_until(lambda: ended, what="first run")
             await wait_until(lambda: _is(host, "J1", "Ended_Completed"), what="completed")
-            # A live order is refused; once cleared the id can be stored again.
-            from sfc_host.orders import INVALID_JOB_ORDER_STATUS, OrderError
-            with pytest.raises(OrderError) as e:
-                await host.orders.store_order(S, order, start=True)
-            assert e.value.status == INVALID_JOB_ORDER_STATUS
+            # The same order again (an MES repeating a Store whose reply it lost) changes
+            # nothing; once cleared the id can be stored again.
+            assert await host.orders.store_order(S, order, start=True) == "Ended_Completed"
+            assert len(ended) == 1
             await host.orders.trigger(S, "J1", "Clear")
             first = (await host.inspect(S, "J1"))["started_ms"]
             await host.orders.store_order(S, order, start=True)
@@ -132,7 +133,7 @@ def test_a_cleared_order_leaves_redis_after_the_retention(redis_url: str) -> Non
         c = host.client
         keys = (K.order("J1"), K.job("J1"), K.response("J1"))
         try:
-            order = {"ID": "J1", "WorkMasterID": "wm1"}
+            order = {"JobOrderID": "J1", "WorkMasterID": [{"ID": "wm1"}]}
             await host.orders.store_order(S, order, start=True)
             await wait_until(lambda: _is(host, "J1", "Ended_Completed"), what="completed")
             assert [await c.ttl(k) for k in keys] == [-1, -1, -1]
@@ -153,7 +154,8 @@ def test_a_cleared_order_leaves_redis_after_the_retention(redis_url: str) -> Non
             await host.orders.store_order(S, order, start=True)       # a new id again
             await wait_until(lambda: len(ended) == 3, what="third run")
             # Cancel (an order that never ran) is on the timer too
-            await host.orders.store_order(S, {"ID": "C1", "WorkMasterID": "wm1"}, start=False)
+            await host.orders.store_order(S, {"JobOrderID": "C1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=False)
             host.orders.ended_retention_s = 3600
             await host.orders.trigger(S, "C1", "Cancel")
             assert 3590 < await c.ttl(K.order("C1")) <= 3600
@@ -180,7 +182,8 @@ def test_unusable_recipe_aborts_the_job_with_its_reason(redis_url: str, case: st
             elif case == "compile_error":
                 wm["data"]["Steps"][0]["Initial"] = False
             await host.store.put_work_master(S, wm)
-            await host.orders.store_order(S, {"ID": "J2", "WorkMasterID": "wm2"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J2",
+                                              "WorkMasterID": [{"ID": "wm2"}]}, start=True)
             if case == "missing":
                 await host.store.delete_work_master(S, "wm2")
             await wait_until(lambda: _is(host, "J2", "Aborted"), what="order aborted")
@@ -210,7 +213,8 @@ def test_garbled_entries_are_acked_and_counted(redis_url: str) -> None:
                              what="all counted")
             await wait_until(lambda: quiet(host), what="all acked")
             # The host keeps serving.
-            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
             await wait_until(lambda: _is(host, "J1", "Ended_Completed"), what="job done")
         finally:
             await host.aclose()
@@ -221,7 +225,8 @@ def test_entry_that_raises_stays_pending_then_goes_to_the_dead_stream(redis_url:
     async def main() -> None:
         host = await _host(redis_url, Station(lambda c: False))
         try:
-            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
             await wait_until(lambda: _is(host, "J1", "Running"), what="running")
             await wait_until(lambda: quiet(host), what="quiet")
             # A state that cannot be decoded: every handler of the job raises.
@@ -251,7 +256,8 @@ def test_scripts_are_loaded_again_after_script_flush(redis_url: str) -> None:
         host = await _host(redis_url, Station(torque_ok), ended)
         try:
             await host.client.script_flush()
-            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
             await wait_until(lambda: ended, what="job end")
             assert ended[0][1] == "completed"
             assert host.scripts.reloads >= 1
@@ -264,7 +270,8 @@ async def _one_job_sent(redis_url: str) -> Host:
     """A host with job J1 started, its first command sent and never answered."""
     st = Station(lambda c: False)
     host = await _host(redis_url, st)
-    await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+    await host.orders.store_order(S, {"JobOrderID": "J1",
+                                      "WorkMasterID": [{"ID": "wm1"}]}, start=True)
     await wait_until(lambda: st.commands, what="command")
     await wait_until(lambda: quiet(host), what="quiet")
     return host
@@ -299,7 +306,8 @@ def test_an_outage_moves_every_deadline_at_once_and_each_state_catches_up(
         try:
             jobs = [f"J{i}" for i in range(8)]
             for j in jobs:
-                await host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm1"}, start=True)
+                await host.orders.store_order(S, {"JobOrderID": j,
+                                                  "WorkMasterID": [{"ID": "wm1"}]}, start=True)
             await wait_until(lambda: len(st.commands) == len(jobs), what="commands")
             await wait_until(lambda: quiet(host), what="quiet")
             before = {j: (await host.inspect(S, j))["actions"]["load_part"]["deadline_ms"]
@@ -344,7 +352,8 @@ def test_outage_moves_deadlines_instead_of_timing_out(redis_url: str) -> None:
         st = Station(lambda c: False)
         host = await _host(redis_url, st, outage_threshold_ms=1000)
         try:
-            await host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm1"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
             await wait_until(lambda: st.commands, what="command")
             before = (await host.inspect(S, "J1"))["actions"]["load_part"]["deadline_ms"]
             # The scope was not swept for 25 s, longer than the action's 20 s timeout.
@@ -433,7 +442,8 @@ def test_a_tick_of_several_jobs_is_done_when_every_job_is(redis_url: str) -> Non
         try:
             jobs = ["J1", "J2", "J3"]
             for j in jobs:
-                await host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm1"}, start=True)
+                await host.orders.store_order(S, {"JobOrderID": j,
+                                                  "WorkMasterID": [{"ID": "wm1"}]}, start=True)
             await wait_until(lambda: len(st.commands) == 3, what="commands")
             await wait_until(lambda: quiet(host), what="quiet")
             for j in jobs:         # as a sweep would: off the index, one entry for all

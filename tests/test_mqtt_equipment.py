@@ -53,7 +53,8 @@ def test_push_recipe_completes_over_mqtt_with_a_job_response(
         app = await start_app(redis_url, mqtt_url, work_master("tighten_rework", "wm"))
         try:
             async with MqttStation(mqtt_url, tighten_ok, structured=structured) as st:
-                await app.host.orders.store_order(S, {"ID": "J1", "WorkMasterID": "wm"},
+                await app.host.orders.store_order(S, {"JobOrderID": "J1",
+                                                      "WorkMasterID": [{"ID": "wm"}]},
                                                   start=True)
                 await wait_until(lambda: _is(app, "J1", "Ended_Completed"), 15,
                                  "job completed")
@@ -92,7 +93,8 @@ def test_axle_recipe_with_simultaneous_branch_and_pull_events(
                 return {}
 
             async with MqttStation(mqtt_url, answer) as st:
-                await app.host.orders.store_order(S, {"ID": "A1", "WorkMasterID": "axle"},
+                await app.host.orders.store_order(S, {"JobOrderID": "A1",
+                                                      "WorkMasterID": [{"ID": "axle"}]},
                                                   start=True)
                 qa = "com.example.station.torque_result.v1"
                 await wait_until(lambda: app.host.client.zscore(K.waits(qa), "A1"), 15,
@@ -124,7 +126,8 @@ def test_late_answer_to_an_earlier_round_is_absorbed(redis_url: str, mqtt_url: s
                 return {}
 
             async with MqttStation(mqtt_url, answer) as st:
-                await app.host.orders.store_order(S, {"ID": "R", "WorkMasterID": "wm"},
+                await app.host.orders.store_order(S, {"JobOrderID": "R",
+                                                      "WorkMasterID": [{"ID": "wm"}]},
                                                   start=True)
                 await wait_until(lambda: _is(app, "R", "Ended_Completed"), 15, "completed")
                 absorbed = app.metrics["answers_absorbed"]
@@ -164,7 +167,8 @@ def test_bad_messages_are_counted_and_the_host_keeps_serving(
                 await wait_until(lambda: app.metrics["bad_answers"] >= 6, 10, "counted")
                 await wait_until(lambda: app.metrics["bad_events"] >= 1, 10, "event counted")
                 # and the host still runs jobs
-                await app.host.orders.store_order(S, {"ID": "OK", "WorkMasterID": "wm"},
+                await app.host.orders.store_order(S, {"JobOrderID": "OK",
+                                                      "WorkMasterID": [{"ID": "wm"}]},
                                                   start=True)
                 await wait_until(lambda: _is(app, "OK", "Ended_Completed"), 15, "completed")
         finally:
@@ -182,7 +186,8 @@ def test_two_hosts_share_one_scope_through_shared_subscriptions(
             async with MqttStation(mqtt_url, tighten_ok) as st:
                 jobs = [f"J{i}" for i in range(30)]
                 for j in jobs:
-                    await a.host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm"},
+                    await a.host.orders.store_order(S, {"JobOrderID": j,
+                                                        "WorkMasterID": [{"ID": "wm"}]},
                                                     start=True)
 
                 async def all_done() -> bool:
@@ -221,11 +226,13 @@ def test_broker_restart_mid_run(redis_url: str, mosquitto_server: Any) -> None:
             async with MqttStation(url, lambda c: {}) as st:
                 jobs = [f"B{i}" for i in range(20)]
                 for j in jobs[:10]:
-                    await app.host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm"},
+                    await app.host.orders.store_order(S, {"JobOrderID": j,
+                                                          "WorkMasterID": [{"ID": "wm"}]},
                                                       start=True)
                 await asyncio.to_thread(mosquitto_server.restart)
                 for j in jobs[10:]:
-                    await app.host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm"},
+                    await app.host.orders.store_order(S, {"JobOrderID": j,
+                                                          "WorkMasterID": [{"ID": "wm"}]},
                                                       start=True)
 
                 async def all_done() -> bool:
@@ -252,7 +259,8 @@ def test_pause_holds_running_work_and_resume_restarts_it_to_the_end(
                 return {}                             # prime, restart, cure: done
 
             async with MqttStation(mqtt_url, answer) as st:
-                await app.host.orders.store_order(S, {"ID": "P", "WorkMasterID": "paint"},
+                await app.host.orders.store_order(S, {"JobOrderID": "P",
+                                                      "WorkMasterID": [{"ID": "paint"}]},
                                                   start=True)
                 await wait_until(lambda: "P:paint#2" in st.ids(), 10, "paint sent")
                 await st.publish(f"equipment/{S}/events", "com.example.booth.ready.v1", {},
@@ -294,7 +302,8 @@ def test_refused_hold_lets_the_work_finish_without_a_resend(
                 return {}
 
             async with MqttStation(mqtt_url, answer) as st:
-                await app.host.orders.store_order(S, {"ID": "N", "WorkMasterID": "paint"},
+                await app.host.orders.store_order(S, {"JobOrderID": "N",
+                                                      "WorkMasterID": [{"ID": "paint"}]},
                                                   start=True)
                 await wait_until(lambda: "N:paint#2" in st.ids(), 10, "paint sent")
                 await st.publish(f"equipment/{S}/events", "com.example.booth.ready.v1", {},
@@ -320,7 +329,8 @@ def test_abort_and_stop_end_the_recipe_and_nothing_goes_out_after(
         try:
             async with MqttStation(mqtt_url, lambda c: None) as st:
                 for j in ("A", "B"):
-                    await app.host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm"},
+                    await app.host.orders.store_order(S, {"JobOrderID": j,
+                                                          "WorkMasterID": [{"ID": "wm"}]},
                                                       start=True)
                 await wait_until(lambda: len(st.commands) == 2, 10, "first commands")
                 await wait_until(lambda: _top(app, "A", "Running"), 10, "running")

@@ -277,7 +277,8 @@ def test_mes_client_many_requests_at_once(host: HostThread, conf: str) -> None:
         cfg = HostConfig.load(conf)
         async with MesClient(cfg) as mes:
             replies = await asyncio.gather(*(
-                mes.submit(host.scope, {"ID": f"many-{i}", "WorkMasterID": "wm"}, start=False)
+                mes.submit(host.scope, {"JobOrderID": f"many-{i}",
+                                        "WorkMasterID": [{"ID": "wm"}]}, start=False)
                 for i in range(20)))
             assert all(r.ok for r in replies)
             assert sorted(r.data["JobOrderID"] for r in replies) == sorted(
@@ -481,7 +482,8 @@ def test_inspect_and_top_on_redis_cluster(redis_cluster: RedisClusterServer, tmp
         station.attach(h)
         await h.start()
         await h.store.put_work_master(scope, work_master("tighten_rework", "wm"))
-        await h.orders.store_order(scope, {"ID": "C1", "WorkMasterID": "wm"}, start=True)
+        await h.orders.store_order(scope, {"JobOrderID": "C1",
+                                           "WorkMasterID": [{"ID": "wm"}]}, start=True)
         return h
 
     h = lt.call(start())
@@ -564,7 +566,7 @@ def test_top_once_frames_and_json(host: HostThread, conf: str, redis_url: str,
         time.sleep(0.3)
         for i in range(3, 6):   # straight to the host: this thread's output is not ours
             host.call(host.app.host.orders.store_order(
-                host.scope, {"ID": f"top-{i}", "WorkMasterID": "wm"}, start=True))
+                host.scope, {"JobOrderID": f"top-{i}", "WorkMasterID": [{"ID": "wm"}]}, start=True))
     t = threading.Thread(target=finish_more)
     t.start()
     rc, out, _ = sfc(capsys, "top", "--frames", "2", "--interval", "1.5", "--config", conf,

@@ -55,11 +55,13 @@ report = Variable("report", {})
 
 @mission
 async def orders(api, n, scope):
-    ids = [await api.jobs.submit({"ID": f"S{i}", "WorkMasterID": "wm"}, scope=scope)
+    ids = [await api.jobs.submit({"JobOrderID": f"S{i}", "WorkMasterID": [{"ID": "wm"}]},
+                                 scope=scope)
            for i in range(n)]
     out = {"ids": ids}
     try:
-        await api.jobs.submit({"ID": "S0", "WorkMasterID": "wm"}, scope=scope)
+        await api.jobs.submit({"JobOrderID": "S0", "WorkMasterID": [{"ID": "wm"}],
+                               "Priority": 9}, scope=scope)
     except ScriptAPIError as e:
         out["again"] = str(e)
     try:
@@ -198,14 +200,16 @@ def test_host_loops_are_built_in_tasks_of_the_engine(redis_url: str, mqtt_url: s
             assert {"host.consume", "host.sweep", "host.answers0"} <= names
             assert names <= set(app.engine.tasks)
             assert all(app.engine.tasks[n].state == "Running" for n in names)
-            await app.host.orders.store_order(S, {"ID": "T1", "WorkMasterID": "wm"},
+            await app.host.orders.store_order(S, {"JobOrderID": "T1",
+                                                  "WorkMasterID": [{"ID": "wm"}]},
                                               start=True)
             await wait_until(lambda: _job_running(app, "T1"), 10, "T1 started")
             app.host.begin_close()
             await app.engine.stop()
             assert app.engine.state == "Ready"
             assert all(app.engine.tasks[n].state == "Stopped" for n in names)
-            await app.host.orders.store_order(S, {"ID": "T2", "WorkMasterID": "wm"},
+            await app.host.orders.store_order(S, {"JobOrderID": "T2",
+                                                  "WorkMasterID": [{"ID": "wm"}]},
                                               start=True)
             await asyncio.sleep(0.5)
             assert not await _job_running(app, "T2")

@@ -39,6 +39,7 @@ from sfc_host.client import tls_options
 from sfc_host.config import HostConfig, without_credentials
 from sfc_host.host import connect
 from sfc_host.keys import ScopeKeys
+from sfc_host.mes.model import state_list, state_name
 from sfc_host.mes_client import MesClient
 from sfc_host.mqtt import MqttRefused
 
@@ -298,7 +299,8 @@ async def serve_jobs(config: HostConfig, station_kw: dict[str, Any], station_url
         async with MqttStation(station_url, tighten_ok, **station_kw):
             jobs = [f"J{i}" for i in range(n)]
             for j in jobs:
-                await app.host.orders.store_order(S, {"ID": j, "WorkMasterID": "wm"},
+                await app.host.orders.store_order(S, {"JobOrderID": j,
+                                                      "WorkMasterID": [{"ID": "wm"}]},
                                                   start=True)
             await jobs_complete(app, jobs)
     finally:
@@ -331,8 +333,10 @@ def test_a_host_runs_jobs_over_redis_tls_acl_and_mqtt_tls_password_acl(
                 assert (await mes.put_work_master(S, work_master("axle_fit_qa", "axle"))).ok
                 jobs = [f"J{i}" for i in range(4)]
                 for j in jobs:
-                    assert (await mes.submit(S, {"ID": j, "WorkMasterID": "wm"})).ok
-                assert (await mes.submit(S, {"ID": "A1", "WorkMasterID": "axle"})).ok
+                    assert (await mes.submit(S, {"JobOrderID": j,
+                                                 "WorkMasterID": [{"ID": "wm"}]})).ok
+                assert (await mes.submit(S, {"JobOrderID": "A1",
+                                             "WorkMasterID": [{"ID": "axle"}]})).ok
                 await jobs_complete(app, jobs)
                 # the axle job waits for pull events: pause and resume it first
                 await wait_until(lambda: admin.zscore(
@@ -346,19 +350,23 @@ def test_a_host_runs_jobs_over_redis_tls_acl_and_mqtt_tls_password_acl(
                     await st.publish(f"equipment/{S}/events", t, data, subject=S,
                                      correlationid="A1")
                 await jobs_complete(app, ["A1"])
-                assert (await mes.by_id(S, "A1")).data["JobState"] == "Ended_Completed"
+                assert (await mes.by_id(S, "A1")).data["JobResponse"]["JobState"] == \
+                    state_list("Ended_Completed")
 
                 async def indexed() -> bool:     # the retained state index (coalesced)
                     index = await mes.state_index(S)
-                    return index is not None and index["States"]["A1"] == "Ended_Completed"
+                    return index is not None and {j["job_order_id"]: state_name(j["state"])
+                                                  for j in index["jobs"]}.get("A1") == \
+                        "Ended_Completed"
                 await wait_until(indexed, 10, "A1 in the retained state index")
                 # the other methods and requests: their scripts and reads under the ACL
-                assert (await mes.submit(S, {"ID": "C1", "WorkMasterID": "wm"},
+                assert (await mes.submit(S, {"JobOrderID": "C1", "WorkMasterID": [{"ID": "wm"}]},
                                          start=False)).ok
                 assert (await mes.control(S, "Cancel", "C1")).ok
                 assert (await mes.control(S, "Clear", "J0")).ok
-                assert len((await mes.by_state(S, "Ended")).data["JobResponses"]) == 4
-                assert (await mes.submit(S, {"ID": "X1", "WorkMasterID": "wm"})).ok
+                assert len((await mes.by_state(S, "Ended_Completed")).data["JobResponses"]) == 4
+                assert (await mes.submit(S, {"JobOrderID": "X1",
+                                             "WorkMasterID": [{"ID": "wm"}]})).ok
                 assert (await mes.control(S, "Abort", "X1")).ok
                 # the sweep's commands: an outage, and a due deadline popped (of a job
                 # that is not there: its tick finds nothing to do)
@@ -456,7 +464,8 @@ def test_a_missing_acl_command_fails_clearly(
         try:
             await app.start(connect_timeout_s=5)
             with pytest.raises(NoPermissionError, match="evalsha"):
-                await app.host.orders.store_order(S, {"ID": "J", "WorkMasterID": "wm"},
+                await app.host.orders.store_order(S, {"JobOrderID": "J",
+                                                      "WorkMasterID": [{"ID": "wm"}]},
                                                   start=True)
         finally:
             await app.aclose()
@@ -489,7 +498,8 @@ def test_a_station_cannot_send_mes_requests_or_read_them(
                 await c.publish(f"mes/{S}/commands", b'{"specversion": "1.0", "id": "x", '
                                 b'"source": "s", "type": "t"}', qos=1)
                 # the host publishes a status event and the retained order and index
-                await app.host.orders.store_order(S, {"ID": "J", "WorkMasterID": "wm"},
+                await app.host.orders.store_order(S, {"JobOrderID": "J",
+                                                      "WorkMasterID": [{"ID": "wm"}]},
                                                   start=False)
                 got: list[str] = []
 

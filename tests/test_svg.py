@@ -365,7 +365,8 @@ def test_cli_colours_a_running_jobs_steps(capsys: Cap, redis_url: str, tmp_path:
         await host.add_scope(S)
         await host.start()
         try:
-            await host.orders.store_order(S, {"ID": "A", "WorkMasterID": "axle"}, start=True)
+            await host.orders.store_order(S, {"JobOrderID": "A",
+                                              "WorkMasterID": [{"ID": "axle"}]}, start=True)
 
             async def mid_run() -> bool:
                 v = await host.inspect(S, "A")

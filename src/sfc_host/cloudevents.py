@@ -22,8 +22,9 @@ from typing import Any
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-__all__ = ["STRUCTURED_CONTENT_TYPE", "CloudEvent", "CloudEventError", "decode", "encode_binary",
-           "encode_structured", "new", "publish_properties", "structured_properties"]
+__all__ = ["STRUCTURED_CONTENT_TYPE", "CloudEvent", "CloudEventError", "RawJSON", "decode",
+           "encode_binary", "encode_structured", "new", "publish_properties",
+           "structured_properties"]
 
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
 MAX_ATTRIBUTE_CHARS = 1024
@@ -36,6 +37,11 @@ _EXT_NAME = re.compile(r"[a-z0-9]{1,20}")
 # CE 1.0 strings exclude controls and surrogates; MQTT receivers drop a whole packet with U+0000
 # or a surrogate in a property (MQTT-1.5.4), so an event carrying one could never be answered.
 _BAD_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+class RawJSON(bytes):
+    """Event data that is already JSON (UTF-8): sent as it is, not encoded again. The MES
+    side builds its payloads from stored JSON this way."""
 
 
 class CloudEventError(ValueError):
@@ -221,7 +227,7 @@ def varint(n: int) -> bytes:
 
 
 _FAST = frozenset(("UserProperty", "ContentType", "ResponseTopic", "CorrelationData",
-                   "MessageExpiryInterval", *_BLANK))
+                   "MessageExpiryInterval", "PayloadFormatIndicator", *_BLANK))
 # Attributes whose values repeat from event to event (a product has a handful of
 # sources, types and scopes): their packed user property is kept, up to _PAIRS_MAX.
 _REPEATING = frozenset(("specversion", "source", "type", "subject", "dataschema",
@@ -256,6 +262,9 @@ class PublishProperties(Properties):
         if not _FAST.issuperset(d):
             return super().pack()   # anything else: paho's own packing
         parts = []
+        v = d.get("PayloadFormatIndicator")
+        if v is not None:
+            parts.append(b"\x01" + bytes((int(v),)))
         v = d.get("MessageExpiryInterval")
         if v is not None:
             parts.append(b"\x02" + int(v).to_bytes(4, "big"))
@@ -321,9 +330,12 @@ def encode_binary(ev: CloudEvent, *, expiry_s: int | None = None) -> tuple[bytes
     _check(ev)
     data = ev.data
     if _is_json(ev.datacontenttype):
-        if isinstance(data, (bytes, bytearray)):
+        if isinstance(data, RawJSON):
+            payload = bytes(data)
+        elif isinstance(data, (bytes, bytearray)):
             raise CloudEventError("bad_data", "bytes data need a non-JSON datacontenttype")
-        payload = b"" if data is None else _dumps(data)
+        else:
+            payload = b"" if data is None else _dumps(data)
     elif data is None or isinstance(data, (bytes, bytearray)):
         payload = bytes(data or b"")
     elif isinstance(data, str):
@@ -355,6 +367,8 @@ def encode_structured(ev: CloudEvent) -> bytes:
             obj[name] = value
     obj.update(ev.extensions)
     data = ev.data
+    if isinstance(data, RawJSON):
+        data = _parse(data, "bad_data")   # structured mode embeds it: rare (MQTT 3.1.1)
     if isinstance(data, (bytes, bytearray)):
         if _is_json(ev.datacontenttype):
             raise CloudEventError("bad_data", "bytes data need a non-JSON datacontenttype")

@@ -84,7 +84,19 @@ class HostConfig:
     mqtt_qos: int = 1
     mqtt_queue_size: int = 100_000       # outgoing messages waiting; a full queue is counted
     mqtt_max_payload: int = 1 << 20      # bytes; a larger message is refused (logged, counted)
-    mes_prefix: str = "mes"
+    mes_prefix: str = "mes"              # may have several levels ("app/jobs")
+    # request topics {mes}/commands, {mes}/+/commands … with up to this many levels
+    # between prefix and "commands" (the original's topic wildcard levels)
+    mes_topic_levels: int = 3
+    mes_source: str = "sfc-host"         # CloudEvent source of replies, events, metadata
+    mes_message_expiry_s: int = 0        # MessageExpiryInterval of replies and events; 0 = none
+    mes_dedupe_s: int = 600              # a request id (per source) seen this long is a repeat
+    mes_retained_expiry_s: int = 172_800 # MessageExpiryInterval of retained order/result/index
+    # job acceptance checks (each switchable): work_master, equipment, material_class,
+    # material_definition, personnel, physical_asset, max_job_orders
+    mes_acceptance: list[str] = field(default_factory=lambda: [
+        "work_master", "equipment", "material_class", "material_definition", "personnel",
+        "physical_asset", "max_job_orders"])
     equipment_prefix: str = "equipment"
     max_job_orders: int = 10_000         # live job orders a scope accepts
     # an order cleared or cancelled (EndState) is deleted with its job state and job

@@ -10,16 +10,18 @@ stays pending for redelivery; an answer is left to the action's deadline).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any
 
+import msgspec
+
 from sfc_fast import Graph, evolve, job_index, open_command, sent_markers, state_to_json
 from sfc_fast.events import BaseEvent, Event, Start, Tick
 from sfc_host.config import HostConfig
+from sfc_host.mes.model import state_list
 from sfc_host.metrics import Metrics
 from sfc_host.store import JobRow, Record, Store, started_at
 
@@ -36,6 +38,7 @@ CONFLICT = "conflict"    # lost the race cas_rounds times
 ERROR = "error"          # the job cannot be evaluated (unreadable state); see .error
 
 Delivered = tuple[bytes, dict[bytes, bytes]]
+_ENCODE = msgspec.json.Encoder()
 EventsFn = Callable[[JobRow, Graph, bytes | None], Sequence[BaseEvent]]
 
 
@@ -95,21 +98,29 @@ def _iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
-def job_response(graph: Graph, state: bytes, now_ms: int) -> str:
-    """The job response written when a job completes (start and end times, results)."""
+# the job order state a job response reports, by the job's own end
+_RESPONSE_STATE = {"completed": "Ended_Completed", "stopped": "Ended_Completed",
+                   "aborted": "Aborted"}
+
+
+def job_response(graph: Graph, state: bytes, now_ms: int, status: str = "completed",
+                 reason: str | None = None) -> bytes:
+    """The ISA-95 job response (``ISA95JobResponseDataType``) written when a job ends:
+    its start and end times, the job state it ended in and every result field of its
+    actions (``action.field``); an aborted job's reason as its Description."""
     view = state_to_json(graph, state)
     data = []
     for name, a in view["actions"].items():
         for field, value in (a.get("result") or {}).items():
             data.append({"ID": f"{name}.{field}", "Value": value})
-    return json.dumps({
-        "ID": f"{view['job']}-response",
-        "JobOrderID": view["job"],
-        "JobState": "Ended_Completed",
-        "StartTime": _iso(view["started_ms"]),
-        "EndTime": _iso(now_ms),
-        "JobResponseData": data,
-    }, separators=(",", ":"))
+    out: dict[str, Any] = {"JobResponseID": f"{view['job']}-response"}
+    if status == "aborted" and reason:
+        out["Description"] = {"Locale": "en", "Text": reason}
+    out.update(JobOrderID=view["job"], StartTime=_iso(view["started_ms"]),
+               EndTime=_iso(now_ms), JobState=state_list(_RESPONSE_STATE[status]))
+    if data:
+        out["JobResponseData"] = data
+    return _ENCODE.encode(out)
 
 
 class Settler:
@@ -126,6 +137,9 @@ class Settler:
         self.config = config
         self.metrics = metrics
         self.on_end = on_end
+        # more listeners of a job's end (scope, job, decision): the MES side publishes
+        # the job response of an order that ended before the job did
+        self.end_listeners: list[Callable[[str, str, Any], None]] = []
         self.dispatcher: Any = None
         self.on_delivered: Callable[[str, list[Delivered]], None] | None = None
         self.serves: Callable[[str], bool] = lambda scope: False
@@ -231,8 +245,11 @@ class Settler:
                 self._fresh(s, rec, graph, decisions, marks, made)
                 for it in its:
                     d = it.decision
-                    if it.outcome == APPLIED and d.status in TERMINAL and self.on_end:
-                        self.on_end(s, it.job, d)
+                    if it.outcome == APPLIED and d.status in TERMINAL:
+                        if self.on_end:
+                            self.on_end(s, it.job, d)
+                        for listener in self.end_listeners:
+                            listener(s, it.job, d)
             # Commands whose entries this call delivered to us go out now; any other
             # entry it delivered is handled like one read from the stream.
             got = {eid for eid, _ in res.delivered}
@@ -374,8 +391,7 @@ class Settler:
             for d in decisions:
                 gone.update(d.waits_added)
             waits.extend(("-", t, 0) for t in sorted(gone))
-            if last.status == "completed":
-                rec.response = job_response(graph, last.state, now)
+            rec.response = job_response(graph, last.state, now, last.status, last.reason)
         if start_graph is not None:
             rec.fingerprint = start_graph.fingerprint
             if (scope, rec.fingerprint) not in self.store.graphs.stored:

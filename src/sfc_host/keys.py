@@ -45,8 +45,8 @@ def check_job(job: str) -> str:
 class ScopeKeys:
     """The keys of one scope."""
 
-    __slots__ = ("active", "base", "dead", "due", "errors", "heartbeat", "index", "live",
-                 "offset", "scope", "seq", "work")
+    __slots__ = ("active", "base", "dead", "due", "errors", "heartbeat", "index",
+                 "index_seq", "live", "offset", "scope", "seq", "work")
 
     def __init__(self, scope: str) -> None:
         self.scope = scope
@@ -60,7 +60,8 @@ class ScopeKeys:
         self.offset = b + "offset"      # the outages' gaps so far (ms): see sweep.lua
         self.errors = b + "errors"      # hash entry id -> last handler error
         self.index = b + "state-index"  # hash job -> order state (every order not cleared)
-        self.seq = b + "state-seq"      # + 1 per order change (the index's Seq)
+        self.seq = b + "state-seq"      # + 1 per order change
+        self.index_seq = b + "index-seq"  # + 1 per state-index published (its seq)
         self.live = b + "live"          # set of orders not ended (max_job_orders)
 
     def job(self, job: str) -> str:
@@ -84,3 +85,17 @@ class ScopeKeys:
 
     def work_master(self, wm_id: str) -> str:
         return self.base + "wm:" + wm_id
+
+    def catalog(self, kind: str) -> str:
+        """Set of the ids an MES configured for the scope (``equipment``,
+        ``materialclass``, ``materialdefinition``, ``personnel``, ``physicalasset``)."""
+        return self.base + "cfg:" + kind
+
+    @property
+    def acceptance(self) -> str:
+        """The scope's ``max_downloadable_job_orders`` (config.jobacceptance)."""
+        return self.base + "cfg:jobacceptance"
+
+    def seen(self, digest: str) -> str:
+        """A request already answered (source and id hashed): its reply, for a repeat."""
+        return self.base + "seen:" + digest

@@ -1,14 +1,16 @@
 """An MES-side client of the host's job control over MQTT (the ``sfc-host job`` commands,
 the demo and tests use it).
 
-A request is a CloudEvent on ``{mes}/{scope}/commands`` with a response topic private to
-this client and the request id as correlation data; the host's reply carries the
-request id as ``causationid``, which is how replies find their request (on MQTT 3.1.1
-there is no response topic: replies come on ``{mes}/{scope}/replies``, shared with
-other clients, and the same id picks ours). Many requests may be in flight at once.
+It speaks the wire of an MES written for the Python original: a request is a CloudEvent
+on ``{mes}/{scope levels}/commands`` with the scope as ``subject``, a UUID
+``correlationid`` (also as CorrelationData) and a response topic private to this
+client; the host's reply carries the request id as ``causationid``, which is how
+replies find their request (on MQTT 3.1.1 there is no response topic: replies come on
+``{mes}/{scope levels}/replies``, shared with other clients, and the same id picks
+ours). Many requests may be in flight at once.
 
     async with MesClient(HostConfig.load("host.toml")) as mes:
-        reply = await mes.submit("line1", {"ID": "J1", "WorkMasterID": "wm"})
+        reply = await mes.submit("line1", job_order("J1", "wm"))
         if not reply.ok:
             print(" ".join(reply.status_names))
 """
@@ -27,7 +29,6 @@ from urllib.parse import urlparse
 
 import aiomqtt
 
-from sfc_host import orders
 from sfc_host.cloudevents import (
     CloudEvent,
     CloudEventError,
@@ -37,10 +38,13 @@ from sfc_host.cloudevents import (
 )
 from sfc_host.config import HostConfig
 from sfc_host.keys import check_scope
-from sfc_host.mes import BY_ID, BY_STATE, JOB_CONTROL, METHODS, WORK_MASTER
+from sfc_host.mes import model
+from sfc_host.mes.codec import levels
+from sfc_host.mes.model import BY_ID, BY_STATE, CONFIG, JOB_CONTROL, METHODS, WORK_MASTER
 from sfc_host.mqtt import NO_DELAY, payload_bytes, retrieve_disconnect
 
-__all__ = ["MesClient", "MesError", "NoReply", "Reply", "status_names"]
+__all__ = ["LISTED_STATES", "MesClient", "MesError", "NoReply", "Reply", "job_order",
+           "status_names"]
 
 SOURCE = "sfc-host-cli"
 
@@ -51,13 +55,30 @@ _CLIENT_LOG.setLevel(logging.ERROR)
 # OPC UA ISA-95 job control method return status: a bit map (bit 0 = no error); the
 # names are those of the constants, as the docs' reply table shows them.
 STATUS_BITS = {v.bit_length() - 1: name for name, v in (
-    ("NO_ERROR", orders.NO_ERROR), ("UNKNOWN_JOB_ORDER_ID", orders.UNKNOWN_JOB_ORDER_ID),
-    ("INVALID_JOB_ORDER_STATUS", orders.INVALID_JOB_ORDER_STATUS),
-    ("UNABLE_TO_ACCEPT_JOB_ORDER", orders.UNABLE_TO_ACCEPT_JOB_ORDER),
-    ("INVALID_REQUEST", orders.INVALID_REQUEST))}
-# The top states RequestJobResponseByJobOrderState matches (sub-states included).
-TOP_STATES = ("NotAllowedToStart", "AllowedToStart", "Running", "Interrupted", "Ended",
-              "Aborted")
+    ("NO_ERROR", model.NO_ERROR), ("UNKNOWN_JOB_ORDER_ID", model.UNKNOWN_JOB_ORDER_ID),
+    ("INVALID_JOB_ORDER_STATUS", model.INVALID_JOB_ORDER_STATUS),
+    ("UNABLE_TO_ACCEPT_JOB_ORDER", model.UNABLE_TO_ACCEPT_JOB_ORDER),
+    ("INVALID_REQUEST", model.INVALID_REQUEST))}
+# The states a job order can be in (RequestJobResponseByJobOrderState matches a state
+# exactly): listing every order asks for each.
+LISTED_STATES = ("NotAllowedToStart_Ready", "AllowedToStart_Ready", "Running",
+                 "Interrupted_Suspended", "Interrupted_Held", "Ended_Completed",
+                 "Ended_Closed", "Aborted")
+
+
+def job_order(job: str, work_master: str | None = None, params: dict[str, Any] | None = None,
+              *, priority: int | None = None, **fields: Any) -> dict[str, Any]:
+    """An ``ISA95JobOrderDataType`` with the fields one usually sets: its Work Master and
+    its parameters (``{ID, Value}`` each); other fields as given (PascalCase)."""
+    order: dict[str, Any] = {"JobOrderID": job}
+    if work_master:
+        order["WorkMasterID"] = [{"ID": work_master}]
+    if priority is not None:
+        order["Priority"] = priority
+    if params:
+        order["JobOrderParameters"] = [{"ID": k, "Value": v} for k, v in params.items()]
+    order.update(fields)
+    return order
 
 
 class MesError(Exception):
@@ -166,8 +187,8 @@ class MesClient:
         # MQTT 5: a topic of this client only, under the scope's tree (broker ACLs that
         # allow {mes}/{scope}/# allow it); 3.1.1 has no response topic.
         if self.v5:
-            return f"{self.prefix}/{scope}/replies/{self.client_id}"
-        return f"{self.prefix}/{scope}/replies"
+            return f"{self.prefix}/{levels(scope)}/replies/{self.client_id}"
+        return f"{self.prefix}/{levels(scope)}/replies"
 
     async def _subscribe(self, topic: str) -> None:
         # concurrent requests share one SUBSCRIBE, and each waits for it to be done
@@ -206,7 +227,8 @@ class MesClient:
                         max_bytes=self.config.mqtt_max_payload)
         except CloudEventError:
             return      # not a reply of ours (a shared replies topic on 3.1.1)
-        fut = self._waiting.get(ev.causationid or "")
+        fut = self._waiting.get(ev.causationid or "") or self._waiting.get(
+            ev.correlationid or "")
         if fut is None or fut.done():
             return
         data = dict(ev.data) if isinstance(ev.data, dict) else {}
@@ -227,19 +249,23 @@ class MesClient:
             raise MesError("the client is not connected")
         inbox = self._inbox(scope)
         await self._subscribe(inbox)
-        ev = new(type_, SOURCE, data, extensions=extensions or {})
-        ev.extensions.setdefault("correlationid", ev.id)
+        corr = uuid.uuid4()
+        method = model.method_of(type_)
+        ev = new(type_, SOURCE, data, subject=scope, id=str(uuid.uuid4()),
+                 datacontenttype="application/json; charset=utf-8",
+                 dataschema=model.call_schema(method) if method else None,
+                 extensions={"correlationid": str(corr), **(extensions or {})})
         if self.v5:
             ev.response_topic = inbox
-            ev.correlation_data = ev.id.encode()
+            ev.correlation_data = corr.bytes
         payload, props = encode(ev, v5=self.v5, binary=self.config.mqtt_binary)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[ev.id] = fut
         wait = self.timeout_s if timeout_s is None else timeout_s
         try:
             try:
-                await self._client.publish(f"{self.prefix}/{scope}/commands", payload, qos=1,
-                                           properties=props)
+                await self._client.publish(f"{self.prefix}/{levels(scope)}/commands", payload,
+                                           qos=1, properties=props)
             except aiomqtt.MqttError as e:
                 raise MesError(f"cannot send to the MQTT broker ({e})") from None
             try:
@@ -256,28 +282,37 @@ class MesClient:
             raise ValueError(f"unknown job control method {method!r}")
         data: dict[str, Any] = {"JobOrderID": job}
         if comment:
-            data["Comment"] = comment
+            data["Comment"] = model.comment(comment)
         return await self.request(scope, f"{JOB_CONTROL}{method}.v2", data)
 
     async def submit(self, scope: str, order: dict[str, Any], *, start: bool = True,
                      comment: str = "") -> Reply:
-        """StoreAndStart (or Store) of a job order ``{ID, WorkMasterID, …}``."""
+        """StoreAndStart (or Store) of an ``ISA95JobOrderDataType`` (see ``job_order``)."""
         data: dict[str, Any] = {"JobOrder": order}
         if comment:
-            data["Comment"] = comment
+            data["Comment"] = model.comment(comment)
         method = "StoreAndStart" if start else "Store"
         return await self.request(scope, f"{JOB_CONTROL}{method}.v2", data)
 
+    async def update(self, scope: str, order: dict[str, Any], comment: str = "") -> Reply:
+        data: dict[str, Any] = {"JobOrder": order}
+        if comment:
+            data["Comment"] = model.comment(comment)
+        return await self.request(scope, f"{JOB_CONTROL}Update.v2", data)
+
     async def by_id(self, scope: str, job: str) -> Reply:
+        """RequestJobResponseByJobOrderID: ``JobResponse`` once the job ended."""
         return await self.request(scope, BY_ID, {"JobOrderID": job})
 
     async def by_state(self, scope: str, state: str) -> Reply:
-        return await self.request(scope, BY_STATE, {"JobOrderState": state})
+        """RequestJobResponseByJobOrderState for one state (``Ended_Completed``)."""
+        return await self.request(scope, BY_STATE,
+                                  {"JobOrderState": model.state_list(state)})
 
     async def all_orders(self, scope: str) -> tuple[Reply | None, list[dict[str, Any]]]:
-        """Every order of the scope (one ByJobOrderState request per top state, at once),
-        sorted by id; the first refusal instead, if any."""
-        replies = await asyncio.gather(*(self.by_state(scope, s) for s in TOP_STATES))
+        """A job response per order of the scope (one ByJobOrderState request per state
+        an order can be in, at once), sorted by id; the first refusal instead, if any."""
+        replies = await asyncio.gather(*(self.by_state(scope, s) for s in LISTED_STATES))
         rows: list[dict[str, Any]] = []
         for r in replies:
             if not r.ok:
@@ -289,26 +324,42 @@ class MesClient:
     async def put_work_master(self, scope: str, work_master: dict[str, Any]) -> Reply:
         return await self.request(scope, WORK_MASTER, work_master)
 
-    async def state_index(self, scope: str, wait_s: float = 1.0) -> dict[str, Any] | None:
-        """The retained ``{mes}/{scope}/state-index`` (``{Seq, States}``), or None when the
-        broker holds none (nothing arrives within ``wait_s``)."""
-        check_scope(scope)
+    async def delete_work_master(self, scope: str, wm_id: str) -> Reply:
+        return await self.request(scope, WORK_MASTER, {"ID": wm_id},
+                                  extensions={"method": "DELETE"})
+
+    async def config(self, scope: str, kind: str, data: dict[str, Any], *,
+                     delete: bool = False) -> Reply:
+        """A config message (``equipment``, ``materialclass``, ``materialdefinition``,
+        ``personnel``, ``physicalasset``, ``jobacceptance``)."""
+        return await self.request(scope, f"{CONFIG}{kind}.v1", data,
+                                  extensions={"method": "DELETE"} if delete else None)
+
+    async def retained(self, topic: str, wait_s: float = 1.0) -> Any:
+        """The retained JSON on ``{mes}/{topic}`` (``line1/state-index``,
+        ``line1/order/J1``), or None when the broker holds none."""
         if self._client is None:
             raise MesError("the client is not connected")
-        topic = f"{self.prefix}/{scope}/state-index"
+        full = f"{self.prefix}/{topic}"
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._retained[topic] = fut
+        self._retained[full] = fut
         try:
-            await self._client.subscribe(topic, qos=1)
+            await self._client.subscribe(full, qos=1)
             raw = await asyncio.wait_for(fut, wait_s)
         except TimeoutError:
             return None
         finally:
-            self._retained.pop(topic, None)
+            self._retained.pop(full, None)
             with contextlib.suppress(aiomqtt.MqttError):
-                await self._client.unsubscribe(topic)
+                await self._client.unsubscribe(full)
         try:
-            doc = json.loads(raw) if raw else None
+            return json.loads(raw) if raw else None
         except ValueError:
             return None
+
+    async def state_index(self, scope: str, wait_s: float = 1.0) -> dict[str, Any] | None:
+        """The retained ``{mes}/{scope}/state-index`` (``{seq, scope, published_at, jobs}``),
+        or None when the broker holds none (nothing arrives within ``wait_s``)."""
+        check_scope(scope)
+        doc = await self.retained(f"{scope}/state-index", wait_s)
         return doc if isinstance(doc, dict) else None

@@ -10,33 +10,58 @@ transitions (``job`` entries: Run, Complete, Abort) both come through here.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 from sfc_fast import JOB_ORDER, InvalidTransition
 from sfc_host.keys import SCOPES, ScopeKeys, check_job, check_scope
+from sfc_host.mes.model import (
+    INVALID_JOB_ORDER_STATUS,
+    INVALID_REQUEST,
+    NO_ERROR,
+    UNABLE_TO_ACCEPT_JOB_ORDER,
+    UNKNOWN_JOB_ORDER_ID,
+    JobOrderData,
+)
 from sfc_host.metrics import Metrics
 from sfc_host.scripts import Scripts
 from sfc_host.store import Store
 
 log = logging.getLogger("sfc_host.orders")
 
-# OPC UA method return status bits (ISA-95 job control)
-NO_ERROR = 1
-UNKNOWN_JOB_ORDER_ID = 2
-INVALID_JOB_ORDER_STATUS = 8
-UNABLE_TO_ACCEPT_JOB_ORDER = 16
-INVALID_REQUEST = 2 ** 32
+__all__ = ["INVALID_JOB_ORDER_STATUS", "INVALID_REQUEST", "NO_ERROR",
+           "UNABLE_TO_ACCEPT_JOB_ORDER", "UNKNOWN_JOB_ORDER_ID", "OrderError", "Orders",
+           "top_state"]
 
 ROUNDS = 8
+ENDED_TOPS = ("Ended", "Aborted", "EndState")
+_ENCODE = msgspec.json.Encoder()
 
-# on_change(scope, job, old state, new state, order hash after the write): called after
-# every successful order write; the hash is built from what was read and written, so
-# the hook costs no extra read.
-OnChange = Callable[[str, str, str, str, dict[str, str]], Awaitable[None] | None]
+# on_change(scope, job, old state, new state, order hash after the write, cause): called
+# after every successful order write; the hash is built from what was read and written,
+# so the hook costs no extra read. ``cause`` is the MES request that made the change
+# (None for the recipe's own transitions).
+OnChange = Callable[[str, str, str, str, dict[str, str], Any], Awaitable[None] | None]
+
+
+def iso_now() -> str:
+    """Now as the job order times are kept: UTC, milliseconds."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def times_for(new: str) -> dict[str, str]:
+    """The order hash's ``started`` and ``ended`` times a new state sets."""
+    if new == "Running":
+        return {"started": iso_now()}
+    if _top(new) in ("Ended", "Aborted"):
+        return {"ended": iso_now()}
+    return {}
 
 
 class OrderError(Exception):
@@ -84,7 +109,8 @@ class Orders:
         self._registered: set[str] = set()
 
     async def _changed(self, scope: str, job: str, cur: dict[str, str] | None, new: str,
-                       v: int, *, order: str = "", reason: str = "") -> None:
+                       v: int, *, order: str = "", reason: str = "",
+                       extra: dict[str, str] | None = None, cause: Any = None) -> None:
         """Tell ``on_change`` about a write that succeeded. Its faults are logged and
         counted, never raised: the order is already written."""
         hook = self.on_change
@@ -96,9 +122,11 @@ class Orders:
             h["order"] = order
         if reason:
             h["reason"] = reason
+        if extra:
+            h.update(extra)
         old = (cur or {}).get("state") or "InitialState"
         try:
-            res = hook(scope, job, old, new, h)
+            res = hook(scope, job, old, new, h, cause)
             if res is not None:
                 await res
         except Exception:
@@ -132,57 +160,76 @@ class Orders:
             keys.append(must_exist)
         return int(await self.scripts.call(self.scripts["order"], keys, args))
 
-    async def store_order(self, scope: str, order: dict[str, Any], *, start: bool) -> str:
-        """Store (or StoreAndStart) a job order; its new state. An id whose order is
-        still there (not cleared) is refused."""
+    async def store_order(self, scope: str, order: dict[str, Any] | JobOrderData, *,
+                          start: bool, work_master: str | None = None,
+                          cause: Any = None) -> str:
+        """Store (or StoreAndStart) an ISA-95 job order; its new state.
+
+        ``work_master`` is the Work Master that runs (default: the first one the order
+        lists; "": none); it must exist in the scope when the order is written. An id whose
+        order is live is refused unless the order is the same (an MES repeating a Store
+        whose reply it lost: success, nothing changes); an ended or cleared id is
+        stored afresh.
+        """
         check_scope(scope)
-        job = order.get("ID")
+        if isinstance(order, dict):
+            try:
+                order = msgspec.convert(order, JobOrderData)
+            except msgspec.ValidationError as e:
+                raise OrderError(INVALID_REQUEST, f"the job order: {e}") from None
+        job = order.JobOrderID
         try:
             check_job(job)  # type: ignore[arg-type]
         except ValueError as e:
-            raise OrderError(INVALID_REQUEST, str(e)) from None
-        assert isinstance(job, str)
-        wm_id = order.get("WorkMasterID")
-        if not isinstance(wm_id, str) or not wm_id:
-            raise OrderError(INVALID_REQUEST, "the job order names no WorkMasterID")
+            raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER, str(e)) from None
+        assert job is not None
+        if work_master is None:
+            work_master = next((w.ID for w in order.WorkMasterID or () if w.ID), None)
         await self.register_scope(scope)
         trigger = "StoreAndStart" if start else "Store"
         k = self.store.keys(scope)
         new = JOB_ORDER.fire(JOB_ORDER.initial_name, trigger)
         entries = implied_entries(trigger, "InitialState", new)
-        body = json.dumps(order)
+        body = _ENCODE.encode(order).decode()
+        extra = {"wm": work_master or "", "prio": str(order.Priority or 0)}
         cur: dict[str, str] | None = None
         for round_ in range(ROUNDS):
             if round_ > 0:
-                # the id was taken: stored again only once its order was cleared
                 cur = await self.store.order(scope, job)
                 if cur is not None and cur.get("state") != "EndState":
-                    raise OrderError(INVALID_JOB_ORDER_STATUS,
-                                     f"job order {job!r} exists ({cur.get('state')})")
+                    if cur.get("order") == body:
+                        return cur.get("state") or new     # the same order again
+                    if _top(cur.get("state", "")) not in ENDED_TOPS:
+                        raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER,
+                                         f"job order {job!r} exists ({cur.get('state')}) "
+                                         "with other content")
                 if cur is not None:
                     # A cleared id stored again must not show its last run's response.
                     await self.store.client.delete(k.response(job))
             # a new id (the usual case) costs one round trip: the Work Master check and
             # the write are one script call
             token = uuid.uuid4().hex[:16]
+            fields = {"token": token, "reason": "", "started": "", "ended": "", **extra}
             v = await self._write(scope, job, cur["v"] if cur else "0", new, entries,
-                                  order=body, reason="",
-                                  extra={"token": token, "reason": ""},
-                                  must_exist=k.work_master(wm_id))
+                                  order=body, reason="", extra=fields,
+                                  must_exist=k.work_master(work_master) if work_master
+                                  else "")
             if v < 0:
                 raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER,
-                                 f"Work Master {wm_id!r} is not known in scope {scope!r}")
+                                 f"Work Master {work_master!r} is not known in scope "
+                                 f"{scope!r}")
             if v:
                 # a re-stored id starts afresh: its old state is InitialState
-                await self._changed(scope, job, {"token": token, "reason": ""}, new, v,
-                                    order=body)
+                await self._changed(scope, job, fields, new, v, order=body, cause=cause)
                 return new
         raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER, f"job order {job!r} is contended")
 
     async def trigger(self, scope: str, job: str, trigger: str, *, reason: str = "",
-                      order: dict[str, Any] | None = None) -> str:
+                      order: JobOrderData | None = None, work_master: str | None = None,
+                      cause: Any = None) -> str:
         """Fire an MES trigger (Start, RevokeStart, Update, Pause, Resume, Stop, Abort,
-        Cancel, Clear) on a stored order; its new state."""
+        Cancel, Clear) on a stored order; its new state. Update replaces the whole job
+        order (as the original: fields it leaves out are gone)."""
         check_scope(scope)
         for _ in range(ROUNDS):
             cur = await self.store.order(scope, job)
@@ -195,14 +242,20 @@ class Orders:
                 raise OrderError(INVALID_JOB_ORDER_STATUS,
                                  f"{trigger} is not allowed in {old} (allowed: "
                                  f"{', '.join(e.permitted) or 'none'})") from None
-            if trigger == "Update" and order is not None and order.get("ID") not in (None, job):
-                raise OrderError(INVALID_REQUEST, "Update cannot change the job order ID")
-            body = json.dumps(order) if order is not None else ""
+            body = ""
+            extra = times_for(new) if _top(new) != _top(old) else {}
+            if order is not None:
+                if order.JobOrderID not in (None, job):
+                    raise OrderError(INVALID_REQUEST, "Update cannot change the job order ID")
+                body = _ENCODE.encode(order).decode()
+                extra.update(wm=work_master or "", prio=str(order.Priority or 0))
             why = reason or (f"{trigger} by the MES" if trigger in ("Abort", "Stop") else "")
             v = await self._write(scope, job, cur["v"], new,
-                                  implied_entries(trigger, old, new), order=body, reason=why)
+                                  implied_entries(trigger, old, new), order=body, reason=why,
+                                  extra=extra)
             if v:
-                await self._changed(scope, job, cur, new, v, order=body, reason=why)
+                await self._changed(scope, job, cur, new, v, order=body, reason=why,
+                                    extra=extra, cause=cause)
                 return new
             self.metrics.inc("order_retries")
         raise OrderError(INVALID_JOB_ORDER_STATUS, f"job order {job!r} is contended")
@@ -238,8 +291,10 @@ class Orders:
             if new is not None:
                 k = self.store.keys(scope)
                 assert cur is not None
-                calls.append((self.scripts["order"], _order_keys(k, job),
-                              [cur["v"], new, "", reason, job, 0]))
+                args: list[Any] = [cur["v"], new, "", reason, job, 0]
+                for f, value in times_for(new).items():
+                    args += (f, value)
+                calls.append((self.scripts["order"], _order_keys(k, job), args))
         results = iter(await self.scripts.run(calls))
         hooks = []
         for i, new in enumerate(out):
@@ -249,7 +304,8 @@ class Orders:
                     raise r
                 if int(r) and self.on_change is not None:
                     scope, job, _, reason, cur = items[i]
-                    hooks.append(self._changed(scope, job, cur, new, int(r), reason=reason))
+                    hooks.append(self._changed(scope, job, cur, new, int(r), reason=reason,
+                                               extra=times_for(new)))
                 if not int(r) or (items[i][2] == "Complete" and new == "Running"):
                     out[i] = False   # lost a race, or half done: one by one
         if hooks:
@@ -266,13 +322,12 @@ class Orders:
             new = self.next_for_recipe(cur, transition)
             if cur is None or new is None:
                 return None
-            if transition == "Complete" and new == "Running":
-                v = await self._write(scope, job, cur["v"], new, [], reason=reason)
-                if v:
-                    await self._changed(scope, job, cur, new, v, reason=reason)
-                continue   # read again, then Running -> Ended_Completed
-            v = await self._write(scope, job, cur["v"], new, [], reason=reason)
+            extra = times_for(new)
+            v = await self._write(scope, job, cur["v"], new, [], reason=reason, extra=extra)
             if v:
-                await self._changed(scope, job, cur, new, v, reason=reason)
+                await self._changed(scope, job, cur, new, v, reason=reason, extra=extra)
+            if transition == "Complete" and new == "Running":
+                continue   # read again, then Running -> Ended_Completed
+            if v:
                 return new
         raise RuntimeError(f"job order {job!r} is contended")

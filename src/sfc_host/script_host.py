@@ -21,7 +21,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from sfc_host.engine.api import Handler, Props, ScriptAPIError, wants_properties
-from sfc_host.mes import Invalid, MesControl
+from sfc_host.mes.codec import Invalid
+from sfc_host.mes.control import MesControl
 from sfc_host.mes_client import status_names
 from sfc_host.mqtt import MqttLink, payload_bytes
 from sfc_host.orders import OrderError
@@ -94,13 +95,12 @@ class ScriptJobs:
     async def _call(self, what: str, scope: str, method: str,
                     data: dict[str, Any]) -> dict[str, Any]:
         try:
-            _, reply = await self.mes.job_control(scope, method, data)
-        except OrderError as e:
+            return await self.mes.job_control(scope, method, data)
+        except (OrderError, Invalid) as e:
             raise ScriptAPIError(f"api.jobs.{what}: {'|'.join(status_names(e.status))}: "
                                  f"{e}") from None
-        except (Invalid, ValueError) as e:
+        except ValueError as e:
             raise ScriptAPIError(f"api.jobs.{what}: INVALID_REQUEST: {e}") from None
-        return reply
 
     async def submit(self, job_order: dict[str, Any], *, scope: str,
                      start: bool = True) -> str:
@@ -127,7 +127,7 @@ class ScriptJobs:
                        reason: str) -> str:
         data: dict[str, Any] = {"JobOrderID": job_id}
         if reason:
-            data["Comment"] = reason
+            data["Comment"] = [{"Locale": "en", "Text": reason}]
         return str((await self._call(what, scope, method, data))["JobState"])
 
     async def start(self, job_id: str, *, scope: str) -> str:

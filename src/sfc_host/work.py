@@ -11,11 +11,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from sfc_fast import Graph, RecipeError, compile_recipe
 from sfc_fast.events import Cancel, Event, Hold, Release, Resume, Start
 from sfc_host.config import HostConfig
 from sfc_host.equipment import Dispatcher
 from sfc_host.jobs import APPLIED, CONFLICT, ERROR, Item, Settler, tick_events
+from sfc_host.mes.model import JobOrderData, parameters
 from sfc_host.metrics import Metrics
 from sfc_host.orders import Orders
 from sfc_host.orders import top_state as _top
@@ -36,30 +39,22 @@ class Unusable(Exception):
 
 
 def _wm_id(order: dict[str, str] | None) -> str | None:
+    """The Work Master that runs: the one chosen when the order was stored (the first
+    one it lists that the scope knew)."""
     if order is None:
         return None
+    return order.get("wm") or None
+
+
+def order_params(body: str | None, wm_id: str | None) -> dict[str, Any] | None:
+    """Job parameters of a stored ISA-95 job order (``job.param`` in conditions): the
+    chosen Work Master entry's ``Parameters``, then ``JobOrderParameters``."""
     try:
-        body = json.loads(order.get("order") or "{}")
-    except ValueError:
+        order = msgspec.json.decode(body or "{}", type=JobOrderData)
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    w = body.get("WorkMasterID") if isinstance(body, dict) else None
-    return w if isinstance(w, str) and w else None
-
-
-def order_params(order: dict[str, Any]) -> dict[str, Any] | None:
-    """Job parameters of a job order: ``Parameters`` as an object, or ISA-95 style
-    ``JobOrderParameters`` / ``Parameters`` as a list of ``{ID, Value}``."""
-    for key in ("Parameters", "JobOrderParameters"):
-        p = order.get(key)
-        if isinstance(p, dict):
-            return p
-        if isinstance(p, list):
-            out = {}
-            for x in p:
-                if isinstance(x, dict) and isinstance(x.get("ID"), str):
-                    out[x["ID"]] = x.get("Value")
-            return out
-    return None
+    wm = next((w for w in order.WorkMasterID or () if wm_id == w.ID), None)
+    return parameters(order, wm) or None
 
 
 class Recipes:
@@ -245,14 +240,10 @@ class WorkHandler:
             log.info("start of %s/%s skipped: the job order is %s", e.scope, e.job,
                      order.get("state") if order else "missing", extra=_fields(e))
             return None
+        wm_id = _wm_id(order)
         try:
-            body = json.loads(order.get("order") or "{}")
-        except ValueError:
-            body = {}
-        wm_id = body.get("WorkMasterID") if isinstance(body, dict) else None
-        try:
-            if not isinstance(wm_id, str) or not wm_id:
-                raise Unusable("the job order names no WorkMasterID")
+            if not wm_id:
+                raise Unusable("the job order names no Work Master known in the scope")
             if raw is None:
                 raise Unusable(f"Work Master {wm_id!r} is not known in scope {e.scope!r}")
             graph = self.recipes.compile(raw)
@@ -261,7 +252,7 @@ class WorkHandler:
             log.error("job %s/%s aborted: %s", e.scope, e.job, u, extra=_fields(e))
             await self.orders.recipe_transition(e.scope, e.job, "Abort", str(u))
             return None
-        params = order_params(body)
+        params = order_params(order.get("order"), wm_id)
         return Item(e.scope, e.job, [Start(e.job, e.scope, params, order.get("token") or None)],
                     graph=graph)
 

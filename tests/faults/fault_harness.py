@@ -62,8 +62,11 @@ from test_host_faults import expected_ids
 from sfc_host.config import HostConfig
 from sfc_host.host import Host
 from sfc_host.keys import ScopeKeys
+from sfc_host.mes.model import state_list
 from sfc_host.mes_client import MesClient
 from sfc_host.orders import INVALID_JOB_ORDER_STATUS, OrderError
+
+ENDED_COMPLETED = state_list("Ended_Completed")   # as a job response carries it
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parents[1] / "src" / "sfc_host" / "examples"
@@ -307,7 +310,7 @@ class Cluster:
         for attempt in range(50):
             try:
                 await self.orders.orders.store_order(
-                    SCOPE, {"ID": job, "WorkMasterID": "wm1"}, start=True)
+                    SCOPE, {"JobOrderID": job, "WorkMasterID": [{"ID": "wm1"}]}, start=True)
                 return
             except OrderError as e:
                 if e.status == INVALID_JOB_ORDER_STATUS:
@@ -375,7 +378,7 @@ class Cluster:
             raw = await self.client.get(K.response(j))
             resp = json.loads(raw) if raw else {}
             data = {d["ID"]: d["Value"] for d in resp.get("JobResponseData", [])}
-            if st != b"Ended_Completed" or resp.get("JobState") != "Ended_Completed" \
+            if st != b"Ended_Completed" or resp.get("JobState") != ENDED_COMPLETED \
                     or data.get("tighten.torque") != 85:
                 out.jobs_lost += 1
                 view = await self.orders.inspect(SCOPE, j) or {}

@@ -36,7 +36,8 @@ def test_a_jobs_arrival_entry_goes_when_it_ends(redis_url: str) -> None:
             await host.start()
             eq.arrived["J1"] = 1.0              # as on_answer records the last answer
             eq.arrived["other"] = 2.0
-            await host.orders.store_order(SCOPE, {"ID": "J1", "WorkMasterID": "wm1"},
+            await host.orders.store_order(SCOPE, {"JobOrderID": "J1",
+                                                  "WorkMasterID": [{"ID": "wm1"}]},
                                           start=True)
             await wait_until(lambda: ended == ["J1"], 10, "J1 to end")
             assert "J1" not in eq.arrived        # gone with the job

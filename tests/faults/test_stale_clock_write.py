@@ -56,7 +56,7 @@ def test_a_decision_on_a_clock_from_before_an_outage_is_made_again(redis_url: st
                 return await real_commit(*args, **kw)
 
             a.store.commit = frozen_commit  # type: ignore[method-assign]
-            await a.orders.store_order(SCOPE, {"ID": "J1", "WorkMasterID": "wm1"},
+            await a.orders.store_order(SCOPE, {"JobOrderID": "J1", "WorkMasterID": [{"ID": "wm1"}]},
                                        start=True)
             while await a.consume_once(block_ms=50):
                 pass

@@ -1,0 +1,209 @@
+"""MES messages in and out: payload decoding, scopes and topics, reply and event
+envelopes. Pure functions, no I/O.
+
+Requests are CloudEvents (binary or structured mode). Their data is JSON (with or
+without ``; charset=utf-8``) or MessagePack, decoded into the typed call of
+``model``; a payload that does not fit is ``Invalid`` with the path of the fault.
+Replies and status events go out in binary mode on MQTT 5 as the original sends them:
+``application/json; charset=utf-8``, payload format indicator 1, the request's
+``correlationid`` (a UUID) as user property and as 16 bytes of CorrelationData.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, TypeVar
+
+import msgspec
+
+from sfc_host.cloudevents import CloudEvent, CloudEventError, RawJSON, encode
+from sfc_host.cloudevents import new as new_event
+from sfc_host.keys import check_scope
+from sfc_host.mes import model
+
+T = TypeVar("T")
+
+JSON_UTF8 = "application/json; charset=utf-8"
+_ENCODE = msgspec.json.Encoder()
+_MSGPACK = msgspec.msgpack.Decoder()
+
+
+class Invalid(Exception):
+    """A request that is a CloudEvent but not a valid job control request: answered
+    with INVALID_REQUEST (or the status the original gives for it)."""
+
+    def __init__(self, message: str, status: int = model.INVALID_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def dumps(value: Any) -> bytes:
+    return _ENCODE.encode(value)
+
+
+# ---- payloads
+
+
+def _media(content_type: str | None) -> str:
+    return (content_type or "application/json").partition(";")[0].strip().lower()
+
+
+def data_of(ev: CloudEvent) -> Any:
+    """The request's data as builtins: JSON (already parsed by the CloudEvent decoder)
+    or MessagePack."""
+    media = _media(ev.datacontenttype)
+    if media == "application/msgpack":
+        raw = ev.data
+        if raw is None or raw == b"":
+            return None
+        if not isinstance(raw, (bytes, bytearray)):
+            raise Invalid("MessagePack data is not bytes")
+        try:
+            return _MSGPACK.decode(raw)
+        except (msgspec.DecodeError, RecursionError) as e:
+            raise Invalid(f"data is not valid MessagePack: {e}") from None
+    if media == "application/json" or media.endswith("+json"):
+        return ev.data
+    raise Invalid(f"unsupported datacontenttype {ev.datacontenttype!r} "
+                  "(application/json or application/msgpack)")
+
+
+def typed(data: Any, kind: type[T]) -> T:
+    """``data`` as the call type ``kind``; the original's snake_case names are taken too.
+    A zero-byte payload is an empty call (every field absent)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise Invalid("data is not an object")
+    if model.has_snake_keys(data) or any(model.has_snake_keys(v) for v in data.values()):
+        data = model.pascal_keys(data)
+    try:
+        return msgspec.convert(data, kind)
+    except msgspec.ValidationError as e:
+        raise Invalid(str(e).replace("`", "")) from None
+
+
+# ---- scopes and topics
+
+
+def scope_of(ev: CloudEvent, topic: str, prefix: str) -> str | None:
+    """The request's scope: its ``subject`` up to the first ``/`` (as the original), or
+    without a subject the topic levels between the prefix and ``commands`` joined by
+    ``.`` (``mes/line1/cell1/commands`` -> ``line1.cell1``). None: no scope (``Invalid``
+    for one that cannot name keys)."""
+    subject = ev.subject
+    if subject:
+        scope = subject.partition("/")[0]
+    else:
+        head = prefix + "/"
+        if not topic.startswith(head) or not topic.endswith("/commands"):
+            return None
+        scope = topic[len(head):-len("/commands")].replace("/", ".")
+        if not scope:
+            return None
+    try:
+        return check_scope(scope)
+    except ValueError as e:
+        raise Invalid(str(e)) from None
+
+
+def levels(scope: str) -> str:
+    """A scope as topic levels (``line1.cell1`` -> ``line1/cell1``): requests, events and
+    the reply fallback; the retained topics keep the scope as one level."""
+    return scope.replace(".", "/")
+
+
+def request_filters(prefix: str, depth: int) -> list[str]:
+    """The request topic filters: ``{prefix}/commands``, ``{prefix}/+/commands`` … with
+    up to ``depth`` levels between."""
+    return [prefix + "/+" * i + "/commands" for i in range(depth + 1)]
+
+
+# ---- envelopes
+
+
+def correlation(req: CloudEvent) -> tuple[str, bytes]:
+    """The correlation id a reply and the request's status event carry, and its
+    CorrelationData: the request's ``correlationid`` (its UUID's 16 bytes, as the
+    original), else its CorrelationData (a UUID's bytes, or any bytes echoed as they
+    came), else a new UUID as the original makes one."""
+    cid = req.correlationid
+    if cid:
+        try:
+            return cid, uuid.UUID(cid).bytes
+        except ValueError:
+            # not a UUID: the original fails here; echo what the client sent
+            return cid, req.correlation_data if req.correlation_data else cid.encode()
+    data = req.correlation_data
+    if data:
+        if len(data) == 16:
+            return str(uuid.UUID(bytes=data)), data
+        try:
+            text = data.decode("ascii")
+            if text.isprintable():
+                return text, data
+        except UnicodeDecodeError:
+            pass
+        return data.hex(), data
+    u = uuid.uuid4()
+    return str(u), u.bytes
+
+
+def _with_props(ev: CloudEvent, *, v5: bool, binary: bool,
+                expiry_s: int) -> tuple[bytes, Any]:
+    payload, props = encode(ev, v5=v5, binary=binary)
+    if props is not None:
+        # UTF-8 JSON: the payload format indicator says so, as the original's does
+        object.__setattr__(props, "PayloadFormatIndicator", 1)
+        if expiry_s > 0:
+            object.__setattr__(props, "MessageExpiryInterval", int(expiry_s))
+    return payload, props
+
+
+def reply(req: CloudEvent, method: str | None, source: str, body: bytes, *, v5: bool,
+          binary: bool, expiry_s: int) -> tuple[bytes, Any]:
+    """The reply to ``req``: its type, subject and correlation, ``causationid`` = its id,
+    ``body`` the encoded ``{…, ReturnStatus}``."""
+    cid, cdata = correlation(req)
+    ev = new_event(req.type, source, RawJSON(body), subject=req.subject,
+                   datacontenttype=JSON_UTF8,
+                   dataschema=model.reply_schema(method) if method else None,
+                   extensions={"correlationid": cid, "causationid": req.id})
+    ev.correlation_data = cdata
+    return _with_props(ev, v5=v5, binary=binary, expiry_s=expiry_s)
+
+
+def status_event(scope: str, order_json: bytes | None, state: str, source: str,
+                 cause: CloudEvent | None, *, v5: bool, binary: bool,
+                 expiry_s: int) -> tuple[bytes, Any]:
+    """``{JobOrder, JobState}`` of one change, with the correlation of the MES request
+    that caused it (none for the recipe's own Run, Complete and Abort)."""
+    body = b'{"JobOrder":' + order_json + b',"JobState":' if order_json else \
+        b'{"JobState":'
+    body += model.STATE_JSON[state] + b"}"
+    ext: dict[str, str] = {}
+    cdata = None
+    if cause is not None:
+        cid, cdata = correlation(cause)
+        ext = {"correlationid": cid, "causationid": cause.id}
+    ev = new_event(model.STATUS_EVENT, source, RawJSON(body), subject=scope,
+                   datacontenttype=JSON_UTF8, dataschema=model.STATUS_EVENT_SCHEMA,
+                   extensions=ext)
+    ev.correlation_data = cdata
+    return _with_props(ev, v5=v5, binary=binary, expiry_s=expiry_s)
+
+
+def metadata(source: str, *, v5: bool, binary: bool, expiry_s: int) -> tuple[bytes, Any]:
+    """The retained capabilities message the original publishes at start (no type)."""
+    u = uuid.uuid4()
+    # a CloudEvent needs a type to be encoded here; the original's has none, and an
+    # MES reads only the data, so the type names the message for our own decoders
+    ev = new_event("org.opcfoundation.Machinery.Jobs.Meta.v1", source,
+                   RawJSON(dumps(model.METADATA)), datacontenttype=JSON_UTF8,
+                   extensions={"correlationid": str(u)})
+    ev.correlation_data = u.bytes
+    return _with_props(ev, v5=v5, binary=binary, expiry_s=expiry_s)
+
+
+__all__ = ["CloudEventError", "Invalid", "correlation", "data_of", "dumps", "levels",
+           "metadata", "reply", "request_filters", "scope_of", "status_event", "typed"]

@@ -1,0 +1,349 @@
+"""Job control from the MES over MQTT: requests in, replies out (ISA-95 job control v2
+and Machinery Jobs, as the Python original speaks them).
+
+- Requests on ``{mes}/commands``, ``{mes}/+/commands`` … (``mes_topic_levels`` levels,
+  shared subscriptions): the eleven job control methods, the two
+  RequestJobResponseBy… queries and the config messages. The scope is the CloudEvent
+  ``subject`` up to its first ``/``; without one, the topic levels.
+- The reply (same type, ``{…, ReturnStatus}``, the request's correlation,
+  ``causationid`` = request id) on the request's response topic, or
+  ``{mes}/{scope levels}/replies`` without one.
+- A request id (per source) answered within ``mes_dedupe_s`` is a repeat: it is not run
+  again, its stored reply is sent again. The id is recorded after the request ran,
+  never before, so a request that failed half-way runs again when it is redelivered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import aiomqtt
+
+from sfc_host.capabilities import Capabilities, unserved
+from sfc_host.cloudevents import CloudEvent, CloudEventError, decode
+from sfc_host.config import ConfigError
+from sfc_host.keys import ScopeKeys, check_job
+from sfc_host.mes import codec, model
+from sfc_host.mes.catalog import ID_FIELD, Acceptance, check_settings, config_id, max_orders
+from sfc_host.mes.codec import Invalid
+from sfc_host.mes.publishing import Publisher
+from sfc_host.mqtt import MqttLink, payload_bytes
+from sfc_host.orders import OrderError
+from sfc_host.work import Recipes, Unusable
+
+if TYPE_CHECKING:
+    from sfc_host.host import Host
+
+log = logging.getLogger("sfc_host.mes")
+
+MAX_BY_STATE = 1000       # job responses in one ByJobOrderState reply
+NO_SCOPE = "the request names no scope (no CloudEvent subject, no scope in the topic)"
+
+
+def _check_prefix(prefix: str) -> str:
+    if (not prefix or prefix.startswith("/") or prefix.endswith("/") or "//" in prefix
+            or any(c in prefix for c in "+#\x00")):
+        raise ConfigError(f"setting mes_prefix: {prefix!r} is not a topic prefix (levels "
+                          "without wildcards, e.g. mes or app/jobs)")
+    return prefix
+
+
+def _job_id(value: str | None) -> str:
+    if value is None:
+        raise Invalid("JobOrderID is missing")
+    try:
+        return check_job(value)
+    except ValueError as e:
+        raise Invalid(str(e)) from None
+
+
+def _status_body(status: int, message: str = "", head: bytes = b"") -> bytes:
+    """``{…head, ReturnStatus[, Message]}``: the reply's JSON; ``Message`` (one line, our
+    addition) says why a request was refused."""
+    body = b"{" + head + b'"ReturnStatus":' + str(status).encode()
+    if message:
+        body += b',"Message":' + codec.dumps(" ".join(message.split())[:500])
+    return body + b"}"
+
+
+class MesControl:
+    """The MES side of one host: requests in, replies and job order state out."""
+
+    def __init__(self, host: Host, link: MqttLink) -> None:
+        c = link.config
+        try:
+            check_settings(c.mes_acceptance)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if c.mes_topic_levels > 16:
+            raise ConfigError(f"setting mes_topic_levels: at most 16, not {c.mes_topic_levels}")
+        self.host = host
+        self.link = link
+        self.metrics = host.metrics
+        self.config = c
+        self.prefix = _check_prefix(c.mes_prefix)
+        self.max_bytes = c.mqtt_max_payload
+        self.publisher = Publisher(host, link)
+        self.acceptance = Acceptance(host.client, c.mes_acceptance, c.max_job_orders)
+        for f in codec.request_filters(self.prefix, c.mes_topic_levels):
+            link.subscribe(f, self.on_request)
+        self.capabilities = Capabilities(host.client, host.store.keys, link, host.metrics)
+        host.orders.on_change = self.publisher.on_change
+        host.settler.end_listeners.append(self.publisher.on_job_end)
+
+    async def start(self) -> None:
+        """Once connected: the retained metadata message and every scope's index."""
+        self.publisher.start()
+
+    async def aclose(self) -> None:
+        await self.publisher.aclose()
+
+    # ---- requests
+
+    async def on_request(self, message: aiomqtt.Message) -> None:
+        topic = message.topic.value
+        try:
+            ev = decode(payload_bytes(message), message.properties, max_bytes=self.max_bytes)
+        except CloudEventError as e:
+            self.metrics.inc("bad_mes_requests")
+            log.warning("MES request on %s refused (no reply possible): %s", topic, e)
+            return
+        method = model.method_of(ev.type)
+        scope: str | None = None
+        try:
+            scope = codec.scope_of(ev, topic, self.prefix)
+            if method is None:
+                raise Invalid(f"unknown request type {ev.type[:120]!r}")
+            if scope is None:
+                # the original's answer to a request it cannot file under a scope
+                raise Invalid(NO_SCOPE, model.UNABLE_TO_ACCEPT_JOB_ORDER
+                              if method in ("Store", "StoreAndStart")
+                              else model.INVALID_JOB_ORDER_STATUS)
+        except Invalid as e:
+            self.metrics.inc("bad_mes_requests")
+            log.warning("MES request %s (%s) on %s refused: %s", ev.id, ev.type, topic, e)
+            self._reply(ev, method, scope, _status_body(e.status, str(e)))
+            return
+        k = self.host.store.keys(scope)
+        seen = k.seen(hashlib.blake2b(f"{ev.source}\x00{ev.id}".encode(),
+                                      digest_size=16).hexdigest())
+        if self.config.mes_dedupe_s:
+            before = await self.host.client.get(seen)
+            if before is not None:
+                self.metrics.inc("mes_duplicates")
+                log.info("MES request %s from %s is a repeat: its reply is sent again",
+                         ev.id, ev.source, extra={"scope": scope})
+                self._reply(ev, method, scope, bytes(before))
+                return
+        body = await self._answer(scope, ev, method)
+        self._reply(ev, method, scope, body)
+        if self.config.mes_dedupe_s:
+            await self.host.client.set(seen, body, ex=self.config.mes_dedupe_s)
+
+    async def _answer(self, scope: str, ev: CloudEvent, method: str) -> bytes:
+        try:
+            body = await self.handle(scope, ev, method)
+        except Invalid as e:
+            self.metrics.inc("bad_mes_requests")
+            log.warning("MES request %s (%s) in %s refused: %s", ev.id, ev.type, scope, e,
+                        extra={"scope": scope})
+            body = _status_body(e.status, str(e))
+        except OrderError as e:
+            self.metrics.inc("mes_requests_refused")
+            log.info("MES request %s (%s) in %s refused: %s", ev.id, ev.type, scope, e,
+                     extra={"scope": scope})
+            body = _status_body(e.status, str(e))
+        self.metrics.inc("mes_requests")
+        return body
+
+    async def handle(self, scope: str, ev: CloudEvent, method: str) -> bytes:
+        """The reply's JSON for one request; ``Invalid`` or ``OrderError`` to refuse."""
+        data = codec.data_of(ev)
+        if method in model.METHODS:
+            await self.job_control(scope, method, data, cause=ev)
+            return _status_body(model.NO_ERROR)
+        if method == "RequestJobResponseByJobOrderID":
+            return await self._by_id(scope, data)
+        if method == "RequestJobResponseByJobOrderState":
+            return await self._by_state(scope, data)
+        kind = method.removeprefix("config.")
+        delete = ev.extensions.get("method", "PUT").upper() == "DELETE"
+        await self._config(scope, kind, data, delete=delete)
+        return _status_body(model.NO_ERROR)
+
+    async def job_control(self, scope: str, method: str, data: Any, *,
+                          cause: CloudEvent | None = None) -> dict[str, str]:
+        """Run one job control method (also for scripts' ``api.jobs``): the job order id
+        and its new state; ``Invalid`` or ``OrderError`` when refused."""
+        orders = self.host.orders
+        k = self.host.store.keys(scope)
+        if method in model.STORE_METHODS:
+            call = codec.typed(data, model.StoreCall)
+            order = call.JobOrder
+            if order is None:
+                raise Invalid("JobOrder is missing")
+            if order.JobOrderID is None:
+                if method == "Update":
+                    raise Invalid("JobOrder.JobOrderID is missing")
+                raise Invalid("JobOrder.JobOrderID is missing",
+                              model.UNABLE_TO_ACCEPT_JOB_ORDER)
+            job = _job_id(order.JobOrderID)
+            wm = await self.acceptance.check(k, order, new=method != "Update")
+            if method == "Update":
+                state = await orders.trigger(scope, job, "Update", order=order, work_master=wm,
+                                             reason=model.text_of(call.Comment), cause=cause)
+            else:
+                # "" when the scope knows none of them: stored, and its start aborts it
+                state = await orders.store_order(scope, order, start=method == "StoreAndStart",
+                                                 work_master=wm or "", cause=cause)
+            return {"JobOrderID": job, "JobState": state}
+        id_call = codec.typed(data, model.IdCall)
+        job = _job_id(id_call.JobOrderID)
+        state = await orders.trigger(scope, job, method, reason=model.text_of(id_call.Comment),
+                                     cause=cause)
+        return {"JobOrderID": job, "JobState": state}
+
+    # ---- queries
+
+    async def _by_id(self, scope: str, data: Any) -> bytes:
+        job = _job_id(codec.typed(data, model.IdCall).JobOrderID)
+        k = self.host.store.keys(scope)
+        pipe = self.host.client.pipeline(transaction=False)
+        pipe.get(k.response(job))
+        pipe.hget(k.order(job), "order")
+        response, order = await pipe.execute()
+        if response is None:
+            raise OrderError(model.UNKNOWN_JOB_ORDER_ID,
+                             f"no job response for {job!r} in {scope!r} (yet)")
+        served = model.with_actuals(bytes(response), order)
+        return _status_body(model.NO_ERROR, head=b'"JobResponse":' + served + b",")
+
+    async def _by_state(self, scope: str, data: Any) -> bytes:
+        call = codec.typed(data, model.StateCall)
+        if not call.JobOrderState:
+            raise Invalid("JobOrderState is missing or empty")
+        try:
+            want = model.state_name(call.JobOrderState)
+        except ValueError as e:
+            raise Invalid(str(e)) from None
+        k = self.host.store.keys(scope)
+        index = await self.host.client.hgetall(k.index)
+        jobs = sorted(j.decode() for j, s in index.items() if s.decode() == want)
+        responses = await self.responses(k, jobs[:MAX_BY_STATE])
+        if not responses:
+            return _status_body(model.NO_ERROR)
+        return _status_body(model.NO_ERROR,
+                            head=b'"JobResponses":[' + b",".join(responses) + b"],")
+
+    async def responses(self, k: ScopeKeys, jobs: list[str]) -> list[bytes]:
+        """Per job its job response: the stored one (an ended job's), else one made from
+        the order as it is now (state, start and end)."""
+        pipe = self.host.client.pipeline(transaction=False)
+        for job in jobs:
+            pipe.get(k.response(job))
+            pipe.hmget(k.order(job), "state", "started", "ended", "order")
+        raw = await pipe.execute()
+        out: list[bytes] = []
+        for i, job in enumerate(jobs):
+            stored, (state, started, ended, order) = raw[2 * i], raw[2 * i + 1]
+            if stored is not None:
+                out.append(model.with_actuals(bytes(stored), order))
+                continue
+            if state is None or state.decode() not in model.STATE_JSON:
+                continue
+            made: dict[str, Any] = {"JobResponseID": f"{job}-response", "JobOrderID": job}
+            if started:
+                made["StartTime"] = started.decode()
+            if ended:
+                made["EndTime"] = ended.decode()
+            made["JobState"] = model.state_list(state.decode())
+            out.append(codec.dumps(made))
+        return out
+
+    async def views(self, scope: str, jobs: list[str]) -> list[dict[str, Any] | None]:
+        """Per job: order, state, reason and job response (None: no such order), one
+        pipeline (scripts' ``api.jobs.query``)."""
+        k = self.host.store.keys(scope)
+        pipe = self.host.client.pipeline(transaction=False)
+        for job in jobs:
+            pipe.hgetall(k.order(job))
+            pipe.get(k.response(job))
+        raw = await pipe.execute()
+        out: list[dict[str, Any] | None] = []
+        for i, job in enumerate(jobs):
+            h = {a.decode(): b.decode() for a, b in (raw[2 * i] or {}).items()}
+            if not h or h.get("state") == "EndState":
+                out.append(None)
+                continue
+            resp = raw[2 * i + 1]
+            out.append({"JobOrderID": job, "JobState": h.get("state"),
+                        "JobOrder": json.loads(h["order"]) if h.get("order") else None,
+                        "Reason": h.get("reason") or None,
+                        "JobResponse": json.loads(resp) if resp else None})
+        return out
+
+    # ---- configuration
+
+    async def _config(self, scope: str, kind: str, data: Any, *, delete: bool) -> None:
+        k = self.host.store.keys(scope)
+        client = self.host.client
+        await self.host.orders.register_scope(scope)
+        if kind == "workmaster":
+            await self._work_master(scope, data, delete=delete)
+        elif kind == "jobacceptance":
+            if delete:
+                await client.delete(k.acceptance)
+            else:
+                await client.set(k.acceptance, max_orders(data))
+        else:
+            assert kind in ID_FIELD
+            item = config_id(kind, data)
+            if delete:
+                await client.srem(k.catalog(kind), item)
+            else:
+                await client.sadd(k.catalog(kind), item)
+        log.info("MES config %s %s in %s", kind, "deleted" if delete else "stored", scope,
+                 extra={"scope": scope})
+
+    async def _work_master(self, scope: str, data: Any, *, delete: bool) -> None:
+        if not isinstance(data, dict):
+            raise Invalid("data is not an object")
+        wm_id = data.get("ID")
+        if not isinstance(wm_id, str) or not wm_id or len(wm_id) > 256:
+            raise Invalid("the Work Master needs an ID of 1-256 characters")
+        store = self.host.store
+        if delete:
+            await store.delete_work_master(scope, wm_id)
+            return
+        # refuse a recipe that would abort every job started from it
+        compiled = Recipes._compile(codec.dumps(data))
+        if isinstance(compiled, Unusable):
+            raise Invalid(f"the Work Master cannot be used: {compiled}")
+        served = await self.capabilities.served(scope)
+        if served is not None:
+            problems = unserved(compiled, served)
+            if problems:
+                raise Invalid("the Work Master cannot be used: " + "; ".join(
+                    f"{p.code} {p.path}: {p.message}" for p in problems))
+        await store.put_work_master(scope, data)
+
+    # ---- replies
+
+    def _reply(self, req: CloudEvent, method: str | None, scope: str | None,
+               body: bytes) -> None:
+        topic = req.response_topic or (
+            f"{self.prefix}/{codec.levels(scope)}/replies" if scope else None)
+        if topic is None:
+            return
+        try:
+            payload, props = codec.reply(req, method, self.config.mes_source, body,
+                                         v5=self.link.v5, binary=self.config.mqtt_binary,
+                                         expiry_s=self.config.mes_message_expiry_s)
+        except (CloudEventError, ValueError) as e:
+            self.metrics.inc("bad_mes_replies")
+            log.warning("reply to %s could not be encoded: %s", req.id, e)
+            return
+        self.link.publish_nowait(topic, payload, props)
