@@ -56,7 +56,9 @@ from sfc_host.embedded import (
     terminate,
     wait_ready,
 )
-from sfc_host.mes import JOB_CONTROL, WORK_MASTER
+from sfc_host.mes import BY_ID, JOB_CONTROL, WORK_MASTER
+from sfc_host.mes.codec import levels
+from sfc_host.mes.model import comment, state_name
 from sfc_host.metrics import Histogram, Metrics
 from sfc_host.mqtt import MqttLink, payload_bytes
 
@@ -167,9 +169,10 @@ class Mes:
         self.on_status = on_status
         self.stations: dict[str, dict[str, Any]] = {}     # scope -> its last report
         link.subscribe(self.inbox, self._on_reply, shared=False)
+        self._lookups: set[asyncio.Task[None]] = set()
         for s in scopes:   # MQTT 3.1.1 has no response topic: replies come here
-            link.subscribe(f"{self.prefix}/{s}/replies", self._on_reply, shared=False)
-            link.subscribe(f"{self.prefix}/{s}/events", self._on_event, shared=False)
+            link.subscribe(f"{self.prefix}/{levels(s)}/replies", self._on_reply, shared=False)
+            link.subscribe(f"{self.prefix}/{levels(s)}/events", self._on_event, shared=False)
             link.subscribe(f"{link.config.equipment_prefix}/{s}/station", self._on_station,
                            shared=False)
 
@@ -187,9 +190,30 @@ class Mes:
             fut.set_result(ev.data if isinstance(ev.data, dict) else {})
 
     def _on_event(self, message: aiomqtt.Message) -> None:
+        """A status event ``{JobOrder, JobState}``: the order's id and state name; an
+        aborted job's reason is its job response's Description (asked for by id)."""
         ev = self._decode(message)
-        if ev is not None and isinstance(ev.data, dict):
-            self.on_status(ev.data)
+        if ev is None or not isinstance(ev.data, dict) or not ev.subject:
+            return
+        try:
+            state = state_name(ev.data.get("JobState") or [])
+        except ValueError:
+            return
+        job = (ev.data.get("JobOrder") or {}).get("JobOrderID")
+        status = {"JobOrderID": job, "JobState": state}
+        if state != "Aborted":
+            self.on_status(status)
+            return
+        t = asyncio.get_running_loop().create_task(self._aborted(ev.subject, status))
+        self._lookups.add(t)
+        t.add_done_callback(self._lookups.discard)
+
+    async def _aborted(self, scope: str, status: dict[str, Any]) -> None:
+        with contextlib.suppress(DemoFailed):
+            rep = await self.request(scope, BY_ID, {"JobOrderID": status["JobOrderID"]})
+            desc = (rep.get("JobResponse") or {}).get("Description") or {}
+            status["Reason"] = desc.get("Text") if isinstance(desc, dict) else None
+        self.on_status(status)
 
     def _on_station(self, message: aiomqtt.Message) -> None:
         with contextlib.suppress(ValueError):
@@ -199,15 +223,18 @@ class Mes:
 
     async def request(self, scope: str, type_: str, data: dict[str, Any],
                       **ext: str) -> dict[str, Any]:
-        ev = new(type_, "sfc-demo", data, correlationid=uuid.uuid4().hex, **ext)
+        corr = uuid.uuid4()
+        ev = new(type_, "sfc-demo", data, subject=scope, correlationid=str(corr), **ext)
         fut = asyncio.get_running_loop().create_future()
         self.waiting[ev.id] = fut
+        topic = f"{self.prefix}/{levels(scope)}/commands"
         if self.link.v5:
             ev.response_topic = self.inbox
+            ev.correlation_data = corr.bytes
             payload, props = encode_binary(ev)
-            self.link.publish_nowait(f"{self.prefix}/{scope}/commands", payload, props)
+            self.link.publish_nowait(topic, payload, props)
         else:
-            self.link.publish_nowait(f"{self.prefix}/{scope}/commands", encode_structured(ev))
+            self.link.publish_nowait(topic, encode_structured(ev))
         try:
             return await asyncio.wait_for(fut, REPLY_TIMEOUT_S)
         except TimeoutError:
@@ -281,7 +308,7 @@ def plan(opts: Options, scopes: list[str]) -> list[Job]:
 
 def work_master(name: str) -> dict[str, Any]:
     wm: dict[str, Any] = json.loads((EXAMPLES / f"{name}.json").read_text())
-    return {"ID": name, "Description": f"example recipe {name}", **wm}
+    return {**wm, "ID": name}
 
 
 # ---- hosts ----------------------------------------------------------------------------
@@ -497,8 +524,8 @@ class Demo:
     async def _feed(self, mes: Mes, jobs: list[Job]) -> None:
         for job in jobs:
             await self.tally.slots[job.scope].acquire()
-            order = {"ID": job.id, "WorkMasterID": job.recipe,
-                     "Description": f"demo job {job.id}"}
+            order = {"JobOrderID": job.id, "WorkMasterID": [{"ID": job.recipe}],
+                     "Description": [{"Locale": "en", "Text": f"demo job {job.id}"}]}
             rep = await mes.request(job.scope, JOB_CONTROL + "StoreAndStart.v2",
                                     {"JobOrder": order})
             if rep.get("ReturnStatus") != 1:
@@ -513,7 +540,7 @@ class Demo:
         """An operator's break: MES Pause, then Resume (refused when it already ended)."""
         await asyncio.sleep(job.pause_at_s)
         rep = await mes.request(job.scope, JOB_CONTROL + "Pause.v2",
-                                {"JobOrderID": job.id, "Comment": "operator break"})
+                                {"JobOrderID": job.id, "Comment": comment("operator break")})
         if rep.get("ReturnStatus") != 1:
             return
         job.paused = True

@@ -200,11 +200,15 @@ class Cell:
     # ---- job ends (the MES status events)
 
     def on_status(self, topic: str, payload: bytes, props: dict[str, Any]) -> None:
+        # ISA-95 status event: {JobOrder, JobState}, the state a list whose first
+        # entry is the top state (Ended, Aborted, EndState end a job)
         data = event_of(payload, props).get("data") or {}
-        state = str(data.get("JobState") or "")
-        if state.startswith(("Ended", "Aborted", "EndState")):
-            self.jobs.pop(data.get("JobOrderID"), None)
-            self.last_answer.pop(data.get("JobOrderID"), None)
+        states = data.get("JobState") or [{}]
+        top = ((states[0] if isinstance(states, list) else {}).get("StateText") or {})
+        if top.get("Text") in ("Ended", "Aborted", "EndState"):
+            job_id = (data.get("JobOrder") or {}).get("JobOrderID")
+            self.jobs.pop(job_id, None)
+            self.last_answer.pop(job_id, None)
 
     async def announce(self, types: list[str]) -> None:
         """The types this station serves, retained, so a Work Master using one it does
@@ -242,7 +246,7 @@ async def station(api: Any, scope: str, speed: float = 1.0, seed: int = 0,
                   equipment: str = "equipment", mes: str = "mes") -> AsyncIterator[int]:
     cell = Cell(api, scope, speed, random.Random(f"{seed}/{scope}"), equipment)
     api.mqtt.subscribe(f"{equipment}/{scope}/commands", cell.on_command)
-    api.mqtt.subscribe(f"{mes}/{scope}/events", cell.on_status)
+    api.mqtt.subscribe(f"{mes}/{scope.replace('.', '/')}/events", cell.on_status)
     api.log.info(f"station for scope {scope} ready (speed {speed})")
     await cell.announce([*WORK_MS, *EVENTS])
     await cell.report()     # after the subscriptions: the broker has them by now
