@@ -81,6 +81,8 @@ HELP: dict[str, str] = {
                             "unable to accept).",
     "bad_mes_requests": "MES requests answered INVALID_REQUEST or not CloudEvents at all.",
     "bad_mes_replies": "MES replies that could not be encoded.",
+    "mes_duplicates": "MES requests seen before (same source and id within mes_dedupe_s): "
+                      "their recorded reply sent again, not run again.",
     "mes_index_errors": "Failures publishing a retained order, result or state index.",
     "evolve_seconds": "Time of one evolve call in the host (the mean of its batch, "
                       "counted once per call).",
