@@ -26,6 +26,7 @@ from test_cli import run
 
 from sfc_host.app import App
 from sfc_host.host import Host
+from sfc_host.mes.model import state_list
 from sfc_host.mes_client import status_names
 
 TIGHTEN = "com.example.cell.tighten.v1"
@@ -168,42 +169,54 @@ def test_job_submit_show_and_list(host: HostThread, conf: str, capsys) -> None:
     rc, out, err = sfc(capsys, "job", "submit", "wm", "--config", conf, "--id", "J1",
                        "-p", "program=7", "-p", "note=first part")
     assert rc == 0, err
-    assert out.strip() == f"J1: AllowedToStart_Ready (scope {host.scope}, Work Master wm)"
+    assert out.strip() == f"J1: StoreAndStart accepted (scope {host.scope}, Work Master wm)"
     host.wait_state("J1", "Ended_Completed")
     stored = json.loads(host.call(host.app.host.orders.get(host.scope, "J1"))["order"])
-    assert stored["Parameters"] == {"program": 7, "note": "first part"}
+    assert stored["JobOrderParameters"] == [{"ID": "program", "Value": 7},
+                                            {"ID": "note", "Value": "first part"}]
+    assert stored["WorkMasterID"] == [{"ID": "wm"}]
 
     rc, out, _ = sfc(capsys, "job", "show", "J1", "--config", conf)
     assert rc == 0
     lines = dict(ln.split(None, 1) for ln in out.splitlines()
-                 if ln.split(None, 1)[0] in ("job", "state", "result", "parameters"))
+                 if ln.split(None, 1)[0] in ("job", "state", "result"))
     assert lines["job"] == "J1" and lines["state"] == "Ended_Completed"
-    assert "tighten.torque = 85" in out and '"program": 7' in lines["parameters"]
+    assert "tighten.torque = 85" in out and "program = 7" in out
     assert "started" in out and "ended" in out
-    rc, out, _ = sfc(capsys, "job", "show", "J1", "--config", conf, "--json")
-    doc = json.loads(out)
-    assert doc["JobState"] == "Ended_Completed"
+    end = time.monotonic() + 5     # the retained order follows within a moment
+    while (doc := json.loads(sfc(capsys, "job", "show", "J1", "--config", conf,
+                                 "--json")[1]))["State"] != state_list("Ended_Completed"):
+        assert time.monotonic() < end, doc
     assert {"ID": "tighten.torque", "Value": 85} in doc["JobResponse"]["JobResponseData"]
 
-    # a job order file, stored only, with a generated id, then started
+    # an ISA-95 job order file, stored only, with a generated id; -p adds to the file's
+    # parameters (and replaces one of the same ID), then started
     f = Path(conf).parent / "order.json"
-    f.write_text(json.dumps({"WorkMasterID": "wm", "Priority": 3,
-                             "Parameters": [{"ID": "program", "Value": 5}]}))
+    f.write_text(json.dumps({"JobOrder": {
+        "WorkMasterID": [{"ID": "wm"}], "Priority": 3,
+        "JobOrderParameters": [{"ID": "program", "Value": 5}, {"ID": "lot", "Value": 1}]}}))
     rc, out, err = sfc(capsys, "job", "submit", "--order", str(f), "--no-start",
                        "-p", "lot=[1,2]", "--config", conf, "--json")
     assert rc == 0, err
-    sub = json.loads(out)
-    job = sub["JobOrderID"]
-    assert job.startswith("wm-") and sub["JobState"] == "NotAllowedToStart_Ready"
+    job = json.loads(out)["JobOrderID"]
+    assert job.startswith("wm-")
     stored = json.loads(host.call(host.app.host.orders.get(host.scope, job))["order"])
     assert stored["Priority"] == 3
-    assert stored["Parameters"] == [{"ID": "program", "Value": 5}, {"ID": "lot", "Value": [1, 2]}]
+    assert stored["JobOrderParameters"] == [{"ID": "program", "Value": 5},
+                                            {"ID": "lot", "Value": [1, 2]}]
+    # Update replaces the order before it runs
+    rc, out, err = sfc(capsys, "job", "update", "--order", str(f), "--id", job,
+                       "--priority", "8", "--config", conf)
+    assert rc == 0 and out.strip() == f"{job}: Update accepted", err
+    stored = json.loads(host.call(host.app.host.orders.get(host.scope, job))["order"])
+    assert stored["Priority"] == 8
 
     rc, out, _ = sfc(capsys, "job", "list", "--config", conf)
     assert rc == 0
-    assert out.splitlines()[0].split()[:3] == ["JOB", "STATE", "WORK"]
+    assert out.splitlines()[0].split() == ["JOB", "STATE", "STARTED", "ENDED", "REASON"]
     rows = rows_of(out)
-    assert rows["J1"][1] == "Ended_Completed" and rows["J1"][2] == "wm"
+    assert rows["J1"][1] == "Ended_Completed"
+    assert rows["J1"][2].endswith("Z") and rows["J1"][3].endswith("Z")   # start and end
     assert rows[job][1] == "NotAllowedToStart_Ready"
     rc, out, _ = sfc(capsys, "job", "list", "--state", "Ended", "--config", conf, "--json")
     assert [r["JobOrderID"] for r in json.loads(out)] == ["J1"]
@@ -212,7 +225,7 @@ def test_job_submit_show_and_list(host: HostThread, conf: str, capsys) -> None:
 
     rc, out, err = sfc(capsys, "job", "start", job, "--config", conf)
     assert rc == 0, err
-    assert out.strip() == f"{job}: AllowedToStart_Ready"
+    assert out.strip() == f"{job}: Start accepted"
     host.wait_state(job, "Ended_Completed")
 
     # the retained state index: one message with every id
@@ -220,13 +233,19 @@ def test_job_submit_show_and_list(host: HostThread, conf: str, capsys) -> None:
     while True:
         rc, out, _ = sfc(capsys, "job", "list", "--index", "--config", conf, "--json")
         idx = json.loads(out)
-        if idx["States"].get(job) == "Ended_Completed" or time.monotonic() > end:
+        states = {j["job_order_id"]: j["state"] for j in idx["jobs"]}
+        if states.get(job) == "Ended_Completed" or time.monotonic() > end:
             break
-    assert idx["States"]["J1"] == "Ended_Completed" and idx["States"][job] == "Ended_Completed"
-    assert idx["Seq"] >= 6
+    assert states["J1"] == "Ended_Completed" and states[job] == "Ended_Completed"
+    assert idx["seq"] >= 1
     rc, out, _ = sfc(capsys, "job", "list", "--index", "--config", conf)
-    assert rows_of(out.rsplit("\n(", 1)[0])["J1"] == ["J1", "Ended_Completed"]
-    assert out.strip().endswith(f"(state index Seq {idx['Seq']})")
+    assert rows_of(out.rsplit("\n(", 1)[0])["J1"] == ["J1", "Ended_Completed", "yes"]
+    assert f"(state index seq {idx['seq']}" in out or "(state index seq" in out
+    # Clear: the order leaves the list
+    rc, out, err = sfc(capsys, "job", "clear", "J1", "--config", conf)
+    assert rc == 0 and out.strip() == "J1: Clear accepted", err
+    rc, out, _ = sfc(capsys, "job", "list", "--config", conf)
+    assert "J1" not in rows_of(out)
 
 
 def test_job_control_and_refusals(host: HostThread, conf: str, capsys) -> None:
@@ -234,39 +253,81 @@ def test_job_control_and_refusals(host: HostThread, conf: str, capsys) -> None:
     assert rc == 0, err
     host.wait_open("slow-1", "tighten")
     host.wait_state("slow-1", "Running")
-    for cmd, state in (("pause", "Interrupted_Suspended"), ("resume", "Running"),
-                       ("stop", "Ended_Completed")):
+    for cmd, method, state in (("pause", "Pause", "Interrupted_Suspended"),
+                               ("resume", "Resume", "Running"),
+                               ("stop", "Stop", "Ended_Completed")):
         rc, out, err = sfc(capsys, "job", cmd, "slow-1", "--config", conf)
         assert rc == 0, err
-        assert out.strip() == f"slow-1: {state}"
+        assert out.strip() == f"slow-1: {method} accepted"
+        assert host.order_state("slow-1") == state
     sfc(capsys, "job", "submit", "wm", "--id", "slow-2", "--config", conf)
     host.wait_state("slow-2", "Running")
     rc, out, _ = sfc(capsys, "job", "abort", "slow-2", "--comment", "bad part", "--config",
                      conf, "--json")
-    assert rc == 0 and json.loads(out) == {"ReturnStatus": 1, "JobOrderID": "slow-2",
-                                           "JobState": "Aborted"}
-    rc, out, _ = sfc(capsys, "job", "show", "slow-2", "--config", conf)
-    assert "bad part" in out
+    assert rc == 0 and json.loads(out) == {"ReturnStatus": 1, "JobOrderID": "slow-2"}
+    end = time.monotonic() + 5
+    while "bad part" not in (out := sfc(capsys, "job", "show", "slow-2", "--config", conf)[1]):
+        assert time.monotonic() < end, out
+    # Store only, RevokeStart is refused there, Cancel takes it away
+    rc, _, err = sfc(capsys, "job", "submit", "wm", "--id", "kept", "--no-start",
+                     "--config", conf)
+    assert rc == 0, err
+    rc, _, err = sfc(capsys, "job", "revoke", "kept", "--config", conf)
+    assert rc == 1 and "INVALID_JOB_ORDER_STATUS: RevokeStart is not allowed" in err
+    rc, out, err = sfc(capsys, "job", "cancel", "kept", "--config", conf)
+    assert rc == 0 and out.strip() == "kept: Cancel accepted", err
 
     # refusals by the host: the status names and the message on one line, exit 1
     rc, out, err = sfc(capsys, "job", "pause", "slow-2", "--config", conf)
     assert rc == 1 and out == ""
     assert err.count("\n") == 1
     assert err.startswith("sfc-host: INVALID_JOB_ORDER_STATUS: Pause is not allowed in Aborted")
-    # an unknown job is the user's mistake (exit 2, as in inspect), named by the host
+    # an unknown job is the user's mistake (exit 2, as in inspect)
     rc, out, err = sfc(capsys, "job", "show", "nope", "--config", conf, "--json")
-    assert rc == 2 and json.loads(out)["ReturnStatusNames"] == ["UNKNOWN_JOB_ORDER_ID"]
-    one_line_error(rc, err, "sfc-host: UNKNOWN_JOB_ORDER_ID: no job order 'nope'")
-    for cmd in ("start", "pause", "resume", "stop", "abort"):
+    one_line_error(rc, err, "no job order 'nope'")
+    for cmd in ("start", "pause", "resume", "stop", "abort", "clear", "cancel", "revoke"):
         rc, out, err = sfc(capsys, "job", cmd, "nope", "--config", conf)
         assert out == ""
         one_line_error(rc, err, "UNKNOWN_JOB_ORDER_ID")
     rc, _, err = sfc(capsys, "job", "submit", "no-such-wm", "--config", conf)
     assert rc == 1 and err.startswith("sfc-host: UNABLE_TO_ACCEPT_JOB_ORDER: Work Master")
-    rc, _, err = sfc(capsys, "job", "submit", "wm", "--id", "slow-1", "--config", conf)
-    assert rc == 1 and "INVALID_JOB_ORDER_STATUS: job order 'slow-1' exists" in err
+    rc, _, err = sfc(capsys, "job", "submit", "wm", "--id", "slow-2", "-p", "x=1",
+                     "--config", conf)
+    assert rc == 0, err    # another order for an ended id replaces it (it is not live)
     rc, _, err = sfc(capsys, "job", "resume", "slow-1", "--config", conf)
     assert rc == 1 and "INVALID_JOB_ORDER_STATUS" in err
+
+
+def test_workmaster_put_list_show_delete(host: HostThread, conf: str, tmp_path: Path,
+                                        capsys) -> None:
+    from sfc_host.workmaster import example_files
+
+    axle = next(p for p in example_files() if p.name == "axle_fit_qa.json")
+    rc, out, err = sfc(capsys, "workmaster", "put", str(axle), "--config", conf)
+    assert rc == 0 and out.strip() == f"Work Master axle_fit_qa stored in scope {host.scope}"
+    rc, out, err = sfc(capsys, "workmaster", "put", str(axle), "--id", "axle2",
+                       "--config", conf)
+    assert rc == 0, err
+    rc, out, _ = sfc(capsys, "workmaster", "list", "--config", conf)
+    rows = rows_of(out)
+    assert rows["axle_fit_qa"][1] == "v1.0.0" and "axle2" in rows and "wm" in rows
+    rc, out, _ = sfc(capsys, "workmaster", "show", "axle2", "--config", conf)
+    assert rc == 0 and json.loads(out)["ID"] == "axle2"
+    rc, out, _ = sfc(capsys, "workmaster", "delete", "axle2", "--config", conf)
+    assert rc == 0 and out.strip() == f"Work Master axle2 deleted from scope {host.scope}"
+    rc, _, err = sfc(capsys, "workmaster", "show", "axle2", "--config", conf)
+    one_line_error(rc, err, "no Work Master 'axle2'")
+    # a Work Master that cannot run is refused by the host (exit 1); mistakes are exit 2
+    bad = next(p for p in example_files() if p.name == "bad_two_initial.json")
+    rc, _, err = sfc(capsys, "workmaster", "put", str(bad), "--config", conf)
+    assert rc == 1 and err.startswith("sfc-host: INVALID_REQUEST: the Work Master cannot")
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"data": {}, "dataschema": "1.1.0"}))
+    rc, _, err = sfc(capsys, "workmaster", "put", str(bare), "--config", conf)
+    one_line_error(rc, err, "has no ID")
+    rc, _, err = sfc(capsys, "workmaster", "put", str(tmp_path / "none.json"),
+                     "--config", conf)
+    one_line_error(rc, err, "cannot read")
 
 
 def test_mes_client_many_requests_at_once(host: HostThread, conf: str) -> None:
@@ -281,13 +342,11 @@ def test_mes_client_many_requests_at_once(host: HostThread, conf: str) -> None:
                                         "WorkMasterID": [{"ID": "wm"}]}, start=False)
                 for i in range(20)))
             assert all(r.ok for r in replies)
-            assert sorted(r.data["JobOrderID"] for r in replies) == sorted(
-                f"many-{i}" for i in range(20))
-            r = await mes.by_state(host.scope, "NotAllowedToStart")
+            r = await mes.by_state(host.scope, "NotAllowedToStart_Ready")
             assert {f"many-{i}" for i in range(20)} <= {
                 x["JobOrderID"] for x in r.data["JobResponses"]}
             r = await mes.control(host.scope, "Cancel", "many-0")
-            assert r.ok and r.data["JobState"] == "EndState"
+            assert r.ok
             r = await mes.control(host.scope, "Cancel", "many-0")
             assert r.status_names == ["UNKNOWN_JOB_ORDER_ID"] and "many-0" in r.message
         cfg = HostConfig.load(conf, mes_prefix="nobody")
@@ -328,12 +387,14 @@ def test_job_user_mistakes_are_one_line_and_exit_2(host: HostThread, conf: str,
     bad.write_text("mqtt_qos = 'high'\n")
     rc, _, err = sfc(capsys, "job", "list", "--config", str(bad), "--scope", "s")
     one_line_error(rc, err, "setting mqtt_qos")
+    # a broker out of reach and no host answering are failures (exit 1), one line
     rc, _, err = sfc(capsys, "job", "list", "--config", str(bare), "--scope", "s")
-    one_line_error(rc, err, "cannot reach the MQTT broker")
+    assert rc == 1 and err.count("\n") == 1 and "cannot reach the MQTT broker" in err
     silent = tmp_path / "silent.toml"
     silent.write_text(Path(conf).read_text().replace("[host]", '[host]\nmes_prefix = "nobody"'))
     rc, _, err = sfc(capsys, "job", "show", "J1", "--config", str(silent), "--timeout", "0.5")
-    one_line_error(rc, err, "no reply from a host", "within 0.5 s")
+    assert rc == 1 and err.count("\n") == 1 and "no reply from a host" in err
+    assert "within 0.5 s" in err
 
 
 def test_job_commands_in_structured_mode(host: HostThread, conf: str, capsys) -> None:
@@ -341,7 +402,7 @@ def test_job_commands_in_structured_mode(host: HostThread, conf: str, capsys) ->
     f.write_text(Path(conf).read_text().replace("[host]", "[host]\nmqtt_binary = false"))
     rc, out, err = sfc(capsys, "job", "submit", "wm", "--id", "st-1", "--config", str(f))
     assert rc == 0, err
-    assert out.startswith("st-1: AllowedToStart_Ready")
+    assert out.startswith("st-1: StoreAndStart accepted")
     host.wait_state("st-1", "Ended_Completed")
     rc, _, err = sfc(capsys, "job", "resume", "st-1", "--config", str(f))
     assert rc == 1 and err.startswith("sfc-host: INVALID_JOB_ORDER_STATUS: Resume")
@@ -368,7 +429,7 @@ def test_job_commands_on_mqtt_311(make_redis: Any, mqtt_url: str, tmp_path: Path
         rc, out, err = sfc(capsys, "job", "submit", "wm", "--id", "v3-1", "--no-start",
                            "--config", str(f))
         assert rc == 0, err
-        assert out.startswith("v3-1: NotAllowedToStart_Ready (scope v3")
+        assert out.startswith("v3-1: Store accepted (scope v3")
         rc, out, _ = sfc(capsys, "job", "list", "--config", str(f))
         assert rows_of(out)["v3-1"][1] == "NotAllowedToStart_Ready"
         rc, _, err = sfc(capsys, "job", "pause", "v3-1", "--config", str(f))
@@ -383,7 +444,7 @@ def test_job_errors_in_a_real_process_have_no_traceback(tmp_path: Path) -> None:
                         "--mqtt", f"mqtt://127.0.0.1:{free_port()}"],
                        capture_output=True, text=True, timeout=30,
                        env={**os.environ, "SFC_MES_PREFIX": "mes"})
-    assert r.returncode == 2 and r.stdout == ""
+    assert r.returncode == 1 and r.stdout == ""    # a server out of reach: failed
     assert r.stderr.count("\n") == 1 and "cannot reach the MQTT broker" in r.stderr
 
 

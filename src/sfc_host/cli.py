@@ -23,7 +23,8 @@ EXIT_USAGE = 2
 
 # Subcommand groups that live with the part they drive; each module has
 # ``register(subparsers)``. A group whose module is not there yet is left out.
-_PLUGGED = ("sfc_host.run_cli", "sfc_host.engine.cli", "sfc_host.ops_cli", "sfc_host.demo")
+_PLUGGED = ("sfc_host.run_cli", "sfc_host.engine.cli", "sfc_host.job_cli", "sfc_host.ops_cli",
+            "sfc_host.demo")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,11 +1,10 @@
-"""Operator commands: ``sfc-host job …`` (an MES client over MQTT), ``sfc-host inspect``
-(one job, read from Redis) and ``sfc-host top`` (every scope, live).
+"""Operator commands: ``sfc-host inspect`` (one job, read from Redis) and ``sfc-host top``
+(every scope, live), and the plumbing the job commands (``job_cli``) share.
 
 Settings are the host's (``--config FILE``, ``SFC_*`` variables, then ``--mqtt`` /
 ``--redis``), so an operator points the tools at a deployment with the file its hosts
-use. A user mistake (a bad argument or setting, an unknown job, a server that cannot be
-reached, no host answering) is one line on stderr and exit 2; any other request the host
-refuses is its return status name(s) and message on one line, exit 1.
+use. A user mistake (a bad argument or setting, an unknown job) is one line on stderr
+and exit 2; a server out of reach is one line and exit 1.
 """
 
 from __future__ import annotations
@@ -20,20 +19,14 @@ import shutil
 import sys
 import textwrap
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlparse
 
-from sfc_fast import JOB_ORDER
 from sfc_host.cli import positive, redis_unreachable
 from sfc_host.config import ConfigError, HostConfig
 from sfc_host.inspect import NotFound
 from sfc_host.keys import check_job, check_scope
-
-if TYPE_CHECKING:
-    from sfc_host.mes_client import MesClient, Reply
 
 # The MQTT client stack (mes_client) and the Redis client are imported by the commands
 # that use them: every ``sfc-host`` command builds this module's parsers.
@@ -41,9 +34,6 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
-
-CONTROL = {"start": "Start", "pause": "Pause", "resume": "Resume", "stop": "Stop",
-           "abort": "Abort"}
 
 
 class UsageError(Exception):
@@ -69,42 +59,6 @@ def _common(p: argparse.ArgumentParser, *, mqtt: bool, redis: bool,
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    job = sub.add_parser("job", help="submit and control job orders (MES over MQTT)")
-    jsub = job.add_subparsers(dest="job_command", metavar="ACTION", parser_class=type(job))
-    jsub.required = True
-
-    p = jsub.add_parser("submit", help="store a job order and start it")
-    p.add_argument("work_master", nargs="?", metavar="WORK_MASTER", help="Work Master id")
-    p.add_argument("--order", metavar="FILE", help="a job order JSON file ({ID?, WorkMasterID,"
-                   " Parameters?, …}) instead of, or with, WORK_MASTER")
-    p.add_argument("--id", metavar="JOB", help="job order id (default: generated)")
-    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="a job parameter; VALUE is JSON if it parses, else a string")
-    p.add_argument("--no-start", action="store_true", help="Store only (start later)")
-    p.add_argument("--comment", default="", help="the request's Comment")
-    _common(p, mqtt=True, redis=False)
-    p.set_defaults(func=cmd_submit)
-
-    p = jsub.add_parser("list", help="list job orders with their states")
-    p.add_argument("--state", metavar="STATE",
-                   help="only this state or top state (Running, Ended, Ended_Completed …)")
-    p.add_argument("--index", action="store_true",
-                   help="read the retained state index (id and state only; one message)")
-    _common(p, mqtt=True, redis=False)
-    p.set_defaults(func=cmd_list)
-
-    p = jsub.add_parser("show", help="one job order, its state and its job response")
-    p.add_argument("job", metavar="JOB")
-    _common(p, mqtt=True, redis=False)
-    p.set_defaults(func=cmd_show)
-
-    for name, method in CONTROL.items():
-        p = jsub.add_parser(name, help=f"{method} a job order")
-        p.add_argument("job", metavar="JOB")
-        p.add_argument("--comment", default="", help="the request's Comment (the reason)")
-        _common(p, mqtt=True, redis=False)
-        p.set_defaults(func=cmd_control, method=method)
-
     p = sub.add_parser("inspect", help="one job as stored in Redis (state, deadlines, holds)")
     p.add_argument("job", metavar="JOB")
     _common(p, mqtt=False, redis=True)
@@ -185,23 +139,6 @@ def _where(url: str) -> str:
     return u._replace(netloc=u.netloc.rpartition("@")[2]).geturl()
 
 
-def _mes(cfg: HostConfig, args: argparse.Namespace) -> MesClient:
-    from sfc_host.mes_client import MesClient
-
-    return MesClient(cfg, timeout_s=args.timeout)
-
-
-def _refused(args: argparse.Namespace, reply: Reply) -> int:
-    names = "|".join(reply.status_names)
-    if args.json:
-        print(json.dumps({"ReturnStatus": reply.status, "ReturnStatusNames": reply.status_names,
-                          **reply.data}))
-    msg = f": {reply.message}" if reply.message else ""
-    print(f"sfc-host: {names}{msg}".replace("\n", " "), file=sys.stderr)
-    # naming a job that does not exist is the user's mistake, as in ``inspect``
-    return EXIT_USAGE if reply.status_names == ["UNKNOWN_JOB_ORDER_ID"] else EXIT_REFUSED
-
-
 def iso(ms: int | None) -> str:
     if ms is None:
         return "-"
@@ -216,185 +153,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in cells)
-
-
-# ---- job …
-
-
-def _param(text: str) -> tuple[str, Any]:
-    name, eq, raw = text.partition("=")
-    if not eq or not name:
-        raise UsageError(f"--param {text!r}: expected NAME=VALUE")
-    try:
-        return name, json.loads(raw)
-    except ValueError:
-        return name, raw
-
-
-def build_order(args: argparse.Namespace) -> dict[str, Any]:
-    """The job order of ``job submit``: from ``--order FILE`` and/or WORK_MASTER, with
-    ``--id`` and ``--param`` on top."""
-    order: dict[str, Any] = {}
-    if args.order:
-        try:
-            order = json.loads(Path(args.order).read_text())
-        except OSError as e:
-            raise UsageError(f"cannot read {args.order}: {e.strerror or e}") from None
-        except ValueError as e:
-            raise UsageError(f"{args.order} is not JSON: {e}") from None
-        if not isinstance(order, dict):
-            raise UsageError(f"{args.order}: a job order is a JSON object")
-    if args.work_master:
-        order["WorkMasterID"] = args.work_master
-    wm = order.get("WorkMasterID")
-    if not isinstance(wm, str) or not wm:
-        raise UsageError("name a Work Master (WORK_MASTER or WorkMasterID in --order)")
-    if args.id:
-        order["ID"] = args.id
-    order.setdefault("ID", f"{wm[:200]}-{uuid.uuid4().hex[:8]}")
-    check_job(order["ID"])
-    params = dict(_param(p) for p in args.param)
-    if params:
-        have = order.get("Parameters")
-        if isinstance(have, list):   # ISA-95 style [{ID, Value}]
-            order["Parameters"] = [*have, *({"ID": k, "Value": v} for k, v in params.items())]
-        elif have is None or isinstance(have, dict):
-            order["Parameters"] = {**(have or {}), **params}
-        else:
-            raise UsageError("the job order's Parameters is neither an object nor a list")
-    return order
-
-
-def cmd_submit(args: argparse.Namespace) -> int:
-    async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
-        order = build_order(args)
-        async with _mes(cfg, args) as mes:
-            reply = await mes.submit(scope, order, start=not args.no_start,
-                                     comment=args.comment)
-        if not reply.ok:
-            return _refused(args, reply)
-        if args.json:
-            print(json.dumps({"ReturnStatus": reply.status, **reply.data}))
-        else:
-            print(f"{reply.data.get('JobOrderID')}: {reply.data.get('JobState')} "
-                  f"(scope {scope}, Work Master {order['WorkMasterID']})")
-        return EXIT_OK
-    return _guarded(args, body)
-
-
-def _check_state(state: str) -> str:
-    if state not in JOB_ORDER.states or state in ("InitialState", "EndState"):
-        known = ", ".join(s for s in JOB_ORDER.states if s not in ("InitialState", "EndState"))
-        raise UsageError(f"unknown job order state {state!r} (one of {known})")
-    return state
-
-
-def _order_row(r: dict[str, Any]) -> list[Any]:
-    order = r.get("JobOrder") if isinstance(r.get("JobOrder"), dict) else {}
-    resp = r.get("JobResponse") if isinstance(r.get("JobResponse"), dict) else {}
-    return [r.get("JobOrderID"), r.get("JobState"), order.get("WorkMasterID"),
-            resp.get("StartTime"), resp.get("EndTime"), r.get("Reason")]
-
-
-def cmd_list(args: argparse.Namespace) -> int:
-    async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
-        if args.state:
-            _check_state(args.state)
-        async with _mes(cfg, args) as mes:
-            if args.index:
-                return _print_index(args, scope, await mes.state_index(scope))
-            if args.state:
-                reply = await mes.by_state(scope, args.state)
-                refused = None if reply.ok else reply
-                got = reply.data.get("JobResponses")
-                rows = got if isinstance(got, list) else []
-            else:
-                refused, rows = await mes.all_orders(scope)
-        if refused is not None:
-            return _refused(args, refused)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-            return EXIT_OK
-        if not rows:
-            print(f"no job orders{' in ' + args.state if args.state else ''} in scope {scope}")
-            return EXIT_OK
-        print(table(["JOB", "STATE", "WORK MASTER", "STARTED", "ENDED", "REASON"],
-                    [_order_row(r) for r in rows]))
-        return EXIT_OK
-    return _guarded(args, body)
-
-
-def _print_index(args: argparse.Namespace, scope: str, index: dict[str, Any] | None) -> int:
-    states = index.get("States") if index else None
-    states = states if isinstance(states, dict) else {}
-    if args.state:
-        states = {j: s for j, s in states.items()
-                  if s == args.state or str(s).split("_", 1)[0] == args.state}
-    if args.json:
-        print(json.dumps({"Seq": (index or {}).get("Seq"), "States": states}, indent=2))
-    elif not states:
-        print(f"no job orders in the state index of scope {scope}")
-    else:
-        print(table(["JOB", "STATE"], sorted(states.items())))
-        print(f"(state index Seq {(index or {}).get('Seq')})")
-    return EXIT_OK
-
-
-def cmd_show(args: argparse.Namespace) -> int:
-    async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
-        job = check_job(args.job)
-        async with _mes(cfg, args) as mes:
-            reply = await mes.by_id(scope, job)
-        if not reply.ok:
-            return _refused(args, reply)
-        if args.json:
-            print(json.dumps(reply.data, indent=2))
-            return EXIT_OK
-        print(_show_text(scope, reply.data))
-        return EXIT_OK
-    return _guarded(args, body)
-
-
-def _show_text(scope: str, d: dict[str, Any]) -> str:
-    order = d.get("JobOrder") if isinstance(d.get("JobOrder"), dict) else {}
-    resp = d.get("JobResponse") if isinstance(d.get("JobResponse"), dict) else None
-    lines = [("job", d.get("JobOrderID")), ("scope", scope), ("state", d.get("JobState")),
-             ("work master", order.get("WorkMasterID")), ("reason", d.get("Reason") or "-")]
-    params = order.get("Parameters")
-    if params:
-        lines.append(("parameters", json.dumps(params)))
-    rest = {k: v for k, v in order.items() if k not in ("ID", "WorkMasterID", "Parameters")}
-    if rest:
-        lines.append(("order", json.dumps(rest)))
-    if resp is None:
-        lines.append(("response", "none yet"))
-    else:
-        lines += [("started", resp.get("StartTime")), ("ended", resp.get("EndTime")),
-                  ("response", resp.get("JobState"))]
-        for item in resp.get("JobResponseData") or []:
-            if isinstance(item, dict):
-                lines.append(("result", f"{item.get('ID')} = {json.dumps(item.get('Value'))}"))
-    w = max(len(k) for k, _ in lines)
-    return "\n".join(f"{k.ljust(w)}  {'-' if v is None else v}" for k, v in lines)
-
-
-def cmd_control(args: argparse.Namespace) -> int:
-    async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
-        job = check_job(args.job)
-        async with _mes(cfg, args) as mes:
-            reply = await mes.control(scope, args.method, job, args.comment)
-        if not reply.ok:
-            return _refused(args, reply)
-        if args.json:
-            print(json.dumps({"ReturnStatus": reply.status, **reply.data}))
-        else:
-            print(f"{job}: {reply.data.get('JobState')}")
-        return EXIT_OK
-    return _guarded(args, body)
 
 
 # ---- inspect
