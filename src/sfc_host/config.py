@@ -149,6 +149,24 @@ class HostConfig:
                               "sweep_interval_ms")
         self._validate_values()
 
+    def _validate_mes(self) -> None:
+        p = self.mes_prefix
+        if not p or p.startswith("/") or p.endswith("/") or "//" in p:
+            raise ConfigError(f"setting mes_prefix: {p!r} is not a topic prefix (levels "
+                              "without wildcards, e.g. mes or app/jobs)")
+        if self.mes_topic_levels > 16:
+            raise ConfigError(f"setting mes_topic_levels: at most 16, not "
+                              f"{self.mes_topic_levels}")
+        if not isinstance(self.mes_acceptance, list) or not all(
+                isinstance(c, str) for c in self.mes_acceptance):
+            raise ConfigError(f"setting mes_acceptance: expected a list of strings, got "
+                              f"{self.mes_acceptance!r}")
+        from sfc_host.mes.catalog import check_settings  # lazy: the MES side is heavier
+        try:
+            check_settings(self.mes_acceptance)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
     def _validate_values(self) -> None:
         """The values a type check lets through but the host cannot use: each refused
         with the setting's name and value, before anything connects."""
@@ -172,6 +190,7 @@ class HostConfig:
                 check_scope(scope)
             except ValueError as e:
                 raise ConfigError(f"setting scopes: {e}") from None
+        self._validate_mes()
         if self.missions:
             # a lazy import: the engine's modules import this one
             from sfc_host.engine.missions import parse_mission_spec

@@ -24,10 +24,9 @@ import aiomqtt
 
 from sfc_host.capabilities import Capabilities, unserved
 from sfc_host.cloudevents import CloudEvent, CloudEventError, decode
-from sfc_host.config import ConfigError
 from sfc_host.keys import ScopeKeys, check_job
 from sfc_host.mes import codec, model
-from sfc_host.mes.catalog import ID_FIELD, Acceptance, check_settings, config_id, max_orders
+from sfc_host.mes.catalog import ID_FIELD, Acceptance, config_id, max_orders
 from sfc_host.mes.codec import Invalid
 from sfc_host.mes.publishing import Publisher
 from sfc_host.mqtt import MqttLink, payload_bytes
@@ -41,14 +40,6 @@ log = logging.getLogger("sfc_host.mes")
 
 MAX_BY_STATE = 1000       # job responses in one ByJobOrderState reply
 NO_SCOPE = "the request names no scope (no CloudEvent subject, no scope in the topic)"
-
-
-def _check_prefix(prefix: str) -> str:
-    if (not prefix or prefix.startswith("/") or prefix.endswith("/") or "//" in prefix
-            or any(c in prefix for c in "+#\x00")):
-        raise ConfigError(f"setting mes_prefix: {prefix!r} is not a topic prefix (levels "
-                          "without wildcards, e.g. mes or app/jobs)")
-    return prefix
 
 
 def _job_id(value: str | None) -> str:
@@ -73,18 +64,12 @@ class MesControl:
     """The MES side of one host: requests in, replies and job order state out."""
 
     def __init__(self, host: Host, link: MqttLink) -> None:
-        c = link.config
-        try:
-            check_settings(c.mes_acceptance)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if c.mes_topic_levels > 16:
-            raise ConfigError(f"setting mes_topic_levels: at most 16, not {c.mes_topic_levels}")
+        c = link.config     # checked by HostConfig (mes_prefix, levels, acceptance)
         self.host = host
         self.link = link
         self.metrics = host.metrics
         self.config = c
-        self.prefix = _check_prefix(c.mes_prefix)
+        self.prefix = c.mes_prefix
         self.max_bytes = c.mqtt_max_payload
         self.publisher = Publisher(host, link)
         self.acceptance = Acceptance(host.client, c.mes_acceptance, c.max_job_orders)
