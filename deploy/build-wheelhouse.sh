@@ -55,6 +55,10 @@ say "building the sfc-fast wheel with $("$PY" --version)"
 CFLAGS="${CFLAGS:-} -g0" "$WORK/tools/bin/python" -m pip wheel "${PIP_OPTS[@]}" --no-deps \
   --wheel-dir "$WORK/raw" "$WORK/src"
 raw=$(ls "$WORK"/raw/sfc_fast-*.whl)
+listing=$("$WORK/tools/bin/python" -m zipfile -l "$raw")
+if ! grep -q '\.so ' <<<"$listing"; then
+  say "the wheel has no compiled modules: are src/sfc_fast/*.pyx in $ROOT?"; exit 1
+fi
 
 # 4. Strip what symbols remain and the build machine's RUNPATH from the extension
 #    modules, then let auditwheel check the libraries they use and give the wheel its
