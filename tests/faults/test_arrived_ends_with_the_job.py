@@ -8,6 +8,7 @@ oldest go. Now the entry goes when the job ends.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 from hosts import Station, flush, quick_config, torque_ok, wait_until, work_master
@@ -55,8 +56,9 @@ def test_the_end_hook_before_it_still_runs() -> None:
     eq = EquipmentIn(host, link, MqttSink(link))
     eq.arrived["J9"] = 1.0
     assert host.settler.on_end is not None
-    host.settler.on_end(SCOPE, "J9", None)
-    assert calls == [(SCOPE, "J9", None)] and "J9" not in eq.arrived
+    done = SimpleNamespace(status="completed", reason=None)   # the Decision's fields read
+    host.settler.on_end(SCOPE, "J9", done)
+    assert calls == [(SCOPE, "J9", done)] and "J9" not in eq.arrived
 
     async def close() -> None:
         await host.aclose()
