@@ -188,3 +188,16 @@ def test_actuals_of_a_job_response_are_the_orders_requirements() -> None:
     for key in ("PersonnelActuals", "EquipmentActuals", "PhysicalAssetActuals",
                 "MaterialActuals"):
         assert served[key] == want[key], key
+
+
+def test_the_job_order_machine_moves_as_the_originals_in_every_reachable_state() -> None:
+    from sfc_fast import JOB_ORDER, InvalidTransition
+    t = ref("transitions.json")
+    for state in t["states_a_job_can_reach"]:
+        moves = t["next_state"][state]
+        for trigger in [*t["method_triggers"], "Run"]:
+            try:
+                got = JOB_ORDER.fire(state, trigger)
+            except InvalidTransition:
+                got = None
+            assert got == moves.get(trigger), (state, trigger)

@@ -7,7 +7,7 @@ may share the same Redis: consumer groups split the entries, the compare-and-set
 scripts settle every race.
 
     async with Host(HostConfig(redis_url=...), sink) as host:
-        await host.orders.store_order("line1", order, start=True)
+        await host.orders.store_order("line1", order, start=True)   # ISA95JobOrderDataType
 """
 
 from __future__ import annotations
