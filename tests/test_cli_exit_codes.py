@@ -44,13 +44,18 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     bad_toml = d / "bad.toml"
     bad_toml.write_text("redis_url = [\n")
     dead = f"redis://127.0.0.1:{free_port()}/0"
+    no_broker = f"mqtt://127.0.0.1:{free_port()}"
+    order = d / "order.json"
+    order.write_text(json.dumps({"JobOrder": {"JobOrderID": "J9",
+                                              "WorkMasterID": "wm"}}))
     cluster = d / "cluster.toml"
     cluster.write_text(f'redis_url = "{dead}"\nredis_cluster = true\n')
     ref = reference_recipes_dir()
     return {"good": str(ref / "axle_fit_qa.json"), "bad": str(ref / "bad_two_initial.json"),
             "bare": str(bare), "dir": str(d), "missing": str(d / "missing.json"),
             "scripts": str(scripts), "broken": str(broken), "bad_toml": str(bad_toml),
-            "cluster": str(cluster), "dead": dead}
+            "cluster": str(cluster), "dead": dead, "no_broker": no_broker,
+            "order": str(order)}
 
 
 # (id, argv, exit code, a piece of the error line; None: no error line expected)
@@ -113,6 +118,37 @@ CASES: list[tuple[str, list[str], int, str | None]] = [
      "cannot read"),
     ("missions-unreachable", ["missions", "list", "--redis", "{dead}"], FAILED,
      "cannot reach Redis"),
+    # job orders and Work Masters (an MES client over MQTT; list and show read Redis)
+    ("job-submit-no-wm", ["job", "submit", "--scope", "s", "--mqtt", "{no_broker}"],
+     MISTAKE, "name a Work Master"),
+    ("job-submit-bad-param", ["job", "submit", "wm", "-p", "x", "--scope", "s"], MISTAKE,
+     "expected NAME=VALUE"),
+    ("job-submit-string-wm-in-file", ["job", "submit", "--order", "{order}", "--scope", "s"],
+     MISTAKE, "WorkMasterID is a list"),
+    ("job-submit-unknown-file", ["job", "submit", "--order", "{missing}", "--scope", "s"],
+     MISTAKE, "cannot read"),
+    ("job-update-no-id", ["job", "update", "wm", "--scope", "s"], MISTAKE,
+     "name the job order"),
+    ("job-clear-bad-id", ["job", "clear", "a#b", "--scope", "s"], MISTAKE, "invalid job id"),
+    ("job-list-bad-state", ["job", "list", "--state", "Sleeping", "--scope", "s"], MISTAKE,
+     "unknown job order state"),
+    ("job-no-broker", ["job", "cancel", "J1", "--scope", "s", "--mqtt", "{no_broker}"],
+     FAILED, "cannot reach the MQTT broker"),
+    ("job-revoke-no-broker", ["job", "revoke", "J1", "--scope", "s", "--mqtt",
+                              "{no_broker}"], FAILED, "cannot reach the MQTT broker"),
+    ("workmaster-put-unknown-file", ["workmaster", "put", "{missing}", "--scope", "s"],
+     MISTAKE, "cannot read"),
+    ("workmaster-put-no-id", ["workmaster", "put", "{bare}", "--scope", "s"], MISTAKE,
+     "data and dataschema"),
+    ("workmaster-put-no-broker", ["workmaster", "put", "{good}", "--id", "wm", "--scope", "s",
+                                  "--mqtt",
+                                  "{no_broker}"], FAILED, "cannot reach the MQTT broker"),
+    ("workmaster-delete-no-broker", ["workmaster", "delete", "wm", "--scope", "s", "--mqtt",
+                                     "{no_broker}"], FAILED, "cannot reach the MQTT broker"),
+    ("workmaster-list-unreachable", ["workmaster", "list", "--scope", "s", "--redis",
+                                     "{dead}"], FAILED, "cannot reach Redis"),
+    ("workmaster-show-no-scope", ["workmaster", "show", "wm", "--redis", "{dead}"], MISTAKE,
+     "--scope is required"),
     # inspect and top
     ("inspect-no-job", ["inspect"], MISTAKE, "required: JOB"),
     ("inspect-bad-scope", ["inspect", "J1", "--scope", "bad/scope", "--redis", "{dead}"],
