@@ -59,7 +59,7 @@ HOST_REDIS_COMMANDS = (
     "+time +script|load +evalsha "
     "+get +set +del +exists +expire +persist +incr +incrby "
     "+hget +hset +hdel +hgetall +hmget +hexists +hvals "
-    "+sadd +srem +smembers +scard +sscan "
+    "+sadd +srem +smembers +sismember +scard +sscan "
     "+zadd +zrem +zremrangebyrank +zrange +zrangebyscore +zcard "
     "+xadd +xack +xdel +xtrim +xpending +xreadgroup +xautoclaim +xgroup|create "
     "+xinfo|groups")
@@ -74,10 +74,16 @@ topic write equipment/+/commands
 topic read equipment/+/responses
 topic read equipment/+/events
 topic read equipment/+/capabilities/+
+topic read mes/commands
 topic read mes/+/commands
+topic read mes/+/+/commands
+topic read mes/+/+/+/commands
+topic write mes/metadata
 topic write mes/+/replies
 topic write mes/+/replies/#
 topic write mes/+/events
+topic write mes/+/+/events
+topic write mes/+/+/+/events
 topic write mes/+/order/+
 topic write mes/+/result/+
 topic write mes/+/state-index
@@ -92,6 +98,8 @@ topic write equipment/+/capabilities/+
 # an MES: requests out, everything the host publishes for it in
 user mes
 topic write mes/+/commands
+topic write mes/+/+/commands
+topic write mes/+/+/+/commands
 topic read mes/#
 """
 
@@ -378,9 +386,16 @@ def test_a_host_runs_jobs_over_redis_tls_acl_and_mqtt_tls_password_acl(
                     return app.metrics["outages"] >= 1 and \
                         await admin.zscore(K.due, "ghost") is None
                 await wait_until(swept, 10, "an outage and a due deadline swept")
+                # a config message and the acceptance checks that read it
+                assert (await mes.config(S, "equipment", {"ID": "ST-1"})).ok
+                assert (await mes.submit(S, {"JobOrderID": "E1",
+                                             "WorkMasterID": [{"ID": "wm"}],
+                                             "EquipmentRequirements": [{"ID": "ST-1"}]},
+                                         start=False)).ok
                 gone = await mes.request(S, WM_TYPE, {"ID": "axle"},
                                          extensions={"method": "DELETE"})
-                assert gone.ok and gone.data["Deleted"] is True
+                assert gone.ok
+                assert await admin.get(K.work_master("axle")) is None
             # redis-py's connection setup (CLIENT SETINFO, MAINT_NOTIFICATIONS on newer
             # servers) may be refused: it ignores that, and so does this check
             denied = [e for e in await admin.acl_log() if e.get("username") == "sfc-host"
