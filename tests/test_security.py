@@ -387,7 +387,7 @@ def test_a_host_runs_jobs_over_redis_tls_acl_and_mqtt_tls_password_acl(
                         await admin.zscore(K.due, "ghost") is None
                 await wait_until(swept, 10, "an outage and a due deadline swept")
                 # a config message and the acceptance checks that read it
-                assert (await mes.config(S, "equipment", {"ID": "ST-1"})).ok
+                assert (await mes.configure(S, "equipment", {"ID": "ST-1"})).ok
                 assert (await mes.submit(S, {"JobOrderID": "E1",
                                              "WorkMasterID": [{"ID": "wm"}],
                                              "EquipmentRequirements": [{"ID": "ST-1"}]},

@@ -328,7 +328,7 @@ class MesClient:
         return await self.request(scope, WORK_MASTER, {"ID": wm_id},
                                   extensions={"method": "DELETE"})
 
-    async def config(self, scope: str, kind: str, data: dict[str, Any], *,
+    async def configure(self, scope: str, kind: str, data: dict[str, Any], *,
                      delete: bool = False) -> Reply:
         """A config message (``equipment``, ``materialclass``, ``materialdefinition``,
         ``personnel``, ``physicalasset``, ``jobacceptance``)."""
