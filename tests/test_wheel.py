@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -114,14 +115,29 @@ def test_wheel_is_manylinux_stripped_and_licensed(installed: Installed) -> None:
     # stripped: the unstripped build was 5.8 MB
     assert installed.wheel.stat().st_size < 2_500_000, installed.wheel.stat().st_size
     # every file of the wheelhouse is checksummed, and the unit and settings are there
-    sums = (installed.wheelhouse / "SHA256SUMS").read_text()
-    for f in installed.wheelhouse.iterdir():
-        if f.name != "SHA256SUMS":
-            assert f.name in sums, f.name
+    sums = (installed.wheelhouse / "SHA256SUMS").read_text().split()
+    files = [f.relative_to(installed.wheelhouse).as_posix()
+             for f in installed.wheelhouse.rglob("*") if f.is_file()]
+    assert sorted(sums[1::2]) == sorted(set(files) - {"SHA256SUMS"})
     assert (installed.wheelhouse / "sfc-host.service").is_file()
     assert (installed.wheelhouse / "host.toml").is_file()
     print(f"build {installed.build_s:.0f} s, venv and offline install "
           f"{installed.install_s:.0f} s: {name} {installed.wheel.stat().st_size} bytes")
+
+
+def test_the_wheel_came_from_a_complete_sdist(installed: Installed) -> None:
+    """The wheel is built from the sdist the script leaves in src/: it carries the
+    Cython sources (not the generated C), deploy/, LICENSE and CHANGELOG.md."""
+    (sdist,) = (installed.wheelhouse / "src").glob("sfc_fast-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    core = REPO / "src" / "sfc_fast"
+    wanted = {f"src/sfc_fast/{p.name}" for p in core.iterdir()
+              if p.suffix in (".pyx", ".pxd", ".pyi")}
+    wanted |= {"LICENSE", "CHANGELOG.md", "deploy/build-wheelhouse.sh", "deploy/host.toml",
+               "deploy/sfc-host.service"}
+    assert sorted(wanted - names) == []
+    assert not [n for n in names if n.endswith((".c", ".so"))]
 
 
 def test_installed_package_is_the_wheels(installed: Installed) -> None:
