@@ -71,7 +71,7 @@ fi
 # 4. Strip what symbols remain and the build machine's RUNPATH from the extension
 #    modules, then let auditwheel check the libraries they use and give the wheel its
 #    manylinux tag (the oldest glibc its symbols allow).
-"$WORK/tools/bin/python" -m wheel unpack --dest "$WORK/unpacked" "$raw"
+"$WORK/tools/bin/python" -m wheel unpack --dest "$WORK/unpacked" "$raw" >&2
 find "$WORK/unpacked" -name '*.so' -print0 | while IFS= read -r -d '' so; do
   strip --strip-unneeded "$so"
   patchelf --remove-rpath "$so"
