@@ -46,7 +46,8 @@ class ScopeKeys:
     """The keys of one scope."""
 
     __slots__ = ("active", "base", "dead", "due", "errors", "heartbeat", "index",
-                 "index_seq", "live", "offset", "scope", "seq", "work")
+                 "index_entries", "index_order", "index_seq", "live", "offset", "results",
+                 "scope", "seq", "work")
 
     def __init__(self, scope: str) -> None:
         self.scope = scope
@@ -62,6 +63,9 @@ class ScopeKeys:
         self.index = b + "state-index"  # hash job -> order state (every order not cleared)
         self.seq = b + "state-seq"      # + 1 per order change
         self.index_seq = b + "index-seq"  # + 1 per state-index published (its seq)
+        self.index_order = b + "index-order"  # zset job -> Priority (the index's order)
+        self.index_entries = b + "index-entries"  # hash job -> its index entry (JSON)
+        self.results = b + "results"    # set of the jobs whose job response exists
         self.live = b + "live"          # set of orders not ended (max_job_orders)
 
     def job(self, job: str) -> str:

@@ -24,6 +24,7 @@ from sfc_host.mes.model import (
     INVALID_JOB_ORDER_STATUS,
     INVALID_REQUEST,
     NO_ERROR,
+    STATE_JSON,
     UNABLE_TO_ACCEPT_JOB_ORDER,
     UNKNOWN_JOB_ORDER_ID,
     JobOrderData,
@@ -95,7 +96,16 @@ def implied_entries(trigger: str, old: str, new: str) -> list[str]:
 
 
 def _order_keys(k: ScopeKeys, job: str) -> list[str]:
-    return [k.order(job), k.work, k.index, k.seq, k.live]
+    return [k.order(job), k.work, k.index, k.seq, k.live, k.index_order, k.results,
+            k.index_entries]
+
+
+def index_entry(job: str, state: str) -> bytes:
+    """The job's entry of the published state index up to its ``has_result`` value
+    (the original's ``StateIndexEntry``): written with every order write, so the index
+    is joined, not built, when it is published."""
+    return (b'{"job_order_id":' + _ENCODE.encode(job) + b',"state":' + STATE_JSON[state]
+            + b',"has_result":')
 
 
 class Orders:
@@ -148,13 +158,14 @@ class Orders:
                      extra: dict[str, str] | None = None, must_exist: str = "") -> int:
         k = self.store.keys(scope)
         args: list[Any] = [expected, state, order, reason, job, len(entries), *entries]
+        pairs: dict[str, str | bytes] = {**(extra or {}), "ix": index_entry(job, state)}
         keys = _order_keys(k, job)
         if state == "EndState":
             # the order, its job state and job response expire together after the
             # retention (cleared and cancelled orders would otherwise pile up in Redis)
             args.append(self.ended_retention_s)
             keys += (k.job(job), k.response(job))
-        for f, v in (extra or {}).items():
+        for f, v in pairs.items():
             args += (f, v)
         if must_exist:
             keys.append(must_exist)
@@ -204,8 +215,11 @@ class Orders:
                                          f"job order {job!r} exists ({cur.get('state')}) "
                                          "with other content")
                 if cur is not None:
-                    # A cleared id stored again must not show its last run's response.
-                    await self.store.client.delete(k.response(job))
+                    # An id stored again must not show its last run's response.
+                    pipe = self.store.client.pipeline(transaction=False)
+                    pipe.delete(k.response(job))
+                    pipe.srem(k.results, job)
+                    await pipe.execute()
             # a new id (the usual case) costs one round trip: the Work Master check and
             # the write are one script call
             token = uuid.uuid4().hex[:16]
@@ -213,7 +227,7 @@ class Orders:
             v = await self._write(scope, job, cur["v"] if cur else "0", new, entries,
                                   order=body, reason="", extra=fields,
                                   must_exist=k.work_master(work_master) if work_master
-                                  else "")
+                                  else k.order(job))
             if v < 0:
                 raise OrderError(UNABLE_TO_ACCEPT_JOB_ORDER,
                                  f"Work Master {work_master!r} is not known in scope "
@@ -292,7 +306,7 @@ class Orders:
                 k = self.store.keys(scope)
                 assert cur is not None
                 args: list[Any] = [cur["v"], new, "", reason, job, 0]
-                for f, value in times_for(new).items():
+                for f, value in {**times_for(new), "ix": index_entry(job, new)}.items():
                     args += (f, value)
                 calls.append((self.scripts["order"], _order_keys(k, job), args))
         results = iter(await self.scripts.run(calls))

@@ -78,7 +78,7 @@ class Record:
     fingerprint: str = ""
     graph: bytes | None = None
     reset: bool = False
-    response: str | None = None
+    response: str | bytes | None = None
     offset: int = 0                # the scope offset the state is shifted to
 
 
@@ -332,9 +332,9 @@ class Store:
                 for e in r.entries:
                     args += e
                 if r.response is not None:
-                    args += (ki(k.response(r.job)), r.response)
+                    args += (ki(k.response(r.job)), r.response, ki(k.results))
                 else:
-                    args += (0, b"")
+                    args += (0, b"", 0)
         return (self.scripts["cas"], keys, args)
 
     async def commit(self, batches: dict[str, Sequence[Record]],

@@ -19,7 +19,8 @@
 --     seen the gap), active ('1' add, '0' remove, '' leave),
 --     n wait ops, then per op: sign ('+' or '-'), waits key index, score,
 --     n entries, then per entry: kind, action, command id,
---     response key index (0 = none), response value.
+--     response key index (0 = none), response value, the scope's results set key
+--     index (the job joins it with its response: the state index's has_result).
 -- A record whose version does not match writes nothing; the others still apply.
 -- With deliver, after its records the group's new entries (those just appended among
 -- them) are delivered to that consumer with XREADGROUP: the host that made a command
@@ -75,7 +76,8 @@ for g = 1, tonumber(ARGV[1]) do
     local e = w + 3 * nw + 1
     local ridx = tonumber(ARGV[e + 3 * ne])
     local rval = ARGV[e + 3 * ne + 1]
-    p = e + 3 * ne + 2
+    local xidx = tonumber(ARGV[e + 3 * ne + 2])
+    p = e + 3 * ne + 3
     local current = redis.call('HGET', key, 'v') or '0'
     if too_late or current ~= expected or (state ~= '' and roffset ~= offset) then
       out[r] = 0
@@ -124,7 +126,10 @@ for g = 1, tonumber(ARGV[1]) do
           marks[#marks + 1] = m[2]
         end
       end
-      if ridx > 0 then redis.call('SET', KEYS[ridx], rval) end
+      if ridx > 0 then
+        redis.call('SET', KEYS[ridx], rval)
+        redis.call('SADD', KEYS[xidx], job)
+      end
       out[r] = v
     end
   end

@@ -1,23 +1,28 @@
 -- Compare-and-set of a job order, and the work entries it implies, in one step.
 -- KEYS[1] order hash, KEYS[2] work stream, KEYS[3] state index (job -> state),
--- KEYS[4] index seq, KEYS[5] live set (orders not ended); then for EndState
--- KEYS[6] job hash, KEYS[7] job response; else KEYS[6] (optional) a key that must
--- exist: the Work Master a Store names
+-- KEYS[4] index seq, KEYS[5] live set (orders not ended), KEYS[6] index order (sorted
+-- set job -> the order's Priority), KEYS[7] results set (jobs with a job response),
+-- KEYS[8] index entries (hash job -> its entry of the published index, up to its
+-- has_result value); then for EndState KEYS[9] job hash, KEYS[10] job response; else
+-- KEYS[9] (optional, a Store) a key that must exist: the Work Master it names, or the
+-- order hash itself for a Store that names none
 -- ARGV[1] expected version ('0': the order must not exist), ARGV[2] new order state,
 -- ARGV[3] order JSON ('' = keep), ARGV[4] reason ('' = keep), ARGV[5] job id,
 -- ARGV[6] n entries, then per entry: kind; for EndState then the retention in seconds
 -- (the order, job hash and response expire together; 0 = kept). A Store (the only
 -- write with the Work Master key) takes the order off that timer: an id stored again
 -- within the retention.
--- Extra fields after these: pairs of (field, value) stored on the order too.
+-- Extra fields after these: pairs of (field, value) stored on the order too; but 'ix'
+-- is the job's index entry (KEYS[8], not the order), and 'prio' also its score in the
+-- index order.
 -- The index, its seq and the live set change in the same step, whoever writes the
 -- order (the MES side or a recipe's Run/Complete/Abort), so the live count that
 -- limits Store is exact.
 -- Returns the new version, 0 when the expected version did not match, -1 when
--- KEYS[6] does not exist.
+-- KEYS[9] does not exist.
 local ending = ARGV[2] == 'EndState'
-local storing = not ending and KEYS[6] ~= nil
-if storing and redis.call('EXISTS', KEYS[6]) == 0 then return -1 end
+local storing = not ending and KEYS[9] ~= nil
+if storing and KEYS[9] ~= KEYS[1] and redis.call('EXISTS', KEYS[9]) == 0 then return -1 end
 local current = redis.call('HGET', KEYS[1], 'v') or '0'
 if current ~= ARGV[1] then return 0 end
 local v = tonumber(current) + 1
@@ -33,20 +38,33 @@ if ending then
   local ttl = tonumber(ARGV[q])
   q = q + 1
   if ttl > 0 then
-    for _, key in ipairs({KEYS[1], KEYS[6], KEYS[7]}) do redis.call('EXPIRE', key, ttl) end
+    for _, key in ipairs({KEYS[1], KEYS[9], KEYS[10]}) do redis.call('EXPIRE', key, ttl) end
   end
 elseif storing then
   redis.call('PERSIST', KEYS[1])
 end
+local state = ARGV[2]
 while q < #ARGV do
-  redis.call('HSET', KEYS[1], ARGV[q], ARGV[q + 1])
+  local f = ARGV[q]
+  if f == 'ix' then
+    if not ending then redis.call('HSET', KEYS[8], ARGV[5], ARGV[q + 1]) end
+  else
+    redis.call('HSET', KEYS[1], f, ARGV[q + 1])
+    if f == 'prio' and not ending then
+      redis.call('ZADD', KEYS[6], tonumber(ARGV[q + 1]) or 0, ARGV[5])
+    end
+  end
   q = q + 2
 end
-local state = ARGV[2]
-if state == 'EndState' then
+if ending then
   redis.call('HDEL', KEYS[3], ARGV[5])
+  redis.call('ZREM', KEYS[6], ARGV[5])
+  redis.call('HDEL', KEYS[8], ARGV[5])
+  redis.call('SREM', KEYS[7], ARGV[5])
 else
   redis.call('HSET', KEYS[3], ARGV[5], state)
+  -- an order stored before the index order existed joins it at Priority 0
+  redis.call('ZADD', KEYS[6], 'NX', 0, ARGV[5])
 end
 local top = string.match(state, '^[^_]+')
 if top == 'Ended' or top == 'Aborted' or top == 'EndState' then

@@ -33,46 +33,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("sfc_host.mes")
 
 INTERVAL_S = 0.1
-# The index script holds Redis about 2 µs per order (10,000 orders: 20 ms, every
-# compare-and-set waits behind it): one map per 500 µs per order keeps it near 0.4 % of
-# Redis's time, out of the answer path's p99.
-INDEX_US_PER_ORDER = 500
+# The index script holds Redis for every order of the scope (measured in
+# docs/benchmarks.md; every compare-and-set waits behind it) and its message grows with
+# them (about 190 bytes an order): one index per INDEX_US_PER_ORDER per order keeps
+# both a small share of Redis's and the host's time, out of the answer path's p99.
+INDEX_US_PER_ORDER = 1000
 START_BATCH = 64       # scopes whose index is republished at once at start
-
-# The state index, built as JSON inside Redis: the host never decodes and re-encodes a
-# list of every order. KEYS: change counter, index hash (job -> state), publish counter.
-# ARGV: change count last published, force ('1': publish even if unchanged), order key
-# prefix, response key prefix, scope as JSON, published_at, then pairs (state, its
-# ISA95StateDataType list as JSON). The order hashes (priority) and responses read per
-# job are keys of the same scope (same hash tag, same slot).
-# Returns {changes} when nothing is to publish, else {changes, json, number of jobs}.
-_INDEX_LUA = """
-local changes = redis.call('GET', KEYS[1]) or '0'
-if changes == ARGV[1] and ARGV[2] ~= '1' then return {changes} end
-local frag = {}
-for i = 7, #ARGV, 2 do frag[ARGV[i]] = ARGV[i + 1] end
-local flat = redis.call('HGETALL', KEYS[2])
-local jobs = {}
-for i = 1, #flat, 2 do
-  local job = flat[i]
-  local prio = tonumber(redis.call('HGET', ARGV[3] .. job, 'prio') or '0') or 0
-  jobs[#jobs + 1] = {job, flat[i + 1], prio}
-end
-table.sort(jobs, function(a, b)
-  if a[3] ~= b[3] then return a[3] < b[3] end
-  return a[1] < b[1]
-end)
-local parts = {}
-for i, j in ipairs(jobs) do
-  local has = redis.call('EXISTS', ARGV[4] .. j[1]) == 1 and 'true' or 'false'
-  parts[i] = '{"job_order_id":' .. cjson.encode(j[1]) .. ',"state":' ..
-    (frag[j[2]] or '[]') .. ',"has_result":' .. has .. '}'
-end
-local seq = redis.call('INCR', KEYS[3])
-local body = '{"seq":' .. seq .. ',"scope":' .. ARGV[5] .. ',"published_at":"' .. ARGV[6] ..
-  '","jobs":[' .. table.concat(parts, ',') .. ']}'
-return {changes, body, #jobs}
-"""
 
 # The retained state of changed orders, in one call. KEYS: each order's hash and
 # response key, in pairs. Returns four values an order: whether the hash exists, its
@@ -89,7 +55,6 @@ end
 return out
 """
 
-_STATE_ARGS: list[Any] = [x for s in model.STATE_NAMES for x in (s, model.STATE_JSON[s])]
 _ENDED = ("Ended", "Aborted")
 
 
@@ -108,7 +73,6 @@ class Publisher:
         self.prefix = c.mes_prefix
         self.source = c.mes_source
         self.expiry_s = c.mes_message_expiry_s
-        self._index = host.client.register_script(_INDEX_LUA)
         self._orders = host.client.register_script(_ORDERS_LUA)
         self._retained_props = publish_properties(expiry_s=c.mes_retained_expiry_s)
         # scope -> job -> cleared (a Clear deletes the retained topics)
@@ -223,24 +187,38 @@ class Publisher:
     async def _publish_index(self, scope: str, k: ScopeKeys, *, force: bool = False) -> None:
         """The scope's index, at most every INTERVAL_S and, for a big one, at most once
         per INDEX_US_PER_ORDER per order: the index is the snapshot an MES reads on
-        connect; each order's own retained topic carries its changes at once."""
+        connect; each order's own retained topic carries its changes at once.
+
+        Every order write keeps the order's entry (``orders.index_entry``) and its place
+        (Priority, then id): the index is joined from them here, not built; plain reads
+        hold Redis for less than a script that built it would (about 1 ms per 1,000
+        orders, in docs/benchmarks.md)."""
         loop = asyncio.get_running_loop()
         if loop.time() < self._index_due.get(scope, 0.0):
             return                       # the loop publishes it when due
         last = self._changes.get(scope, -1)
         self._forced.discard(scope)
-        res = await self._index(
-            keys=[k.seq, k.index, k.index_seq],
-            args=[last, "1" if force else "0", k.order(""), k.response(""),
-                  codec.dumps(scope), _published_at(), *_STATE_ARGS])
-        if len(res) == 1:
+        client = self.host.client
+        changes = int(await client.get(k.seq) or 0)
+        if changes == last and not force:
             self._index_due.pop(scope, None)
             return
-        changes, body, n = int(res[0]), res[1], int(res[2])
+        pipe = client.pipeline(transaction=False)
+        pipe.zrange(k.index_order, 0, -1)
+        pipe.hgetall(k.index_entries)
+        pipe.smembers(k.results)
+        pipe.incr(k.index_seq)
+        jobs, entries, has, seq = await pipe.execute()
+        # an order written between these reads is in the next index
+        parts = [e + (b"true}" if job in has else b"false}")
+                 for job in jobs if (e := entries.get(job)) is not None]
+        body = (b'{"seq":%d,"scope":%s,"published_at":"%s","jobs":[' % (
+            seq, codec.dumps(scope), _published_at().encode()) + b",".join(parts) + b"]}")
         self._changes[scope] = changes
         # the next index waits in proportion to this one's size
-        self._index_due[scope] = loop.time() + max(INTERVAL_S, n * INDEX_US_PER_ORDER / 1e6)
-        self._retained(f"{self.prefix}/{scope}/state-index", bytes(body))
+        self._index_due[scope] = loop.time() + max(INTERVAL_S,
+                                                   len(parts) * INDEX_US_PER_ORDER / 1e6)
+        self._retained(f"{self.prefix}/{scope}/state-index", body)
 
     async def aclose(self) -> None:
         tasks = list(self._tasks.values())
