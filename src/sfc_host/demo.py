@@ -346,8 +346,9 @@ class Hosts:
             log = self.workdir / f"host-{i}.log"
             proc = spawn([sys.executable, "-m", "sfc_host", "run", "--config", str(conf)], log)
             self.procs.append((proc, log, port))
+        # ready: subscribed, engine running, recovery done (the port answers earlier)
         for i, (proc, log, port) in enumerate(self.procs, 1):
-            await wait_ready(lambda p=port: _scrape(p) is not None, f"host {i} (sfc-host run)",
+            await wait_ready(lambda p=port: _ready(p), f"host {i} (sfc-host run)",
                              proc, log, timeout=30)
 
     def latency(self) -> Histogram | None:
@@ -386,6 +387,15 @@ def _scrape(port: int) -> str | None:
             return str(r.read().decode())
     except OSError:
         return None
+
+
+def _ready(port: int) -> bool:
+    """The host answers ``/readyz`` with 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:   # HTTPError (503: not ready yet) is one
+        return False
 
 
 # ---- the run --------------------------------------------------------------------------

@@ -371,8 +371,11 @@ def with_actuals(response: bytes, order_json: bytes | str | None) -> bytes:
     if not order_json:
         return response
     try:
-        resp = msgspec.json.decode(response, type=JobResponse)
         order = msgspec.json.decode(order_json, type=JobOrderData)
+        if not (order.PersonnelRequirements or order.EquipmentRequirements
+                or order.PhysicalAssetRequirements or order.MaterialRequirements):
+            return response
+        resp = msgspec.json.decode(response, type=JobResponse)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return response
     if order.PersonnelRequirements and resp.PersonnelActuals is None:
