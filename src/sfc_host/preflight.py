@@ -17,7 +17,7 @@ from typing import Any
 
 from sfc_host.config import ConfigError, HostConfig, without_credentials
 from sfc_host.engine.missions import parse_mission_spec
-from sfc_host.engine.script import MissionDef
+from sfc_host.engine.script import MissionDef, check_mission_call
 
 EXIT_MISTAKE = 2
 EXIT_UNREACHABLE = 1
@@ -37,13 +37,8 @@ def check_missions(defs: Mapping[str, MissionDef], specs: list[str]
             name, args = parse_mission_spec(spec)
         except ValueError as e:
             raise ConfigError(f"setting missions: {spec!r}: {e}") from None
-        defn = defs.get(name)
-        if defn is None:
-            known = ", ".join(sorted(defs)) or "none"
-            raise ConfigError(f"setting missions: {spec!r}: no mission {name!r} "
-                              f"(missions: {known})")
         try:
-            defn.check_args(args)
+            check_mission_call(defs, name, args)
         except ValueError as e:
             raise ConfigError(f"setting missions: {spec!r}: {e}") from None
         out.append((name, args))

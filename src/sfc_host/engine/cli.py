@@ -192,6 +192,7 @@ async def _open_store(args: argparse.Namespace) -> Any:
 async def _run_engine(scripts: Path, args: argparse.Namespace,
                       missions: list[tuple[str, dict[str, Any]]]) -> int:
     from sfc_host.engine.manager import Engine, EngineFault
+    from sfc_host.engine.script import UnknownMission, check_mission_call
 
     store = await _open_store(args)
     engine = Engine(scripts, store=store, stop_timeout=args.stop_timeout)
@@ -218,13 +219,11 @@ async def _run_engine(scripts: Path, args: argparse.Namespace,
                 print(f"{scripts / p.file}:{p.line}: {p.message}", file=sys.stderr)
             return EXIT_PROBLEMS
         for name, margs in missions:   # against the build: before the engine runs
-            defn = engine.missions.get(name)
-            if defn is None:
-                known = ", ".join(sorted(engine.missions)) or "none"
-                raise _Usage(f"--mission {name}: no such mission in {scripts} "
-                             f"(missions: {known})")
             try:
-                defn.check_args(margs)
+                check_mission_call(engine.missions, name, margs)
+            except UnknownMission as e:
+                raise _Usage(f"--mission {name}: no such mission in {scripts} "
+                             f"({e.known})") from None
             except ValueError as e:
                 raise _Usage(f"--mission {name}: {e}") from None
         await engine.start()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
@@ -92,6 +92,25 @@ class MissionDef:
         except TypeError as e:
             raise ValueError(f"mission {self.name}({', '.join(self.parameters())}): "
                              f"{e}") from None
+
+
+def check_mission_call(defs: Mapping[str, MissionDef], name: str,
+                       args: dict[str, Any]) -> MissionDef:
+    """The mission ``name`` of a build, if its function takes ``args``; ValueError saying
+    which missions there are, or why the arguments do not fit."""
+    defn = defs.get(name)
+    if defn is None:
+        raise UnknownMission(name, f"missions: {', '.join(sorted(defs)) or 'none'}")
+    defn.check_args(args)
+    return defn
+
+
+class UnknownMission(ValueError):
+    """A mission name the build does not have; ``known`` lists the ones it has."""
+
+    def __init__(self, name: str, known: str) -> None:
+        super().__init__(f"no mission {name!r} ({known})")
+        self.known = known
 
 
 def _takes_positional(fn: Callable[..., Any]) -> bool:
