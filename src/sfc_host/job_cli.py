@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +129,20 @@ async def _requests(cfg: HostConfig, args: argparse.Namespace, body: Any) -> int
         return _error(str(e), EXIT_REFUSED)
 
 
+async def _one_request(cfg: HostConfig, args: argparse.Namespace,
+                       request: Callable[[MesClient], Awaitable[Reply]], done: str,
+                       **fields: str) -> int:
+    """One request: on NO_ERROR ``done`` (or with ``--json`` the status and ``fields``),
+    else the refusal."""
+    async def send(mes: MesClient) -> int:
+        reply = await request(mes)
+        if not reply.ok:
+            return _refused(args, reply)
+        print(json.dumps({"ReturnStatus": reply.status, **fields}) if args.json else done)
+        return EXIT_OK
+    return await _requests(cfg, args, send)
+
+
 def _refused(args: argparse.Namespace, reply: Reply, *, unknown_is_mistake: bool = True) -> int:
     names = "|".join(reply.status_names)
     if args.json:
@@ -217,21 +232,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
         scope = _scope(args, cfg)
         order = build_order(args)
-
-        async def send(mes: MesClient) -> int:
-            reply = await mes.submit(scope, order, start=not args.no_start,
-                                     comment=args.comment)
-            if not reply.ok:
-                return _refused(args, reply)
-            job = order["JobOrderID"]
-            if args.json:
-                print(json.dumps({"ReturnStatus": reply.status, "JobOrderID": job}))
-            else:
-                method = "Store" if args.no_start else "StoreAndStart"
-                print(f"{job}: {method} accepted (scope {scope}, Work Master "
-                      f"{order['WorkMasterID'][0]['ID']})")
-            return EXIT_OK
-        return await _requests(cfg, args, send)
+        job = order["JobOrderID"]
+        method = "Store" if args.no_start else "StoreAndStart"
+        return await _one_request(
+            cfg, args, lambda mes: mes.submit(scope, order, start=not args.no_start,
+                                              comment=args.comment),
+            f"{job}: {method} accepted (scope {scope}, Work Master "
+            f"{order['WorkMasterID'][0]['ID']})", JobOrderID=job)
     return _guarded(args, body)
 
 
@@ -239,15 +246,10 @@ def cmd_update(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
         scope = _scope(args, cfg)
         order = build_order(args, need_id=True)
-
-        async def send(mes: MesClient) -> int:
-            reply = await mes.update(scope, order, comment=args.comment)
-            if not reply.ok:
-                return _refused(args, reply)
-            print(json.dumps({"ReturnStatus": reply.status, "JobOrderID": order["JobOrderID"]})
-                  if args.json else f"{order['JobOrderID']}: Update accepted")
-            return EXIT_OK
-        return await _requests(cfg, args, send)
+        job = order["JobOrderID"]
+        return await _one_request(
+            cfg, args, lambda mes: mes.update(scope, order, comment=args.comment),
+            f"{job}: Update accepted", JobOrderID=job)
     return _guarded(args, body)
 
 
@@ -381,15 +383,9 @@ def cmd_control(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
         scope = _scope(args, cfg)
         job = check_job(args.job)
-
-        async def send(mes: MesClient) -> int:
-            reply = await mes.control(scope, args.method, job, args.comment)
-            if not reply.ok:
-                return _refused(args, reply)
-            print(json.dumps({"ReturnStatus": reply.status, "JobOrderID": job})
-                  if args.json else f"{job}: {args.method} accepted")
-            return EXIT_OK
-        return await _requests(cfg, args, send)
+        return await _one_request(
+            cfg, args, lambda mes: mes.control(scope, args.method, job, args.comment),
+            f"{job}: {args.method} accepted", JobOrderID=job)
     return _guarded(args, body)
 
 
@@ -407,15 +403,9 @@ def cmd_wm_put(args: argparse.Namespace) -> int:
             wm["ID"] = args.id
         if not isinstance(wm.get("ID"), str) or not wm["ID"]:
             raise UsageError(f"{args.file} has no ID: give one with --id")
-
-        async def send(mes: MesClient) -> int:
-            reply = await mes.put_work_master(scope, wm)
-            if not reply.ok:
-                return _refused(args, reply)
-            print(json.dumps({"ReturnStatus": reply.status, "ID": wm["ID"]}) if args.json
-                  else f"Work Master {wm['ID']} stored in scope {scope}")
-            return EXIT_OK
-        return await _requests(cfg, args, send)
+        return await _one_request(
+            cfg, args, lambda mes: mes.put_work_master(scope, wm),
+            f"Work Master {wm['ID']} stored in scope {scope}", ID=wm["ID"])
     return _guarded(args, body)
 
 
@@ -423,14 +413,9 @@ def cmd_wm_delete(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
         scope = _scope(args, cfg)
 
-        async def send(mes: MesClient) -> int:
-            reply = await mes.delete_work_master(scope, args.id)
-            if not reply.ok:
-                return _refused(args, reply)
-            print(json.dumps({"ReturnStatus": reply.status, "ID": args.id}) if args.json
-                  else f"Work Master {args.id} deleted from scope {scope}")
-            return EXIT_OK
-        return await _requests(cfg, args, send)
+        return await _one_request(
+            cfg, args, lambda mes: mes.delete_work_master(scope, args.id),
+            f"Work Master {args.id} deleted from scope {scope}", ID=args.id)
     return _guarded(args, body)
 
 
