@@ -153,23 +153,31 @@ class Orders:
     async def get(self, scope: str, job: str) -> dict[str, str] | None:
         return await self.store.order(scope, job)
 
-    async def _write(self, scope: str, job: str, expected: str, state: str,
-                     entries: list[str], *, order: str = "", reason: str = "",
-                     extra: dict[str, str] | None = None, must_exist: str = "") -> int:
+    def _call(self, scope: str, job: str, expected: str, state: str, entries: list[str], *,
+              order: str = "", reason: str = "", extra: dict[str, str] | None = None,
+              priority: int | None = None, must_exist: str = ""
+              ) -> tuple[Any, list[str], list[Any]]:
+        """The order script's call for one write (``lua/order.lua``)."""
         k = self.store.keys(scope)
-        args: list[Any] = [expected, state, order, reason, job, len(entries), *entries]
-        pairs: dict[str, str | bytes] = {**(extra or {}), "ix": index_entry(job, state)}
+        args: list[Any] = [expected, state, order, reason, job,
+                           b"" if state == "EndState" else index_entry(job, state),
+                           "" if priority is None else priority, len(entries), *entries]
         keys = _order_keys(k, job)
         if state == "EndState":
             # the order, its job state and job response expire together after the
             # retention (cleared and cancelled orders would otherwise pile up in Redis)
             args.append(self.ended_retention_s)
             keys += (k.job(job), k.response(job))
-        for f, v in pairs.items():
+        for f, v in (extra or {}).items():
             args += (f, v)
         if must_exist:
             keys.append(must_exist)
-        return int(await self.scripts.call(self.scripts["order"], keys, args))
+        return self.scripts["order"], keys, args
+
+    async def _write(self, scope: str, job: str, expected: str, state: str,
+                     entries: list[str], **kw: Any) -> int:
+        script, keys, args = self._call(scope, job, expected, state, entries, **kw)
+        return int(await self.scripts.call(script, keys, args))
 
     async def store_order(self, scope: str, order: dict[str, Any] | JobOrderData, *,
                           start: bool, work_master: str | None = None,
@@ -202,7 +210,7 @@ class Orders:
         new = JOB_ORDER.fire(JOB_ORDER.initial_name, trigger)
         entries = implied_entries(trigger, "InitialState", new)
         body = _ENCODE.encode(order).decode()
-        extra = {"wm": work_master or "", "prio": str(order.Priority or 0)}
+        extra = {"wm": work_master or ""}
         cur: dict[str, str] | None = None
         for round_ in range(ROUNDS):
             if round_ > 0:
@@ -226,6 +234,7 @@ class Orders:
             fields = {"token": token, "reason": "", "started": "", "ended": "", **extra}
             v = await self._write(scope, job, cur["v"] if cur else "0", new, entries,
                                   order=body, reason="", extra=fields,
+                                  priority=order.Priority or 0,
                                   must_exist=k.work_master(work_master) if work_master
                                   else k.order(job))
             if v < 0:
@@ -262,11 +271,12 @@ class Orders:
                 if order.JobOrderID not in (None, job):
                     raise OrderError(INVALID_REQUEST, "Update cannot change the job order ID")
                 body = _ENCODE.encode(order).decode()
-                extra.update(wm=work_master or "", prio=str(order.Priority or 0))
+                extra["wm"] = work_master or ""
             why = reason or (f"{trigger} by the MES" if trigger in ("Abort", "Stop") else "")
             v = await self._write(scope, job, cur["v"], new,
                                   implied_entries(trigger, old, new), order=body, reason=why,
-                                  extra=extra)
+                                  extra=extra,
+                                  priority=None if order is None else order.Priority or 0)
             if v:
                 await self._changed(scope, job, cur, new, v, order=body, reason=why,
                                     extra=extra, cause=cause)
@@ -303,12 +313,9 @@ class Orders:
             new = self.next_for_recipe(cur, transition)
             out.append(new)
             if new is not None:
-                k = self.store.keys(scope)
                 assert cur is not None
-                args: list[Any] = [cur["v"], new, "", reason, job, 0]
-                for f, value in {**times_for(new), "ix": index_entry(job, new)}.items():
-                    args += (f, value)
-                calls.append((self.scripts["order"], _order_keys(k, job), args))
+                calls.append(self._call(scope, job, cur["v"], new, [], reason=reason,
+                                        extra=times_for(new)))
         results = iter(await self.scripts.run(calls))
         hooks = []
         for i, new in enumerate(out):

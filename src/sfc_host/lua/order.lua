@@ -8,13 +8,13 @@
 -- order hash itself for a Store that names none
 -- ARGV[1] expected version ('0': the order must not exist), ARGV[2] new order state,
 -- ARGV[3] order JSON ('' = keep), ARGV[4] reason ('' = keep), ARGV[5] job id,
--- ARGV[6] n entries, then per entry: kind; for EndState then the retention in seconds
+-- ARGV[6] the job's index entry for the new state (KEYS[8]; '' for EndState), ARGV[7]
+-- the order's Priority ('' = keep its place in the index order),
+-- ARGV[8] n entries, then per entry: kind; for EndState then the retention in seconds
 -- (the order, job hash and response expire together; 0 = kept). A Store (the only
 -- write with the Work Master key) takes the order off that timer: an id stored again
 -- within the retention.
--- Extra fields after these: pairs of (field, value) stored on the order too; but 'ix'
--- is the job's index entry (KEYS[8], not the order), and 'prio' also its score in the
--- index order.
+-- Extra fields after these: pairs of (field, value) stored on the order too.
 -- The index, its seq and the live set change in the same step, whoever writes the
 -- order (the MES side or a recipe's Run/Complete/Abort), so the live count that
 -- limits Store is exact.
@@ -29,11 +29,11 @@ local v = tonumber(current) + 1
 redis.call('HSET', KEYS[1], 'v', v, 'state', ARGV[2])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'order', ARGV[3]) end
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[4]) end
-local ne = tonumber(ARGV[6])
+local ne = tonumber(ARGV[8])
 for i = 1, ne do
-  redis.call('XADD', KEYS[2], '*', 'k', ARGV[6 + i], 'j', ARGV[5])
+  redis.call('XADD', KEYS[2], '*', 'k', ARGV[8 + i], 'j', ARGV[5])
 end
-local q = 7 + ne
+local q = 9 + ne
 if ending then
   local ttl = tonumber(ARGV[q])
   q = q + 1
@@ -43,19 +43,11 @@ if ending then
 elseif storing then
   redis.call('PERSIST', KEYS[1])
 end
-local state = ARGV[2]
 while q < #ARGV do
-  local f = ARGV[q]
-  if f == 'ix' then
-    if not ending then redis.call('HSET', KEYS[8], ARGV[5], ARGV[q + 1]) end
-  else
-    redis.call('HSET', KEYS[1], f, ARGV[q + 1])
-    if f == 'prio' and not ending then
-      redis.call('ZADD', KEYS[6], tonumber(ARGV[q + 1]) or 0, ARGV[5])
-    end
-  end
+  redis.call('HSET', KEYS[1], ARGV[q], ARGV[q + 1])
   q = q + 2
 end
+local state = ARGV[2]
 if ending then
   redis.call('HDEL', KEYS[3], ARGV[5])
   redis.call('ZREM', KEYS[6], ARGV[5])
@@ -63,8 +55,10 @@ if ending then
   redis.call('SREM', KEYS[7], ARGV[5])
 else
   redis.call('HSET', KEYS[3], ARGV[5], state)
-  -- an order stored before the index order existed joins it at Priority 0
-  redis.call('ZADD', KEYS[6], 'NX', 0, ARGV[5])
+  redis.call('HSET', KEYS[8], ARGV[5], ARGV[6])
+  if ARGV[7] ~= '' then
+    redis.call('ZADD', KEYS[6], tonumber(ARGV[7]) or 0, ARGV[5])
+  end
 end
 local top = string.match(state, '^[^_]+')
 if top == 'Ended' or top == 'Aborted' or top == 'EndState' then
