@@ -25,6 +25,7 @@ from paho.mqtt.properties import Properties
 from sfc_host.cloudevents import CloudEvent, CloudEventError, publish_properties
 from sfc_host.keys import SCOPES, ScopeKeys
 from sfc_host.mes import codec, model
+from sfc_host.orders import top_state
 
 if TYPE_CHECKING:
     from sfc_host.host import Host
@@ -124,7 +125,7 @@ class Publisher:
         except (CloudEventError, KeyError) as e:
             log.warning("status event of %s/%s could not be encoded: %s", scope, job, e,
                         extra={"scope": scope, "job": job})
-        self._mark(scope, job, cleared=new == "EndState" and model_top(old) in _ENDED)
+        self._mark(scope, job, cleared=new == "EndState" and top_state(old) in _ENDED)
 
     def on_job_end(self, scope: str, job: str, decision: Any) -> None:
         """A job wrote its response: its order may have ended before it (an MES Abort),
@@ -180,7 +181,7 @@ class Publisher:
             head = b'{"JobOrder":' + order + b"," if order else b"{"
             self._retained(f"{base}/order/{job}",
                            head + b'"State":' + model.STATE_JSON[state] + b"}")
-            if response is not None and model_top(state) in _ENDED:
+            if response is not None and top_state(state) in _ENDED:
                 self._retained(f"{base}/result/{job}", model.with_actuals(bytes(response),
                                                                           order))
 
@@ -230,6 +231,3 @@ class Publisher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
-
-def model_top(state: str) -> str:
-    return state.split("_", 1)[0]
