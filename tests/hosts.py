@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,24 @@ from sfc_host.equipment import InProcessSink
 from sfc_host.host import Host
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "sfc_host" / "examples"
+
+
+def start_sfc_host(args: list[str], env: dict[str, str], marker: str,
+                   timeout: float = 20) -> subprocess.Popen[str]:
+    """``python -m sfc_host ARGS`` in a process of its own, once its stderr said
+    ``marker`` (e.g. ``host NAME running``)."""
+    p = subprocess.Popen([sys.executable, "-m", "sfc_host", *args], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, **env})
+    assert p.stderr is not None
+    deadline = time.monotonic() + timeout
+    line = ""
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if marker in line or not line:
+            break
+    assert marker in line, f"{marker!r} not seen: {line!r}"
+    return p
 
 
 def quick_config(redis_url: str, **kw: Any) -> HostConfig:

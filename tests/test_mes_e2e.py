@@ -7,15 +7,12 @@ queries by id and by state, and a second MES resyncs from the retained state."""
 from __future__ import annotations
 
 import copy
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from hosts import flush, wait_until
+from hosts import flush, start_sfc_host, wait_until
 from mqtt_station import MqttStation
 from test_mes import BY_ID, BY_STATE, JC, Mes, configure, ref, run, same_shape
 
@@ -40,18 +37,7 @@ def start_host(tmp_path: Path, redis_url: str, mqtt_url: str) -> subprocess.Pope
     conf.write_text(f'redis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\n'
                     f'mes_prefix = "{PREFIX}"\nconsumer = "mes-e2e"\n'
                     "sweep_interval_ms = 50\ndiscover_interval_ms = 100\n")
-    p = subprocess.Popen([sys.executable, "-m", "sfc_host", "run", "--config", str(conf)],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    assert p.stderr is not None
-    end = time.monotonic() + 20
-    line = ""
-    while time.monotonic() < end:
-        line = p.stderr.readline()
-        if "host mes-e2e running" in line or not line:
-            break
-    assert "host mes-e2e running" in line, line
-    return p
+    return start_sfc_host(["run", "--config", str(conf)], {}, "host mes-e2e running")
 
 
 def store(job: str, method: str = "StoreAndStart") -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hosts import flush, quick_config, wait_until, work_master
+from hosts import flush, quick_config, start_sfc_host, wait_until, work_master
 from mqtt_station import MqttStation
 from servers import free_port
 
@@ -137,25 +137,11 @@ def test_a_failing_host_restarted_in_a_loop_takes_no_message(
 # ---- SIGTERM at any moment
 
 
-def _start_and_wait_for(args: list[str], env: dict[str, str], marker: str
-                        ) -> subprocess.Popen[str]:
-    p = subprocess.Popen(SFC + args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
-    assert p.stderr is not None
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        line = p.stderr.readline()
-        if marker in line or not line:
-            break
-    assert marker in line, f"{marker!r} not seen: {line!r}"
-    return p
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_a_signal_during_the_connect_attempts_ends_the_host_within_2_s(
         redis_url: str, sig: int) -> None:
     # the broker is not there: the host tries for 10 s, and a signal ends it at once
-    p = _start_and_wait_for(["run"], {"SFC_REDIS_URL": redis_url,
+    p = start_sfc_host(["run"], {"SFC_REDIS_URL": redis_url,
                                       "SFC_MQTT_URL": f"mqtt://127.0.0.1:{free_port()}"},
                             "MQTT connection to")
     try:
@@ -178,7 +164,7 @@ def test_sigterm_during_a_slow_script_build_ends_the_host_within_2_s(
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     (scripts / "slow.py").write_text("import time\ntime.sleep(8)\n")
-    p = _start_and_wait_for(["run"], {"SFC_REDIS_URL": redis_url, "SFC_MQTT_URL": mqtt_url,
+    p = start_sfc_host(["run"], {"SFC_REDIS_URL": redis_url, "SFC_MQTT_URL": mqtt_url,
                                       "SFC_SCRIPTS_DIR": str(scripts)},
                             "engine: Idle --Build--> Building")
     try:
@@ -196,7 +182,7 @@ def test_sigterm_during_a_slow_script_build_ends_the_host_within_2_s(
 
 def test_sigterm_while_running_is_a_clean_stop_within_2_s(
         redis_url: str, mqtt_url: str) -> None:
-    p = _start_and_wait_for(["run", "--scope", S],
+    p = start_sfc_host(["run", "--scope", S],
                             {"SFC_REDIS_URL": redis_url, "SFC_MQTT_URL": mqtt_url,
                              "SFC_CONSUMER": "term-running"}, "host term-running running")
     try:
