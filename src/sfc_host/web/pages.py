@@ -18,6 +18,9 @@ from sfc_host.svg import to_svg
 from sfc_host.web.views import TOP_STATES
 
 CONTROLS = ("Pause", "Resume", "Abort", "Stop", "Clear")
+# the top states as ``sfc-host top`` heads them
+SHORT = {"NotAllowedToStart": "stored", "AllowedToStart": "ready", "Running": "running",
+         "Interrupted": "held", "Ended": "ended", "Aborted": "aborted"}
 REFRESH_MS = 2000        # scopes and jobs tables: fetched again this often
 
 
@@ -86,20 +89,20 @@ def scopes_part(data: Mapping[str, Any]) -> str:
         hosts = ", ".join(f"{esc(name)} ({idle / 1000:.1f} s)" for name, idle in s["hosts"])
         health = '<span class="bad">OUTAGE</span>' if s["outage"] else '<span class="ok">ok</span>'
         rows.append(_tr([
-            f'<a href="{esc(url(f"/scopes/{scope}/jobs"))}">{esc(scope)}</a>',
+            f'<a href="{esc(url(f"/scopes/{scope}/jobs"))}">{esc(scope)}</a> <a class="small" '
+            f'href="{esc(url(f"/scopes/{scope}/workmasters"))}">Work Masters</a>',
             *(s["by_state"].get(c, 0) for c in TOP_STATES),
             _rate(r["completed"]), _rate(r["order_changes"]), _rate(r["entries"]),
             s["due"], s["due_now"], s["pending"], s["dead"],
-            "-" if hb is None else f"{hb / 1000:.1f} s", health, hosts or "-",
-            f'<a href="{esc(url(f"/scopes/{scope}/workmasters"))}">Work Masters</a>'],
+            "-" if hb is None else f"{hb / 1000:.1f} s", health, hosts or "-"],
             "outage" if s["outage"] else ""))
     cmds = data.get("commands_rate")
     foot = (f'<p class="note">this host: {data["commands_sent"]} commands sent '
             f'({_rate(cmds)}/s)</p>' if data.get("commands_sent") is not None else "")
     return (f'<p class="note">server time {esc(iso(data["server_ms"]))}</p>'
-            + table(["scope", *TOP_STATES, "done/s", "order chg/s", "entries/s",
-                     "deadlines", "overdue", "pending", "dead", "heartbeat", "health",
-                     "hosts (idle)", ""], rows, cls="scopes")
+            + table(["scope", *(SHORT[t] for t in TOP_STATES), "done/s", "order chg/s",
+                     "entries/s", "deadlines", "overdue", "pending", "dead", "heartbeat",
+                     "health", "hosts (idle)"], rows, cls="scopes")
             + ("" if rows else "<p>no scopes known</p>") + foot)
 
 
