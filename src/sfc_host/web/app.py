@@ -75,7 +75,7 @@ class WebView:
         self.data = WebData(client, config.group, config.outage_threshold_ms, metrics)
         self.guard = Guard(config.web_access_token())
         self.control = control
-        self.hub = LiveHub(self.live_payload)
+        self.hub = LiveHub(self.live_payload, probe=self.live_probe)
         pkg = resources.files("sfc_host.web") / "static"
         self.static = {name: (pkg / name).read_bytes() for name in STATIC}
 
@@ -133,10 +133,18 @@ class WebView:
 
     # ---- live
 
+    async def live_probe(self, key: tuple[str, str]) -> object:
+        return await self.data.job_versions(*key)
+
     async def live_payload(self, key: tuple[str, str]) -> tuple[str, str]:
         """A job page's update: what changes in it, as JSON (compared without the
-        server's clock, which the page needs for its countdowns)."""
-        v = await self.data.job(*key)
+        server's clock, which the page needs for its countdowns). A job not there (yet,
+        or any more) is said so, and read again only when the probe sees it move."""
+        try:
+            v = await self.data.job(*key)
+        except NotFound as e:
+            gone = json.dumps({"error": str(e)})
+            return gone, gone
         st = v.get("state") or {}
         body = {"order_state": v.get("order_state"), "status": v.get("status"),
                 "held": st.get("held_ms") is not None, "steps": v["step_classes"],

@@ -165,6 +165,17 @@ class WebData:
         view["timeline"] = timeline(view)
         return view
 
+    async def job_versions(self, scope: str, job: str) -> tuple[Any, ...]:
+        """What moves whenever the job's page may change: the versions of its state and
+        order (every write bumps one), whether a response exists, its next deadline."""
+        k = ScopeKeys(scope)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(k.job(job), "v")
+        pipe.hget(k.order(job), "v")
+        pipe.exists(k.response(job))
+        pipe.zscore(k.due, job)
+        return tuple(await pipe.execute())
+
     async def _work_master_graph(self, scope: str, wm_id: str) -> Graph | None:
         """A job not started yet has no pinned recipe: its Work Master's, if it
         compiles."""
