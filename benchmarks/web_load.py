@@ -24,13 +24,11 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import uvloop
-from mqtt_e2e import SCOPE, WM, run_jobs  # also puts tests/ on the path
-from servers import MosquittoServer, RedisServer, free_port
+from mqtt_e2e import SCOPE, WM, run_jobs, servers_and_station  # also puts tests/ on the path
+from servers import free_port
 
 from sfc_host.app import App
 from sfc_host.config import HostConfig
@@ -96,54 +94,39 @@ async def measure(app: App, prefix: str, n: int, base: str | None) -> tuple[floa
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        redis = RedisServer(Path(tmp) / "redis")
-        broker = MosquittoServer(Path(tmp) / "mqtt")
-        redis.start()
-        broker.start()
-        station = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("mqtt_station_proc.py")),
-             "127.0.0.1", str(broker.port), "binary"], stdout=subprocess.PIPE, text=True)
-        try:
-            assert station.stdout is not None
-            station.stdout.readline()   # "ready"
-            port = free_port()
-            cfg = HostConfig(redis_url=redis.url, mqtt_url=broker.url, consumer="bench",
-                             sweep_interval_ms=500, metrics_port=port, web=True)
-            base = f"http://127.0.0.1:{port}"
-            async with App(cfg) as app:
-                await app.host.store.put_work_master(SCOPE, WM)
-                await app.host.add_scope(SCOPE)
-                n = 500 if args.quick else args.jobs
-                pairs = 1 if args.quick else args.pairs
-                await run_jobs(app, "warm", min(n, 300), None)
-                print(f"web view load, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
-                      f"{n} jobs a run, 5 push actions a job; {PAGES} job pages (SSE) and a "
-                      f"scopes page every {SCOPES_EVERY_S:g} s")
-                ratios, cpu_ratios = [], []
-                for i in range(pairs):
-                    # alternate which goes first: a drift of the machine hits both
-                    order = [None, base] if i % 2 == 0 else [base, None]
-                    got = {}
-                    for b in order:
-                        got[b] = await measure(app, f"p{i}{'w' if b else 'n'}-", n, b)
-                    (r0, c0, _), (r1, c1, seen) = got[None], got[base]
-                    ratios.append(r1 / r0)
-                    cpu_ratios.append(c1 / c0)
-                    print(f"pair {i + 1}: without {r0:,.0f} jobs/s ({c0:,.0f} µs CPU a job), "
-                          f"with pages {r1:,.0f} jobs/s ({c1:,.0f} µs CPU a job; pages got "
-                          f"{seen}): ratio {r1 / r0:.3f}")
-                med = statistics.median(ratios)
-                print(f"median ratio with / without pages: {med:.3f} "
-                      f"(cost {max(0.0, 1 - med):.1%} of saturation; goal < 5 %)")
-                # the host's CPU a job is steadier than the rate on a shared machine
-                print(f"median host CPU a job, with / without pages: "
-                      f"{statistics.median(cpu_ratios):.3f}")
-        finally:
-            station.terminate()
-            station.wait(5)
-            broker.stop()
-            redis.stop()
+    with servers_and_station() as (redis, broker):
+        port = free_port()
+        cfg = HostConfig(redis_url=redis.url, mqtt_url=broker.url, consumer="bench",
+                         sweep_interval_ms=500, metrics_port=port, web=True)
+        base = f"http://127.0.0.1:{port}"
+        async with App(cfg) as app:
+            await app.host.store.put_work_master(SCOPE, WM)
+            await app.host.add_scope(SCOPE)
+            n = 500 if args.quick else args.jobs
+            pairs = 1 if args.quick else args.pairs
+            await run_jobs(app, "warm", min(n, 300), None)
+            print(f"web view load, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
+                  f"{n} jobs a run, 5 push actions a job; {PAGES} job pages (SSE) and a "
+                  f"scopes page every {SCOPES_EVERY_S:g} s")
+            ratios, cpu_ratios = [], []
+            for i in range(pairs):
+                # alternate which goes first: a drift of the machine hits both
+                order = [None, base] if i % 2 == 0 else [base, None]
+                got = {}
+                for b in order:
+                    got[b] = await measure(app, f"p{i}{'w' if b else 'n'}-", n, b)
+                (r0, c0, _), (r1, c1, seen) = got[None], got[base]
+                ratios.append(r1 / r0)
+                cpu_ratios.append(c1 / c0)
+                print(f"pair {i + 1}: without {r0:,.0f} jobs/s ({c0:,.0f} µs CPU a job), "
+                      f"with pages {r1:,.0f} jobs/s ({c1:,.0f} µs CPU a job; pages got "
+                      f"{seen}): ratio {r1 / r0:.3f}")
+            med = statistics.median(ratios)
+            print(f"median ratio with / without pages: {med:.3f} "
+                  f"(cost {max(0.0, 1 - med):.1%} of saturation; goal < 5 %)")
+            # the host's CPU a job is steadier than the rate on a shared machine
+            print(f"median host CPU a job, with / without pages: "
+                  f"{statistics.median(cpu_ratios):.3f}")
 
 
 if __name__ == "__main__":
