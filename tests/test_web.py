@@ -153,6 +153,11 @@ def test_every_page_escapes_hostile_names(redis_url: str, mqtt_url: str) -> None
             assert set(update["steps"]) == {HOSTILE_STEP, "<script>alert(1)</script>"}
             assert update["actions"] == {HOSTILE_ACTION: "active"}
             assert update["steps"]["<script>alert(1)</script>"] == "active"
+            # without a token only a loopback name is served (no DNS rebinding)
+            status, text, _ = await c.get("/", headers={"Host": "evil.example"})
+            assert status == 403 and "loopback name" in text
+            assert (await c.get("/", headers={"Host": f"localhost:{port_of(app)}"}))[0] == 200
+            assert (await c.get("/healthz", headers={"Host": "evil.example"}))[0] == 200
             status, _, _ = await c.get(f"/scopes/{S}/job?id=nobody")
             assert status == 404
             status, _, _ = await c.get("/scopes/bad%20scope/jobs")
@@ -200,6 +205,8 @@ def test_a_token_is_needed_on_every_request(redis_url: str, mqtt_url: str) -> No
                 assert (await c.get(f"/scopes/{S}/jobs"))[0] == 200
             async with Client(port, {"Authorization": f"Bearer {token}"}) as c:
                 assert (await c.get("/metrics"))[0] == 200
+                # with the token any name may address it (a reverse proxy's)
+                assert (await c.get("/", headers={"Host": "line1.example"}))[0] == 200
                 assert (await c.get(job_path(SLOW)))[0] == 200
             async with Client(port, {"Authorization": "Bearer nope"}) as c:
                 assert (await c.get("/"))[0] == 401

@@ -12,11 +12,14 @@ import asyncio
 import json
 import shutil
 import signal
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 import pytest
 import redis.asyncio as aioredis
 from hosts import flush, start_sfc_host, work_master
@@ -163,6 +166,7 @@ async def _browser(redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
             await _flow(driver, base, gate, station)
             await _hostile(driver, base)
             await _read_only(driver, f"http://127.0.0.1:{ro_port}")
+            await _stops_with_pages_open(base, [host, viewer])
     finally:
         await in_thread(driver.quit)
         for p in (viewer, host):
@@ -238,6 +242,23 @@ async def _hostile(driver: Any, base: str) -> None:
     assert await in_thread(lambda: len(driver.find_elements(By.TAG_NAME, "script"))) == 1
     assert await in_thread(lambda: "active" in classes(driver, "step", HOSTILE))
     assert await in_thread(lambda: "finished" in classes(driver, "step", HOSTILE_STEP))
+
+
+async def _stops_with_pages_open(base: str, procs: list[subprocess.Popen[str]]) -> None:
+    """SIGTERM with live pages open (the browser's on the read-only view, a stream on
+    the host): each process ends its streams and exits 0 within seconds."""
+    async with aiohttp.ClientSession() as session, \
+            session.get(f"{base}/scopes/{S}/live", params={"id": FLOW}) as r:
+        assert (await r.content.readline()).startswith(b"data: ")
+        t0 = time.monotonic()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            assert await in_thread(lambda p=p: p.wait(10)) == 0
+        assert time.monotonic() - t0 < 5
+        # the host's stream ended with it (no more updates, no hang)
+        rest = await asyncio.wait_for(r.content.read(), 5)
+        assert b"data: " not in rest
 
 
 async def _read_only(driver: Any, base: str) -> None:

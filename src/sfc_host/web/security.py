@@ -5,7 +5,9 @@ sniffing, no framing, no referrer beyond the site).
 With a token configured every request carries it, in ``Authorization: Bearer TOKEN``
 or in the cookie a login (the form, or ``?token=`` once) sets; only ``/healthz``,
 ``/readyz`` (probes), ``/login`` and the static files do without. The cookie holds a
-digest of the token, not the token. Comparisons take constant time.
+digest of the token, not the token. Comparisons take constant time. Without a token
+(a loopback address) a request must be addressed to a loopback name, so that a web
+page whose name resolves to 127.0.0.1 cannot read or drive the view (DNS rebinding).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 from multidict import CIMultiDict
+
+from sfc_host.config import is_loopback
 
 TOKEN_COOKIE = "sfc_web_auth"
 SESSION_COOKIE = "sfc_web_session"
@@ -114,6 +118,12 @@ def same_origin(request: web.Request) -> bool:
     return urlsplit(source).netloc.lower() == request.host.lower()
 
 
+def addressed_locally(request: web.Request) -> bool:
+    """The request's Host header names this machine's loopback."""
+    host = urlsplit("//" + request.host).hostname or ""
+    return is_loopback(host)
+
+
 def guard_middleware(guard: Guard) -> web.middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: web.Handler) -> web.StreamResponse:
@@ -132,6 +142,11 @@ def guard_middleware(guard: Guard) -> web.middleware:
                     next=str(request.rel_url))))
             return web.Response(status=401, text="401: an access token is required\n",
                                 headers={"WWW-Authenticate": 'Bearer realm="sfc-host"'})
+        if not guard.token and path not in OPEN_PATHS and not addressed_locally(request):
+            # without a token the view answers only a loopback name: a page of another
+            # site whose name was made to point at 127.0.0.1 (DNS rebinding) gets nothing
+            return web.Response(status=403, text="403: address this view by a loopback name "
+                                "(localhost, 127.0.0.1, [::1]) or set web_token\n")
         if request.method == "POST" and not same_origin(request):
             return web.Response(status=403, text="403: cross-site request refused\n")
         response = await handler(request)
