@@ -1,6 +1,7 @@
 """The host's HTTP endpoint, on aiohttp: ``/metrics`` (Prometheus text format 0.0.4),
 ``/healthz`` (200 while the process serves) and ``/readyz`` (200 only when the host
-is ready, else 503 saying what is not).
+is ready, else 503 saying what is not); with an ``extension`` more routes beside them
+(the web view of ``sfc_host.web``, ``web = true``).
 
 aiohttp parses and bounds the requests, answers a wrong method 405 and an unknown path
 404, and runs every request on its own: a scraper that misbehaves cannot disturb the
