@@ -79,6 +79,7 @@ class Gate:
 def chrome() -> Any:
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})   # CSP reports, errors
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1400,1000", "--force-device-scale-factor=1"):
         opts.add_argument(arg)
@@ -227,6 +228,9 @@ async def _flow(driver: Any, base: str, gate: Gate, station: MqttStation) -> Non
     assert await in_thread(lambda: driver.execute_script("return window.sfcMark")) == 2
     timeline = await in_thread(lambda: driver.find_element(By.ID, "timeline").text)
     assert "tighten completed" in timeline and "unload_part sent" in timeline
+    # the strict CSP blocked nothing the pages use, and their script raised nothing
+    logs = await in_thread(lambda: driver.get_log("browser"))
+    assert not [e for e in logs if e["level"] == "SEVERE"], logs
 
 
 async def _hostile(driver: Any, base: str) -> None:

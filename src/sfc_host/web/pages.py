@@ -56,6 +56,7 @@ def page(title: str, body: str, *, crumbs: Sequence[tuple[str, str]] = ()) -> st
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{esc(title)} · sfc-host</title>"
+            "<link rel=\"icon\" href=\"data:,\">"   # no favicon request
             "<link rel=\"stylesheet\" href=\"/static/web.css\">"
             "<script src=\"/static/web.js\" defer></script></head>"
             f"<body><header><span class=\"brand\">sfc-host</span> <nav>{nav}</nav></header>"
