@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +89,11 @@ async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None) -> 
     return time.perf_counter() - t0
 
 
-async def main(args: argparse.Namespace) -> None:
+@contextlib.contextmanager
+def servers_and_station(structured: bool = False
+                        ) -> Iterator[tuple[RedisServer, MosquittoServer]]:
+    """A local redis-server and mosquitto, and the station process answering every
+    command on that broker; all stopped on the way out."""
     with tempfile.TemporaryDirectory() as tmp:
         redis = RedisServer(Path(tmp) / "redis")
         broker = MosquittoServer(Path(tmp) / "mqtt")
@@ -95,57 +101,62 @@ async def main(args: argparse.Namespace) -> None:
         broker.start()
         station = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("mqtt_station_proc.py")),
-             "127.0.0.1", str(broker.port), "structured" if args.structured else "binary"],
+             "127.0.0.1", str(broker.port), "structured" if structured else "binary"],
             stdout=subprocess.PIPE, text=True)
         try:
             assert station.stdout is not None
             station.stdout.readline()   # "ready"
-            cfg = HostConfig(redis_url=redis.url, mqtt_url=broker.url, consumer="bench",
-                             sweep_interval_ms=500, mqtt_binary=not args.structured)
-            async with App(cfg) as app:
-                await app.host.store.put_work_master(SCOPE, WM)
-                await app.host.add_scope(SCOPE)
-                n = 200 if args.quick else args.jobs
-                await run_jobs(app, "warm", min(n, 200), None)
-                cpu0 = time.process_time()
-                secs = await run_jobs(app, "sat", n, None)
-                cpu = time.process_time() - cpu0
-                mode = "structured" if args.structured else "binary"
-                print(f"end to end, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
-                      f"5 push actions per job; MQTT 5, {mode} CloudEvents")
-                # the host's own CPU per job is steadier than the rate on a shared machine
-                print(f"saturation: {n} jobs in {secs:.2f} s = {n / secs:,.0f} jobs/s "
-                      f"({5 * n / secs:,.0f} actions/s); host CPU {cpu / n * 1e6:,.0f} µs "
-                      f"a job ({cpu / secs:.0%} of a core)")
-                # every sample kept: the histogram's buckets (10 ms, 25 ms) are too
-                # coarse for a p99 between them
-                samples: list[float] = []
-                m: Metrics = app.metrics
-                observe = m.observe
-
-                def keep(name: str, value: float) -> None:
-                    if name == "answer_to_command_seconds":
-                        samples.append(value)
-                    observe(name, value)
-                m.observe = keep  # type: ignore[method-assign]
-                rate = args.rate / 5
-                paced_n = int(rate * (2 if args.quick else args.seconds))
-                await run_jobs(app, "paced", paced_n, rate)
-                m.observe = observe  # type: ignore[method-assign]
-                samples.sort()
-
-                def q(f: float) -> float:
-                    return samples[min(len(samples) - 1, int(f * len(samples)))] * 1000
-                print(f"paced at {args.rate:,} actions/s ({paced_n} jobs, {len(samples):,} "
-                      f"answers): answer to next command p50 {q(0.5):.2f} ms, "
-                      f"p99 {q(0.99):.2f} ms, p99.9 {q(0.999):.2f} ms")
-                if os.environ.get("BENCH_DEBUG"):
-                    print(app.metrics.snapshot())
+            yield redis, broker
         finally:
             station.terminate()
             station.wait(5)
             broker.stop()
             redis.stop()
+
+
+async def main(args: argparse.Namespace) -> None:
+    with servers_and_station(args.structured) as (redis, broker):
+        cfg = HostConfig(redis_url=redis.url, mqtt_url=broker.url, consumer="bench",
+                         sweep_interval_ms=500, mqtt_binary=not args.structured)
+        async with App(cfg) as app:
+            await app.host.store.put_work_master(SCOPE, WM)
+            await app.host.add_scope(SCOPE)
+            n = 200 if args.quick else args.jobs
+            await run_jobs(app, "warm", min(n, 200), None)
+            cpu0 = time.process_time()
+            secs = await run_jobs(app, "sat", n, None)
+            cpu = time.process_time() - cpu0
+            mode = "structured" if args.structured else "binary"
+            print(f"end to end, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
+                  f"5 push actions per job; MQTT 5, {mode} CloudEvents")
+            # the host's own CPU per job is steadier than the rate on a shared machine
+            print(f"saturation: {n} jobs in {secs:.2f} s = {n / secs:,.0f} jobs/s "
+                  f"({5 * n / secs:,.0f} actions/s); host CPU {cpu / n * 1e6:,.0f} µs "
+                  f"a job ({cpu / secs:.0%} of a core)")
+            # every sample kept: the histogram's buckets (10 ms, 25 ms) are too
+            # coarse for a p99 between them
+            samples: list[float] = []
+            m: Metrics = app.metrics
+            observe = m.observe
+
+            def keep(name: str, value: float) -> None:
+                if name == "answer_to_command_seconds":
+                    samples.append(value)
+                observe(name, value)
+            m.observe = keep  # type: ignore[method-assign]
+            rate = args.rate / 5
+            paced_n = int(rate * (2 if args.quick else args.seconds))
+            await run_jobs(app, "paced", paced_n, rate)
+            m.observe = observe  # type: ignore[method-assign]
+            samples.sort()
+
+            def q(f: float) -> float:
+                return samples[min(len(samples) - 1, int(f * len(samples)))] * 1000
+            print(f"paced at {args.rate:,} actions/s ({paced_n} jobs, {len(samples):,} "
+                  f"answers): answer to next command p50 {q(0.5):.2f} ms, "
+                  f"p99 {q(0.99):.2f} ms, p99.9 {q(0.999):.2f} ms")
+            if os.environ.get("BENCH_DEBUG"):
+                print(app.metrics.snapshot())
 
 
 if __name__ == "__main__":

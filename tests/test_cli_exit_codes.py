@@ -177,6 +177,14 @@ CASES: list[tuple[str, list[str], int, str | None]] = [
     # a host: the settings are checked before it starts
     ("run-bad-scope", ["run", "--scope", "bad/scope"], MISTAKE, "invalid scope 'bad/scope'"),
     ("run-unknown-config", ["run", "--config", "{missing}"], MISTAKE, "cannot read"),
+    # the web view alone: a port, Redis, and the access rules
+    ("web-no-port", ["web", "--redis", "{dead}"], MISTAKE, "set metrics_port"),
+    ("web-bad-port", ["web", "--port", "70000"], MISTAKE, "is not a port"),
+    ("web-no-token", ["web", "--port", "8080", "--host", "0.0.0.0"], MISTAKE,
+     "is not loopback: set web_token"),
+    ("web-unknown-config", ["web", "--config", "{missing}"], MISTAKE, "cannot read"),
+    ("web-unreachable", ["web", "--redis", "{dead}", "--port", "8080"], FAILED,
+     "cannot reach Redis"),
     # done
     ("version-flag", ["--version"], OK, None),
     ("version", ["version"], OK, None),

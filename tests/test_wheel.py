@@ -110,6 +110,8 @@ def test_wheel_is_manylinux_stripped_and_licensed(installed: Installed) -> None:
         assert not [n for n in names if n.endswith((".c", ".pyx"))], "sources in the wheel"
         assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
         assert any(n.startswith("sfc_host/examples/") and n.endswith(".json") for n in names)
+        # the web view's own script and stylesheet (no CDN: the pages need these)
+        assert {"sfc_host/web/static/web.js", "sfc_host/web/static/web.css"} <= set(names)
         meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
         assert "License-Expression: Apache-2.0" in z.read(meta).decode()
     # stripped: the unstripped build was 5.8 MB

@@ -27,7 +27,7 @@ from sfc_host.engine.manager import Engine
 from sfc_host.engine.missions import RedisMissionStore, mission_prefix
 from sfc_host.equipment_mqtt import EquipmentIn, MqttSink
 from sfc_host.host import Host
-from sfc_host.http_endpoint import HttpEndpoint
+from sfc_host.http_endpoint import Extension, HttpEndpoint
 from sfc_host.mes.control import MesControl
 from sfc_host.metrics import COUNTERS, Metrics
 from sfc_host.mqtt import MqttLink
@@ -89,7 +89,7 @@ class App:
         if cfg.metrics_port > 0:
             http = HttpEndpoint(self.metrics, cfg.metrics_host, cfg.metrics_port,
                                 labels={"consumer": cfg.consumer_name},
-                                readiness=self.not_ready)
+                                readiness=self.not_ready, extension=self._web())
             try:
                 await http.start()
             except OSError as e:
@@ -110,6 +110,17 @@ class App:
         for link in links:                       # ready: now messages may come
             await link.open_subscriptions()
         return self
+
+    def _web(self) -> Extension | None:
+        """The web view's routes on the HTTP endpoint (``web = true``); its buttons
+        use the MES's job control (``web_control = true``)."""
+        if not self.config.web:
+            return None
+        from sfc_host.web.app import WebView  # aiohttp pages only when asked for
+
+        view = WebView(self.host.client, self.config, metrics=self.metrics,
+                       control=self.mes if self.config.web_control else None)
+        return view.install
 
     async def not_ready(self) -> list[str]:
         """What keeps the host from being ready (``/readyz``); empty when it is."""

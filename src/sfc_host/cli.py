@@ -24,7 +24,7 @@ EXIT_USAGE = 2
 # Subcommand groups that live with the part they drive; each module has
 # ``register(subparsers)``. A group whose module is not there yet is left out.
 _PLUGGED = ("sfc_host.run_cli", "sfc_host.engine.cli", "sfc_host.job_cli", "sfc_host.ops_cli",
-            "sfc_host.demo")
+            "sfc_host.demo", "sfc_host.web.serve")
 
 
 class _Parser(argparse.ArgumentParser):

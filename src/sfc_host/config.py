@@ -9,6 +9,7 @@ one clear line naming the setting.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import logging
 import os
@@ -108,6 +109,11 @@ class HostConfig:
     # Metrics
     metrics_port: int = 0                # Prometheus endpoint; 0 = off
     metrics_host: str = "127.0.0.1"
+    # The operator's web view (sfc_host.web) on the same HTTP port
+    web: bool = False                    # serve the view (needs metrics_port)
+    web_control: bool = False            # Pause/Resume/Abort/Stop/Clear buttons
+    web_token: str = field(default="", repr=False)   # required off loopback; never logged
+    web_token_file: str = ""             # or the token read from this file
     # Process
     tune_gc: bool = True                 # raise the GC thresholds while the host runs
     # Logging
@@ -191,6 +197,8 @@ class HostConfig:
             except ValueError as e:
                 raise ConfigError(f"setting scopes: {e}") from None
         self._validate_mes()
+        if self.web:
+            check_web_access(self, "setting web")
         if self.missions:
             # a lazy import: the engine's modules import this one
             from sfc_host.engine.missions import parse_mission_spec
@@ -213,6 +221,22 @@ class HostConfig:
             v = getattr(self, name)
             if v and not Path(v).is_file():
                 raise ConfigError(f"setting {name}: {v!r} is not a file")
+        if self.web_token_file:
+            self.web_access_token()     # readable and not empty
+
+    def web_access_token(self) -> str:
+        """The web view's access token: ``web_token``, else the first line of
+        ``web_token_file``; "" for none."""
+        if self.web_token or not self.web_token_file:
+            return self.web_token
+        try:
+            token = Path(self.web_token_file).read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"setting web_token_file: cannot read {self.web_token_file!r}: "
+                              f"{e.strerror or e}") from None
+        if not token:
+            raise ConfigError(f"setting web_token_file: {self.web_token_file!r} is empty")
+        return token
 
     @classmethod
     def load(cls, path: str | Path | None = None, *, env: Mapping[str, str] | None = None,
@@ -227,6 +251,28 @@ class HostConfig:
         if unknown:
             raise ConfigError(f"unknown setting {unknown[0]!r}")
         return cls(**values)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on reaches this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:       # a name: it may resolve to any interface
+        return False
+
+
+def check_web_access(config: HostConfig, what: str) -> None:
+    """The web view needs the HTTP port, and an access token when it listens beyond
+    loopback (anyone on the network could read every job otherwise)."""
+    if not config.metrics_port:
+        raise ConfigError(f"{what}: the web view is served on the HTTP port: set "
+                          "metrics_port (1-65535)")
+    if not is_loopback(config.metrics_host) and not (config.web_token
+                                                     or config.web_token_file):
+        raise ConfigError(f"{what}: metrics_host {config.metrics_host!r} is not loopback: "
+                          "set web_token or web_token_file (every request must carry it)")
 
 
 def _check_url(name: str, url: str, schemes: tuple[str, ...], use: str) -> None:

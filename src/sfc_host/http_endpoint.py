@@ -1,6 +1,7 @@
 """The host's HTTP endpoint, on aiohttp: ``/metrics`` (Prometheus text format 0.0.4),
 ``/healthz`` (200 while the process serves) and ``/readyz`` (200 only when the host
-is ready, else 503 saying what is not).
+is ready, else 503 saying what is not); with an ``extension`` more routes beside them
+(the web view of ``sfc_host.web``, ``web = true``).
 
 aiohttp parses and bounds the requests, answers a wrong method 405 and an unknown path
 404, and runs every request on its own: a scraper that misbehaves cannot disturb the
@@ -24,6 +25,8 @@ _request_log = logging.getLogger("sfc_host.metrics.http")
 
 # What is not ready yet, as short phrases ("redis: not connected"); empty when ready.
 Readiness = Callable[[], Awaitable[list[str]]]
+# Adds more routes (and their middlewares) to the application: the web view.
+Extension = Callable[[web.Application], None]
 SHUTDOWN_S = 1.0         # a request still running at close is cut after this
 
 
@@ -44,13 +47,15 @@ _request_log.addFilter(_bad_request_quietly)
 class HttpEndpoint:
     def __init__(self, metrics: Metrics, host: str = "127.0.0.1", port: int = 0, *,
                  prefix: str = "sfc_", labels: Mapping[str, str] | None = None,
-                 readiness: Readiness | None = None) -> None:
+                 readiness: Readiness | None = None,
+                 extension: Extension | None = None) -> None:
         self.metrics = metrics
         self.host = host
         self.port = port
         self.prefix = prefix
         self.labels = check_labels(labels or {})   # a bad name fails here, not per scrape
         self.readiness = readiness
+        self.extension = extension
         self._runner: web.AppRunner | None = None
 
     @property
@@ -71,6 +76,8 @@ class HttpEndpoint:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        if self.extension is not None:
+            self.extension(app)
         # no access log: a scrape every few seconds is no news
         runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                shutdown_timeout=SHUTDOWN_S, logger=_request_log)
@@ -83,7 +90,8 @@ class HttpEndpoint:
             raise
         self._runner = runner
         self.port = runner.addresses[0][1]
-        log.info("HTTP endpoint on %s (/metrics, /healthz, /readyz)", self.url)
+        log.info("HTTP endpoint on %s (/metrics, /healthz, /readyz%s)", self.url,
+                 ", the web view on /" if self.extension is not None else "")
 
     async def aclose(self) -> None:
         runner, self._runner = self._runner, None

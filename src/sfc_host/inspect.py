@@ -8,6 +8,7 @@ time is the Redis server's clock (``TIME``), the same clock the hosts decide by.
 from __future__ import annotations
 
 import json
+from collections.abc import MutableMapping
 from typing import Any
 
 from sfc_fast import Graph, StateFormatError, state_to_json
@@ -42,8 +43,11 @@ def _in_s(ms: int | None, now: int) -> float | None:
     return None if ms is None else round((ms - now) / 1000, 3)
 
 
-async def read_job(client: Any, scope: str, job: str) -> dict[str, Any]:
-    """Everything known of a job; ``NotFound`` when there is neither order nor state."""
+async def read_job(client: Any, scope: str, job: str,
+                   graphs: MutableMapping[str, Graph] | None = None) -> dict[str, Any]:
+    """Everything known of a job; ``NotFound`` when there is neither order nor state.
+    ``graphs`` (fingerprint -> recipe) saves reading a pinned recipe again: a
+    fingerprint names its content, so a kept one never goes stale."""
     k = ScopeKeys(scope)
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(k.order(job))
@@ -78,12 +82,16 @@ async def read_job(client: Any, scope: str, job: str) -> dict[str, Any]:
         return out    # stored, not started yet (or the start aborted before a state)
     out["version"] = int(job_h.get(b"v") or 0)
     out["fingerprint"] = fp
-    raw_graph = await client.get(k.graph(fp)) if fp else None
-    if raw_graph is None:
+    graph = graphs.get(fp) if graphs is not None and fp else None
+    raw_graph = await client.get(k.graph(fp)) if fp and graph is None else None
+    if graph is None and raw_graph is None:
         out["state_error"] = f"the pinned recipe {fp!r} is not in Redis"
         return out
     try:
-        graph = Graph.from_bytes(raw_graph)
+        if graph is None:
+            graph = Graph.from_bytes(raw_graph)
+            if graphs is not None and fp:
+                graphs[fp] = graph
         state = caught_up(graph, state, offset - int(job_h.get(b"o") or 0), now)
         view = state_to_json(graph, state)
     except (StateFormatError, ValueError) as e:

@@ -53,9 +53,10 @@ COLOURS = {               # fills of the job view
     "active": "#9be89b",
     "finished": "#c9d6ea",
     "failed": "#f5a3a3",
+    "held": "#f3d37a",
 }
 LEGEND = (("active", "active step / open action"), ("finished", "finished step / done action"),
-          ("failed", "failed or timed-out action"))
+          ("failed", "failed or timed-out action"), ("held", "held (paused) step / action"))
 _OPEN_PHASES = frozenset(("delayed", "open", "waiting_exit"))
 _FAILED = frozenset(("failed", "timeout", "limited"))
 
@@ -518,10 +519,12 @@ class _Job:
         self.rounds: Mapping[str, int] = (view.get("step_rounds") or {}) if view else {}
         self.actions: Mapping[str, Mapping[str, Any]] = (view.get("actions") or {}) if view \
             else {}
+        # a held job's work stands still: its active steps and open actions show held
+        self.running = "held" if view and view.get("held_ms") is not None else "active"
 
     def step(self, name: str) -> str:
         if name in self.active:
-            return "active"
+            return self.running
         return "finished" if self.rounds.get(name) else ""
 
     def action(self, name: str) -> str:
@@ -529,8 +532,21 @@ class _Job:
         if a is None:
             return ""
         if a.get("phase") in _OPEN_PHASES:
-            return "active"
+            return self.running
         return "failed" if a.get("outcome") in _FAILED else "finished"
+
+
+def job_classes(graph: Graph, state: Mapping[str, Any] | None
+                ) -> tuple[dict[str, str], dict[str, str]]:
+    """The class ``to_svg`` gives each step and each action (by name) for a job's state
+    view ("" uncoloured): what a live page needs to recolour a drawn chart."""
+    job = _Job(state)
+    steps = {name: job.step(name) for name in graph.steps}
+    actions = {}
+    for i in range(graph.n_actions):
+        ai = graph.action_info(i)
+        actions[ai["name"]] = "" if ai["qualifier"] == "R" else job.action(ai["name"])
+    return steps, actions
 
 
 class _Pen:

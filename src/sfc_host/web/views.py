@@ -1,0 +1,280 @@
+"""What the web view shows, read from Redis: plain dicts, no HTML. Nothing here writes.
+
+Every page reads what it shows and little more: the jobs table reads the scope's state
+index (one hash) and then the orders of the page it shows, in one pipeline; a job page
+reads the job as ``sfc-host inspect`` does, with its pinned recipe kept in memory.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from sfc_fast import Graph, RecipeError, compile_recipe
+from sfc_host.inspect import read_job, scope_sample, scopes
+from sfc_host.keys import ScopeKeys, check_job, check_scope
+from sfc_host.metrics import Metrics
+from sfc_host.orders import top_state
+from sfc_host.svg import job_classes
+from sfc_host.workmaster import resolve_schema
+
+TOP_STATES = ("NotAllowedToStart", "AllowedToStart", "Running", "Interrupted", "Ended",
+              "Aborted")
+PER_PAGE = 50
+MAX_PER_PAGE = 500
+SAMPLE_S = 1.0           # scope readings shared by every viewer this long
+GRAPHS_KEPT = 256
+ORDER_FIELDS = ("state", "wm", "started", "ended", "reason")
+
+
+class GraphCache(OrderedDict[str, Graph]):
+    """Compiled recipes by fingerprint, the most recently stored ``GRAPHS_KEPT``."""
+
+    def __setitem__(self, key: str, value: Graph) -> None:
+        super().__setitem__(key, value)
+        while len(self) > GRAPHS_KEPT:
+            self.popitem(last=False)
+
+
+@dataclass
+class Sample:
+    mono: float
+    data: dict[str, Any]
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else (raw or "")
+
+
+def _rate(now: int | None, before: int | None, secs: float) -> float | None:
+    if now is None or before is None or secs <= 0:
+        return None
+    return max(0, now - before) / secs
+
+
+class WebData:
+    """The web view's reads. ``metrics`` (the host's own, in ``sfc-host run``) adds the
+    commands this host sent a second; ``sfc-host web`` has none."""
+
+    def __init__(self, client: Any, group: str, outage_ms: int,
+                 metrics: Metrics | None = None) -> None:
+        self.client = client
+        self.group = group
+        self.outage_ms = outage_ms
+        self.metrics = metrics
+        self.graphs = GraphCache()
+        self._last: Sample | None = None
+
+    # ---- scopes
+
+    async def scopes(self) -> dict[str, Any]:
+        """Every scope: orders per top state, open deadlines, stream, heartbeat, the
+        consumers (hosts) of the group, rates against the reading before."""
+        now = time.monotonic()
+        if self._last is not None and now - self._last.mono < SAMPLE_S:
+            return self._last.data
+        names = await scopes(self.client)
+        data = await scope_sample(self.client, names, self.group)
+        pipe = self.client.pipeline(transaction=False)
+        for s in names:
+            pipe.xinfo_consumers(ScopeKeys(s).work, self.group)
+        consumers = await pipe.execute(raise_on_error=False)
+        commands = self.metrics["commands_sent"] if self.metrics is not None else None
+        data["commands_sent"] = commands
+        prev = self._last
+        secs = now - prev.mono if prev is not None else 0.0
+        before = {s["scope"]: s for s in prev.data["scopes"]} if prev is not None else {}
+        data["commands_rate"] = _rate(commands, prev.data.get("commands_sent"), secs) \
+            if prev is not None else None
+        for s, cons in zip(data["scopes"], consumers, strict=True):
+            p = before.get(s["scope"], {})
+            s["rates"] = {"completed": _rate(s["completed"], p.get("completed"), secs),
+                          "order_changes": _rate(s["seq"], p.get("seq"), secs),
+                          "entries": _rate(s["entries_added"], p.get("entries_added"), secs)}
+            s["hosts"] = [] if isinstance(cons, Exception) else sorted(
+                (_text(c.get("name")), int(c.get("idle") or 0)) for c in cons)
+            hb = s["heartbeat_age_ms"]
+            s["outage"] = hb is None or hb > self.outage_ms
+        self._last = Sample(now, data)
+        return data
+
+    # ---- the jobs of a scope
+
+    async def jobs(self, scope: str, *, state: str = "", search: str = "", page: int = 1,
+                   per_page: int = PER_PAGE) -> dict[str, Any]:
+        """One page of a scope's job orders (by id), filtered by top state and by a
+        piece of the id; the counts per top state of the whole scope."""
+        check_scope(scope)
+        k = ScopeKeys(scope)
+        per_page = max(1, min(per_page, MAX_PER_PAGE))
+        index = await self.client.hgetall(k.index)
+        counts = dict.fromkeys(TOP_STATES, 0)
+        wanted: list[str] = []
+        needle = search.casefold()
+        for raw_job, raw_state in index.items():
+            top = top_state(_text(raw_state))
+            counts[top] = counts.get(top, 0) + 1
+            if state and top != state:
+                continue
+            job = _text(raw_job)
+            if needle and needle not in job.casefold():
+                continue
+            wanted.append(job)
+        wanted.sort()
+        pages = max(1, -(-len(wanted) // per_page))
+        page = max(1, min(page, pages))
+        shown = wanted[(page - 1) * per_page:page * per_page]
+        pipe = self.client.pipeline(transaction=False)
+        for job in shown:
+            pipe.hmget(k.order(job), *ORDER_FIELDS)
+        rows = []
+        for job, values in zip(shown, await pipe.execute(), strict=True):
+            row = dict(zip(ORDER_FIELDS, (_text(v) for v in values), strict=True))
+            rows.append({"job": job, **row})
+        return {"scope": scope, "state": state, "search": search, "page": page,
+                "pages": pages, "per_page": per_page, "total": len(wanted),
+                "counts": counts, "rows": rows}
+
+    # ---- one job
+
+    async def job(self, scope: str, job: str) -> dict[str, Any]:
+        """The job as ``inspect`` reads it, with its recipe, Work Master, order times,
+        job response, the chart's classes and a timeline; ``NotFound`` when unknown."""
+        check_scope(scope)
+        check_job(job)
+        k = ScopeKeys(scope)
+        view = await read_job(self.client, scope, job, self.graphs)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(k.order(job), "wm", "started", "ended")
+        pipe.get(k.response(job))
+        (wm, started, ended), response = await pipe.execute()
+        view["work_master"] = _text(wm)
+        view["order_started"], view["order_ended"] = _text(started), _text(ended)
+        view["response"] = _json(response)
+        graph = self.graphs.get(view.get("fingerprint") or "")
+        if graph is None and view["work_master"]:
+            graph = await self._work_master_graph(scope, view["work_master"])
+        view["graph"] = graph
+        steps, actions = job_classes(graph, view["state"]) if graph is not None else ({}, {})
+        view["step_classes"], view["action_classes"] = steps, actions
+        view["qualifiers"] = _qualifiers(graph)
+        view["timeline"] = timeline(view)
+        return view
+
+    async def job_versions(self, scope: str, job: str) -> tuple[Any, ...]:
+        """What moves whenever the job's page may change: the versions of its state and
+        order (every write bumps one), whether a response exists, its next deadline."""
+        k = ScopeKeys(scope)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(k.job(job), "v")
+        pipe.hget(k.order(job), "v")
+        pipe.exists(k.response(job))
+        pipe.zscore(k.due, job)
+        return tuple(await pipe.execute())
+
+    async def _work_master_graph(self, scope: str, wm_id: str) -> Graph | None:
+        """A job not started yet has no pinned recipe: its Work Master's, if it
+        compiles."""
+        raw = await self.client.get(ScopeKeys(scope).work_master(wm_id))
+        checked = check_work_master(_json(raw)) if raw is not None else None
+        return checked["graph"] if checked is not None else None
+
+    # ---- Work Masters
+
+    async def work_masters(self, scope: str) -> list[dict[str, Any]]:
+        """The scope's Work Masters (a key scan of the scope's slot), each checked."""
+        check_scope(scope)
+        prefix = ScopeKeys(scope).work_master("")
+        keys = sorted({_text(key) async for key in self.client.scan_iter(
+            match=_glob_escape(prefix) + "*", count=500)})
+        if not keys:
+            return []
+        values = await self.client.mget(keys)
+        out = []
+        for key, raw in zip(keys, values, strict=True):
+            if raw is None:
+                continue
+            checked = check_work_master(_json(raw))
+            checked["id"] = key[len(prefix):]
+            out.append(checked)
+        return out
+
+
+def _json(raw: Any) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _qualifiers(graph: Graph | None) -> dict[str, str]:
+    if graph is None:
+        return {}
+    out = {}
+    for i in range(graph.n_actions):
+        ai = graph.action_info(i)
+        out[ai["name"]] = ai["qualifier"]
+    return out
+
+
+def check_work_master(doc: Any) -> dict[str, Any]:
+    """A stored Work Master compiled as ``sfc-host recipe check`` does: ``ok`` with the
+    recipe's summary and ``graph``, or the problems."""
+    out: dict[str, Any] = {"doc": doc, "graph": None, "ok": False, "problems": [],
+                           "summary": None}
+    if not isinstance(doc, dict) or "data" not in doc:
+        out["problems"] = [{"code": "SFC014", "path": "$",
+                            "message": "not a Work Master (no data)"}]
+        return out
+    try:
+        graph = compile_recipe(doc["data"], resolve_schema(str(doc.get("dataschema", ""))))
+    except RecipeError as e:
+        out["problems"] = [p.to_dict() for p in e.problems]
+        return out
+    out.update(ok=True, graph=graph, summary=graph.summary())
+    return out
+
+
+def timeline(view: dict[str, Any]) -> list[tuple[int | None, str, str]]:
+    """What happened when, oldest first: (ms or None, what, detail) from the state
+    document (start, every command sent and settled, a hold) and the order's times."""
+    st = view.get("state")
+    out: list[tuple[int | None, str, str]] = []
+    if view.get("order_started"):
+        out.append((_iso_ms(view["order_started"]), "order Running", ""))
+    if st is not None:
+        out.append((st["started_ms"], "job started", ""))
+        for name, a in st["actions"].items():
+            if a.get("since_ms") is not None:
+                out.append((a["since_ms"], f"{name} sent",
+                            f"attempt {a['attempt']}, round {a['round']}, "
+                            f"{a.get('command_id') or '-'}"))
+            if a.get("settled_ms") is not None:
+                out.append((a["settled_ms"], f"{name} {a.get('outcome') or 'settled'}",
+                            json.dumps(a["result"]) if a.get("result") else ""))
+        if st.get("held_ms") is not None:
+            out.append((st["held_ms"], "held", ""))
+    if view.get("order_ended"):
+        out.append((_iso_ms(view["order_ended"]), f"order {view.get('order_state') or ''}",
+                    view.get("order_reason") or ""))
+    out.sort(key=lambda e: (e[0] is None, e[0] or 0))
+    return out
+
+
+def _iso_ms(text: str) -> int | None:
+    """An order time (``2026-01-01T12:00:00.000Z``) in ms since the epoch."""
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return int(t.timestamp() * 1000)
