@@ -65,7 +65,7 @@ class HostConfig:
     sweep_interval_ms: int = 200         # how often the scopes with due jobs are swept
     # a scope with nothing due is swept (its heartbeat written) at least this often;
     # at most half of outage_threshold_ms is used (see idle_sweep_ms)
-    idle_sweep_interval_ms: int = 2_000
+    idle_sweep_interval_ms: int = 3_000
     sweep_limit: int = 1000              # jobs popped per scope and sweep
     outage_threshold_ms: int = 10_000    # a heartbeat older than this is an outage
     # Answers from equipment
