@@ -228,6 +228,25 @@ class Streams:
             self.hot.clear()
         else:
             return []
+        try:
+            res = await self._read(keys)
+        except BaseException:
+            self._next_full = 0.0           # the marks are gone: the next pass reads all
+            raise
+        if res is None:
+            return []
+        out: list[Raw] = []
+        count = self.config.read_count
+        for stream, items in res:
+            scope = self._by_stream[stream if isinstance(stream, bytes) else stream.encode()]
+            if len(items) >= count:
+                self.mark(scope)            # a full batch: more may wait
+            for entry_id, fields in items:
+                out.append((scope, entry_id, fields))
+        return out
+
+    async def _read(self, keys: list[ScopeKeys]) -> list[Any] | None:
+        """One read of these scopes' streams; None when it found groups missing."""
         count = self.config.read_count
         if self.cluster:
             res = await self._read_cluster(keys, count)
@@ -245,15 +264,8 @@ class Streams:
                 for k in keys:
                     await self._create_group(k)
                     self.mark(k.scope)
-                return []
-        out: list[Raw] = []
-        for stream, items in res or ():
-            scope = self._by_stream[stream if isinstance(stream, bytes) else stream.encode()]
-            if len(items) >= count:
-                self.mark(scope)            # a full batch: more may wait
-            for entry_id, fields in items:
-                out.append((scope, entry_id, fields))
-        return out
+                return None
+        return res or []
 
     async def _read_cluster(self, keys: list[ScopeKeys], count: int) -> list[Any]:
         """One XREADGROUP per scope (streams of two scopes may live on two nodes, and
