@@ -95,11 +95,12 @@ class Host:
         self.settler.on_delivered = self._delivered
         # what makes a scope worth a read or a sweep on the next pass (idle scopes cost
         # nothing per pass): work this host appended without taking it, its deadlines
-        self.settler.on_work = self.streams.mark
+        self.settler.on_work = self.streams.wrote
         self.settler.on_due = self.sweeper.note_due
         self.orders.on_work = self.streams.mark
         self.sweeper.on_ticks = self.streams.mark
         self.sweeper.on_orphans = self.streams.note_orphans
+        self.sweeper.touched = self.streams.touched
         self._local: list[tuple[str, bytes, dict[bytes, bytes]]] = []
         self._local_ready = asyncio.Event()
         self._stopping = asyncio.Event()

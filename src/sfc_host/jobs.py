@@ -146,7 +146,7 @@ class Settler:
         # the host's schedule: a deadline written (scope, server ms), and a scope with
         # entries written that this host did not take at once (they wait in the stream)
         self.on_due: Callable[[str, int], None] | None = None
-        self.on_work: Callable[[str], None] | None = None
+        self.on_work: Callable[[str, bool], None] | None = None
         # evolve time and calls since the last flush to the evolve_seconds histogram:
         # timed per job's loop, not per call, so the hot path gains no Python call
         self._evolve_s = 0.0
@@ -263,9 +263,8 @@ class Settler:
                 self.on_due(s, due)
             # A full delivery may have left entries behind; none is made for a scope
             # this host does not serve (yet).
-            if wrote and self.on_work is not None and (
-                    not self.serves(s) or len(res.delivered) >= c.read_count):
-                self.on_work(s)
+            if wrote and self.on_work is not None:
+                self.on_work(s, not self.serves(s) or len(res.delivered) >= c.read_count)
             # Commands whose entries this call delivered to us go out now; any other
             # entry it delivered is handled like one read from the stream.
             got = {eid for eid, _ in res.delivered}

@@ -170,6 +170,9 @@ class Streams:
         self.consumer = config.consumer_name
         self.scopes: dict[str, ScopeKeys] = {}
         self.hot: set[str] = set()
+        # scopes with entries this host knows of since their last trim: the sweep trims
+        # only these (and every scope when it looks for orphans)
+        self.touched: set[str] = set()
         self.ready = asyncio.Event()     # set when a scope turns hot
         self._next_full = 0.0            # time.monotonic() of the next read of every scope
         # scopes a sweep found entries in that are pending longer than the claim threshold
@@ -193,7 +196,16 @@ class Streams:
         """The scope may have entries no consumer has read: read it in the next pass."""
         if scope in self.scopes:
             self.hot.add(scope)
+            self.touched.add(scope)
             self.ready.set()
+
+    def wrote(self, scope: str, left_behind: bool) -> None:
+        """This host appended entries to the scope's stream; ``left_behind``: it may
+        not have taken them all at once."""
+        if left_behind:
+            self.mark(scope)
+        else:
+            self.touched.add(scope)
 
     async def _create_group(self, k: ScopeKeys) -> None:
         try:
@@ -239,6 +251,7 @@ class Streams:
         count = self.config.read_count
         for stream, items in res:
             scope = self._by_stream[stream if isinstance(stream, bytes) else stream.encode()]
+            self.touched.add(scope)
             if len(items) >= count:
                 self.mark(scope)            # a full batch: more may wait
             for entry_id, fields in items:

@@ -30,7 +30,7 @@ TICK_BATCH = 32   # jobs per tick entry: one handler batch stays a few thousand 
 # scopes one sweep call takes on a single Redis: a call holds Redis for at most a few
 # milliseconds when every scope has nothing due (an idle scope is a handful of commands)
 SCOPES_PER_CALL = 128
-FIELDS = 5        # per scope in the script's reply
+FIELDS = 6        # per scope in the script's reply
 
 
 class Sweeper:
@@ -45,6 +45,9 @@ class Sweeper:
         self._skew_ms: float | None = None
         self.on_ticks: Callable[[str], None] | None = None    # a sweep queued ticks there
         self.on_orphans: Callable[[list[str]], None] | None = None   # entries to claim
+        # scopes whose stream had entries since its last trim (the host's Streams): a
+        # sweep trims only these, and every scope it looks for orphans in
+        self.touched: set[str] = set()
 
     def add(self, scope: str) -> None:
         """A scope served from now on: swept in the next pass; its claims spread over
@@ -90,19 +93,28 @@ class Sweeper:
         per = 1 if c.redis_cluster else SCOPES_PER_CALL
         groups = [scopes[i:i + per] for i in range(0, len(scopes), per)]
         calls = []
+        touched = self.touched
+        trimmed = {k.scope for k in scopes if k.scope in touched}
+        touched.difference_update(trimmed)    # entries written meanwhile mark it again
         for group in groups:
-            flags = "".join("1" if k.scope in claim else "0" for k in group)
+            flags = "".join("2" if k.scope in claim else "1" if k.scope in trimmed else "0"
+                            for k in group)
             calls.append((script,
                           [key for k in group for key in (k.due, k.heartbeat, k.work, k.offset)],
                           (c.sweep_limit, c.outage_threshold_ms, "1" if c.trim_acked else "0",
                            TICK_BATCH, c.group, c.claim_min_idle_ms, flags)))
-        results = await self.scripts.run(calls)
+        try:
+            results = await self.scripts.run(calls)
+            bad = next((r for r in results if isinstance(r, Exception)), None)
+            if bad is not None:
+                raise bad
+        except BaseException:
+            touched.update(trimmed)           # not trimmed
+            raise
         mono = time.monotonic()
         queued = 0
         orphans: list[str] = []
         for group, res in zip(groups, results, strict=True):
-            if isinstance(res, Exception):
-                raise res
             self._skew_ms = int(res[0]) - mono * 1000
             for i, k in enumerate(group):
                 at = 1 + FIELDS * i
@@ -113,6 +125,8 @@ class Sweeper:
                     self.claims.set(k.scope, mono + spread(c.claim_interval_ms / 1000))
                     if int(res[at + 4]):
                         orphans.append(k.scope)
+                if int(res[at + 5]):
+                    touched.add(k.scope)      # entries in flight: trimmed next time too
                 if n and self.on_ticks is not None:
                     self.on_ticks(k.scope)
                 if gap:

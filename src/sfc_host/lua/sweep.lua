@@ -12,15 +12,19 @@
 -- stream of entries every group has acked (older than each group's oldest pending entry
 -- and not newer than what it was delivered last), ARGV[4] jobs per tick entry, ARGV[5]
 -- the hosts' consumer group, ARGV[6] the claim threshold (ms), ARGV[7] one character
--- per scope: '1' looks for entries pending on that group longer than the threshold.
+-- per scope: '0' no look at the stream (nothing happened there that this host knows
+-- of), '1' trim it, '2' trim it and look for entries pending on the group longer than
+-- the threshold.
 -- Returns {now_ms, then per scope gap_ms (0 = no outage), jobs queued, offset, the
 -- lowest score left on the due index ('' when none), 1 when there are entries to
--- claim (else 0)}: with the score the host sweeps the scope again when its next
--- deadline comes, not on every pass; with the last it claims only where it must.
+-- claim (else 0), 1 when a group still has entries pending (else 0)}: with the score
+-- the host sweeps the scope again when its next deadline comes, not on every pass;
+-- with the last two it claims only where it must and trims again only while entries
+-- are in flight.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit, threshold, per = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
-local group, min_idle, claims = ARGV[5], ARGV[6], ARGV[7]
+local group, min_idle, flags = ARGV[5], ARGV[6], ARGV[7]
 
 -- the oldest entry some group still needs: each group's oldest pending entry, or the
 -- one after what it was delivered last
@@ -66,9 +70,10 @@ for s = 1, #KEYS, 4 do
     end
     lowest = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')[2]
   end
+  local look = string.sub(flags, (s + 3) / 4, (s + 3) / 4)
   -- pcall: a stream deleted under the hosts is made again by the reader, not a failed
   -- sweep
-  local raw = redis.pcall('XINFO', 'GROUPS', work)
+  local raw = look ~= '0' and redis.pcall('XINFO', 'GROUPS', work)
   local groups = {}
   if type(raw) == 'table' and not raw['err'] then
     for _, g in ipairs(raw) do
@@ -77,6 +82,10 @@ for s = 1, #KEYS, 4 do
       groups[#groups + 1] = info
     end
   end
+  local in_flight = 0
+  for _, info in ipairs(groups) do
+    if tonumber(info['pending']) > 0 then in_flight = 1 end
+  end
   if ARGV[3] == '1' then
     local keep = keep_from(work, groups)
     if keep ~= nil then
@@ -84,7 +93,7 @@ for s = 1, #KEYS, 4 do
     end
   end
   local orphans = 0
-  if string.sub(claims, (s + 3) / 4, (s + 3) / 4) == '1' then
+  if look == '2' then
     for _, info in ipairs(groups) do
       if info['name'] == group and tonumber(info['pending']) > 0 and
           #redis.call('XPENDING', work, group, 'IDLE', min_idle, '-', '+', 1) > 0 then
@@ -97,5 +106,6 @@ for s = 1, #KEYS, 4 do
   out[#out + 1] = offset
   out[#out + 1] = lowest or ''
   out[#out + 1] = orphans
+  out[#out + 1] = in_flight
 end
 return out
