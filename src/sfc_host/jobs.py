@@ -143,8 +143,8 @@ class Settler:
         self.dispatcher: Any = None
         self.on_delivered: Callable[[str, list[Delivered]], None] | None = None
         self.serves: Callable[[str], bool] = lambda scope: False
-        # the host's schedule: a deadline written (scope, server ms), and a scope with
-        # entries written that this host did not take at once (they wait in the stream)
+        # the host's schedule: the earliest deadline a commit wrote (scope, server ms),
+        # and a commit that appended entries (scope, whether some may wait unread)
         self.on_due: Callable[[str, int], None] | None = None
         self.on_work: Callable[[str, bool], None] | None = None
         # evolve time and calls since the last flush to the evolve_seconds histogram:

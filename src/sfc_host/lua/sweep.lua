@@ -50,10 +50,10 @@ end
 local out = {now}
 for s = 1, #KEYS, 4 do
   local due_key, hb_key, work, offset_key = KEYS[s], KEYS[s + 1], KEYS[s + 2], KEYS[s + 3]
-  local last = tonumber(redis.call('GET', hb_key) or '')
+  -- the heartbeat written and the previous one read in one command (SET … GET: 6.2)
+  local last = tonumber(redis.call('SET', hb_key, now, 'GET') or '')
   local gap = 0
   if last ~= nil and now - last > threshold then gap = now - last end
-  redis.call('SET', hb_key, now)
   local offset = tonumber(redis.call('GET', offset_key) or '0')
   if gap > 0 then offset = redis.call('INCRBY', offset_key, gap) end
   -- the lowest score first: an idle scope (nothing due) costs this one read
