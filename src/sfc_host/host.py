@@ -1,8 +1,9 @@
 """One host instance: the driver around the core, on Redis.
 
-Tasks: the consumer (work entries of every known scope), the answer applier (equipment
-answers, settled in batches), the sweeper (due jobs and heartbeats), and discovery
-(new scopes from the registry). Recovery runs once at start. Any number of instances
+Tasks: the consumer (work entries of the scopes known to have new ones, every scope
+now and then), the answer applier (equipment answers, settled in batches), the sweeper
+(the scopes whose deadline, claim look or heartbeat is due), and discovery (new scopes
+from the registry). Recovery runs once at start. Any number of instances
 may share the same Redis: consumer groups split the entries, the compare-and-set
 scripts settle every race.
 

@@ -154,10 +154,10 @@ class Streams:
     """Reads, acks, claims and dead-letters work entries of many scopes.
 
     A pass reads only the scopes marked ``hot`` (``mark``: this host appended entries
-    it did not take at once, or a notice said another process did, or the last read
-    of the scope was full); every scope is read at least every
-    ``full_read_interval_ms`` (entries of a host that died before reading them, a
-    notice lost). So an idle scope costs no command per pass."""
+    it did not take at once, a sweep queued ticks, the last read of the scope was
+    full, the scope is new); every scope is read at least every
+    ``full_read_interval_ms`` (entries another process wrote and did not read: a host
+    that died first, a tool). So an idle scope costs no command per pass."""
 
     def __init__(self, client: Any, scripts: Scripts, config: HostConfig,
                  metrics: Metrics, cluster: bool = False) -> None:
