@@ -90,7 +90,10 @@ async def commands(url: str) -> int:
         await c.aclose()
 
 
-async def case(url: str, n_jobs: int, n_scopes: int, seconds: float) -> dict[str, float]:
+async def case(url: str, n_jobs: int, n_scopes: int, seconds: float,
+               idle_scopes: int = 0) -> dict[str, float]:
+    """Completions/s of ``n_jobs`` over ``n_scopes``, the host serving ``idle_scopes``
+    more scopes without any job (registered and swept like the others)."""
     c = aioredis.Redis.from_url(url)
     await c.flushall()
     await c.aclose()
@@ -106,7 +109,7 @@ async def case(url: str, n_jobs: int, n_scopes: int, seconds: float) -> dict[str
                      sweep_interval_ms=1000, consumer="bench")
     host = Host(cfg, sink)
     scopes = [f"s{i}" for i in range(n_scopes)]
-    for s in scopes:
+    for s in scopes + [f"idle{i}" for i in range(idle_scopes)]:
         await host.add_scope(s)
     await host.start()
     # Start the jobs through the settler in batches (the start path without orders).
@@ -173,7 +176,7 @@ async def case(url: str, n_jobs: int, n_scopes: int, seconds: float) -> dict[str
             print(sc, await info.xlen(k), pend["pending"],
                   await info.xrange(k, pend["min"], pend["min"]) if pend["min"] else None)
     await info.aclose()
-    return {"jobs": n_jobs, "scopes": n_scopes, "rate": done / dt,
+    return {"jobs": n_jobs, "scopes": n_scopes, "idle_scopes": idle_scopes, "rate": done / dt,
             "commands": (s1 - s0 - 1) / max(done, 1),
             "server_commands": (cmd1 - cmd0 - 1) / max(done, 1),
             "round_trips": (rt1 - rt0 - 1) / max(done, 1), "setup_s": setup,

@@ -22,6 +22,7 @@ from sfc_host.equipment import InProcessSink
 from sfc_host.host import Host
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "sfc_host" / "examples"
+V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"
 
 
 def start_sfc_host(args: list[str], env: dict[str, str], marker: str,
@@ -58,6 +59,15 @@ async def flush(redis_url: str) -> None:
         await c.flushall()
     finally:
         await c.aclose()
+
+
+def one_step(timeout_s: int = 1, retries: int = 0) -> dict[str, Any]:
+    """A Work Master ``quick``: one step, one push action with that timeout."""
+    return {"ID": "quick", "dataschema": V110, "data": {
+        "Steps": [{"Name": "Work", "Initial": True}], "Transitions": [],
+        "Actions": [{"Name": "work", "Step": "Work", "Qualifier": "N",
+                     "Interaction": "push_command", "TypeId": "com.example.work.v1",
+                     "TimeoutSeconds": timeout_s, "Retries": retries}]}}
 
 
 def work_master(name: str, wm_id: str | None = None) -> dict[str, Any]:

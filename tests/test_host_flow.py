@@ -6,7 +6,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hosts import Station, flush, quick_config, quiet, torque_ok, wait_until, work_master
+from hosts import (
+    Station,
+    flush,
+    one_step,
+    quick_config,
+    quiet,
+    torque_ok,
+    wait_until,
+    work_master,
+)
 
 from sfc_fast.events import Completed, Held
 from sfc_host.equipment import InProcessSink
@@ -15,19 +24,10 @@ from sfc_host.keys import ScopeKeys
 
 S = "cell"
 K = ScopeKeys(S)
-V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"
 
 
 def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 40))
-
-
-def one_step(timeout_s: int = 1, retries: int = 0) -> dict[str, Any]:
-    return {"ID": "quick", "dataschema": V110, "data": {
-        "Steps": [{"Name": "Work", "Initial": True}], "Transitions": [],
-        "Actions": [{"Name": "work", "Step": "Work", "Qualifier": "N",
-                     "Interaction": "push_command", "TypeId": "com.example.work.v1",
-                     "TimeoutSeconds": timeout_s, "Retries": retries}]}}
 
 
 async def start_host(redis_url: str, st: Station, *wms: dict[str, Any], flush_db: bool = True,

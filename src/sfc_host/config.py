@@ -53,6 +53,9 @@ class HostConfig:
     scopes: list[str] = field(default_factory=list)  # served from the start (more are discovered)
     read_count: int = 128                # entries per stream per XREADGROUP
     read_block_ms: int = 100             # longest wait for new entries when idle
+    # Only scopes known to have new entries are read on a pass (this host wrote them, or
+    # a notice said so); every scope's stream is read at least this often regardless
+    full_read_interval_ms: int = 1_000
     discover_interval_ms: int = 1000     # how often the scope registry is read
     claim_min_idle_ms: int = 30_000      # an entry pending this long is taken over
     claim_interval_ms: int = 5_000       # XAUTOCLAIM at most this often per scope
@@ -60,7 +63,10 @@ class HostConfig:
     cas_rounds: int = 4                  # reads again after a lost race, then leaves it
     trim_acked: bool = True              # the sweep trims entries every group has acked
     # Time
-    sweep_interval_ms: int = 200         # how often each scope's due jobs are popped
+    sweep_interval_ms: int = 200         # how often the scopes with due jobs are swept
+    # a scope with nothing due is swept (its heartbeat written) at least this often;
+    # at most half of outage_threshold_ms is used (see idle_sweep_ms)
+    idle_sweep_interval_ms: int = 3_000
     sweep_limit: int = 1000              # jobs popped per scope and sweep
     outage_threshold_ms: int = 10_000    # a heartbeat older than this is an outage
     # Answers from equipment
@@ -127,6 +133,13 @@ class HostConfig:
     def consumer_name(self) -> str:
         return self.consumer or f"{socket.gethostname()}-{os.getpid()}"
 
+    @property
+    def idle_sweep_ms(self) -> int:
+        """The longest time between two sweeps of a scope by a running host: well
+        inside the outage threshold, so a heartbeat that old means no host ran."""
+        return max(self.sweep_interval_ms,
+                   min(self.idle_sweep_interval_ms, self.outage_threshold_ms // 2))
+
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
@@ -144,7 +157,8 @@ class HostConfig:
                 raise ConfigError(f"setting {name}: expected a list of strings, got {v!r}")
         for name in ("read_count", "sweep_interval_ms", "sweep_limit", "answer_batch",
                      "cas_rounds", "max_deliveries", "graph_cache_size", "redis_pool_size",
-                     "answer_workers", "answer_queue_max"):
+                     "answer_workers", "answer_queue_max", "idle_sweep_interval_ms",
+                     "full_read_interval_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be at least 1")
         if self.log_format not in ("text", "json"):

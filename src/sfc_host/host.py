@@ -1,8 +1,9 @@
 """One host instance: the driver around the core, on Redis.
 
-Tasks: the consumer (work entries of every known scope), the answer applier (equipment
-answers, settled in batches), the sweeper (due jobs and heartbeats), and discovery
-(new scopes from the registry). Recovery runs once at start. Any number of instances
+Tasks: the consumer (work entries of the scopes known to have new ones, every scope
+now and then), the answer applier (equipment answers, settled in batches), the sweeper
+(the scopes whose deadline, claim look or heartbeat is due), and discovery (new scopes
+from the registry). Recovery runs once at start. Any number of instances
 may share the same Redis: consumer groups split the entries, the compare-and-set
 scripts settle every race.
 
@@ -45,6 +46,7 @@ log = logging.getLogger("sfc_host")
 
 GC_THRESHOLDS = (50_000, 20, 100)
 ERROR_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+DISCOVER_FULL_EVERY = 30     # discovery passes between two full reads of the registry
 
 
 def _retry() -> Any:
@@ -92,6 +94,14 @@ class Host:
         self.settler.dispatcher = self.dispatcher
         self.settler.serves = self.streams.scopes.__contains__
         self.settler.on_delivered = self._delivered
+        # what makes a scope worth a read or a sweep on the next pass (idle scopes cost
+        # nothing per pass): work this host appended without taking it, its deadlines
+        self.settler.on_work = self.streams.wrote
+        self.settler.on_due = self.sweeper.note_due
+        self.orders.on_work = self.streams.mark
+        self.sweeper.on_ticks = self.streams.mark
+        self.sweeper.on_orphans = self.streams.note_orphans
+        self.sweeper.touched = self.streams.touched
         self._local: list[tuple[str, bytes, dict[bytes, bytes]]] = []
         self._local_ready = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -102,6 +112,8 @@ class Host:
         self._answers_dropping = False       # warned about this overflow already
         self._answers_ready = asyncio.Event()
         self._closing = False
+        self._registry_size = -1         # the scope registry's size at the last read
+        self._discoveries = 0
 
     def _job_ended(self, scope: str, job: str, decision: Any) -> None:
         """A job this host settled to its end: one INFO line (operators follow jobs in
@@ -125,6 +137,7 @@ class Host:
         for scope in list(self.streams.scopes):
             n = await recover_scope(self.store, self.settler, self.metrics, scope)
             if n:
+                self.streams.mark(scope)     # the entries its Resumes wrote
                 log.info("recovery: scope %s: %d running jobs", scope, n)
         if self.config.tune_gc and self._gc_was is None:
             # The hot path makes many short-lived objects (events, decisions, commands)
@@ -180,6 +193,7 @@ class Host:
         self._stopping.set()
         self._answers_ready.set()
         self._local_ready.set()
+        self.streams.ready.set()
 
     async def __aenter__(self) -> Host:
         return await self.start()
@@ -216,17 +230,37 @@ class Host:
     async def add_scope(self, scope: str) -> None:
         check_scope(scope)
         await self.orders.register_scope(scope)
-        await self.streams.add_scope(scope)
+        await self._serve(scope)
+
+    async def _serve(self, scope: str) -> bool:
+        """Read and sweep the scope from now on (its first read and sweep in the next
+        passes); True if it is new to this host."""
+        if not await self.streams.add_scope(scope):
+            return False
+        self.sweeper.add(scope)
+        return True
 
     async def discover(self) -> None:
-        for m in await self.client.smembers(SCOPES):
+        # The registry only grows: an unchanged size is nothing new, and a read of
+        # thousands of names each pass costs the host more than all its idle scopes.
+        # A full read now and then still sees a registry emptied and filled again.
+        self._discoveries += 1
+        size = await self.client.scard(SCOPES)
+        if size == self._registry_size and self._discoveries % DISCOVER_FULL_EVERY:
+            return
+        members = await self.client.smembers(SCOPES)
+        self._registry_size = len(members)
+        served = self.streams.scopes
+        for m in members:
             scope = m.decode()
+            if scope in served:
+                continue
             try:
                 check_scope(scope)
             except ValueError:
                 self.metrics.inc("invalid_scopes")
                 continue
-            if await self.streams.add_scope(scope):
+            if await self._serve(scope):
                 log.info("serving scope %s", scope)
 
     async def _sleep(self, ms: int) -> bool:
@@ -272,14 +306,10 @@ class Host:
             return 0
         raws = await self.streams.read(self.config.read_block_ms if block_ms is None
                                        else block_ms)
-        now = time.monotonic()
-        for scope in list(self.streams.scopes):
-            more, dead = await self.streams.claim(scope, now)
-            raws.extend(more)
-            if dead:
-                await self.streams.dead_letter(dead)
-        if self.config.redis_cluster and not raws:
-            await asyncio.sleep(min(self.config.read_block_ms, 10) / 1000)
+        more, dead = await self.streams.claim()
+        raws.extend(more)
+        if dead:
+            await self.streams.dead_letter(dead)
         if not raws:
             return 0
         done, failed = await self.work.handle(raws)
@@ -378,17 +408,19 @@ class Host:
         if data is not None:
             fields["d"] = json.dumps(data)
         eid = await self.client.xadd(k.work, fields)
+        self.streams.mark(scope)
         self.work.event_queued(eid, arrived)
         return True
 
     # ---- time
 
     async def sweep_once(self) -> int:
+        """Sweep every served scope now (a pass sweeps only the due ones)."""
         return await self.sweeper.sweep(list(self.streams.scopes.values()))
 
     async def _sweep_pass(self) -> None:
         if await self._sleep(self.config.sweep_interval_ms) and self.streams.scopes:
-            await self.sweep_once()
+            await self.sweeper.sweep_due(self.streams.scopes)
 
     # ---- reading
 

@@ -143,6 +143,10 @@ class Settler:
         self.dispatcher: Any = None
         self.on_delivered: Callable[[str, list[Delivered]], None] | None = None
         self.serves: Callable[[str], bool] = lambda scope: False
+        # the host's schedule: the earliest deadline a commit wrote (scope, server ms),
+        # and a commit that appended entries (scope, whether some may wait unread)
+        self.on_due: Callable[[str, int], None] | None = None
+        self.on_work: Callable[[str, bool], None] | None = None
         # evolve time and calls since the last flush to the evolve_seconds histogram:
         # timed per job's loop, not per call, so the hot path gains no Python call
         self._evolve_s = 0.0
@@ -233,10 +237,15 @@ class Settler:
             res = results[s]
             marks = iter(res.marks)
             made: list[Fresh] = []
+            due: int | None = None
+            wrote = False
             for (its, rec, graph, decisions), v in zip(lst, res.versions, strict=True):
                 if v == 0:
                     retry.extend(its)
                     continue
+                if rec.due is not None and (due is None or rec.due < due):
+                    due = rec.due
+                wrote = wrote or bool(rec.entries)
                 if rec.graph is not None:
                     self.store.graphs.stored.add((s, rec.fingerprint))
                 if rec.state is not None:
@@ -250,6 +259,12 @@ class Settler:
                             self.on_end(s, it.job, d)
                         for listener in self.end_listeners:
                             listener(s, it.job, d)
+            if due is not None and self.on_due is not None:
+                self.on_due(s, due)
+            # A full delivery may have left entries behind; none is made for a scope
+            # this host does not serve (yet).
+            if wrote and self.on_work is not None:
+                self.on_work(s, not self.serves(s) or len(res.delivered) >= c.read_count)
             # Commands whose entries this call delivered to us go out now; any other
             # entry it delivered is handled like one read from the stream.
             got = {eid for eid, _ in res.delivered}

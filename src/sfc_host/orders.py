@@ -116,6 +116,8 @@ class Orders:
         self.metrics = metrics
         self.ended_retention_s = ended_retention_s
         self.on_change: OnChange | None = None
+        # a write appended work entries to the scope's stream (the host reads it next)
+        self.on_work: Callable[[str], None] | None = None
         self._registered: set[str] = set()
 
     async def _changed(self, scope: str, job: str, cur: dict[str, str] | None, new: str,
@@ -177,7 +179,10 @@ class Orders:
     async def _write(self, scope: str, job: str, expected: str, state: str,
                      entries: list[str], **kw: Any) -> int:
         script, keys, args = self._call(scope, job, expected, state, entries, **kw)
-        return int(await self.scripts.call(script, keys, args))
+        v = int(await self.scripts.call(script, keys, args))
+        if v > 0 and entries and self.on_work is not None:
+            self.on_work(scope)
+        return v
 
     async def store_order(self, scope: str, order: dict[str, Any] | JobOrderData, *,
                           start: bool, work_master: str | None = None,

@@ -9,8 +9,11 @@ data).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,7 +151,13 @@ def _raw_fields(scope: str, eid: bytes, fields: dict[bytes, bytes]) -> dict[str,
 
 
 class Streams:
-    """Reads, acks, claims and dead-letters work entries of many scopes."""
+    """Reads, acks, claims and dead-letters work entries of many scopes.
+
+    A pass reads only the scopes marked ``hot`` (``mark``: this host appended entries
+    it did not take at once, a sweep queued ticks, the last read of the scope was
+    full, the scope is new); every scope is read at least every
+    ``full_read_interval_ms`` (entries another process wrote and did not read: a host
+    that died first, a tool). So an idle scope costs no command per pass."""
 
     def __init__(self, client: Any, scripts: Scripts, config: HostConfig,
                  metrics: Metrics, cluster: bool = False) -> None:
@@ -160,8 +169,15 @@ class Streams:
         self.group = config.group
         self.consumer = config.consumer_name
         self.scopes: dict[str, ScopeKeys] = {}
+        self.hot: set[str] = set()
+        # scopes with entries this host knows of since their last trim: the sweep trims
+        # only these (and every scope when it looks for orphans)
+        self.touched: set[str] = set()
+        self.ready = asyncio.Event()     # set when a scope turns hot
+        self._next_full = 0.0            # time.monotonic() of the next read of every scope
+        # scopes a sweep found entries in that are pending longer than the claim threshold
+        self.orphans: set[str] = set()
         self._by_stream: dict[bytes, str] = {}
-        self._claimed_at: dict[str, float] = {}
         self._redelivered: set[bytes] = set()   # may have a failure reason stored
 
     async def add_scope(self, scope: str) -> bool:
@@ -173,7 +189,23 @@ class Streams:
         await self._create_group(k)
         self.scopes[scope] = k
         self._by_stream[k.work.encode()] = scope
+        self.mark(scope)
         return True
+
+    def mark(self, scope: str) -> None:
+        """The scope may have entries no consumer has read: read it in the next pass."""
+        if scope in self.scopes:
+            self.hot.add(scope)
+            self.touched.add(scope)
+            self.ready.set()
+
+    def wrote(self, scope: str, left_behind: bool) -> None:
+        """This host appended entries to the scope's stream; ``left_behind``: it may
+        not have taken them all at once."""
+        if left_behind:
+            self.mark(scope)
+        else:
+            self.touched.add(scope)
 
     async def _create_group(self, k: ScopeKeys) -> None:
         try:
@@ -182,43 +214,78 @@ class Streams:
             if "BUSYGROUP" not in str(e):
                 raise
 
+    async def _wait_ready(self, block_ms: int | None) -> None:
+        """Wait (up to ``block_ms``, and not past the next full read) for a hot scope."""
+        if self.hot or self.orphans or not block_ms:
+            return
+        wait = min(block_ms / 1000, self._next_full - time.monotonic())
+        if wait > 0:
+            self.ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ready.wait(), wait)
+
     async def read(self, block_ms: int | None = None) -> list[Raw]:
-        """New entries of all scopes (blocking up to ``block_ms`` when none)."""
+        """New entries of the hot scopes, or of all of them when a full read is due
+        (waiting up to ``block_ms`` for a scope to turn hot when none is)."""
         if not self.scopes:
             return []
-        count = self.config.read_count
-        if self.cluster:
-            res = await self._read_cluster(count)
+        await self._wait_ready(block_ms)
+        now = time.monotonic()
+        if now >= self._next_full:
+            self._next_full = now + self.config.full_read_interval_ms / 1000
+            keys = list(self.scopes.values())
+            self.hot.clear()
+        elif self.hot:
+            keys = [self.scopes[s] for s in self.hot if s in self.scopes]
+            self.hot.clear()
         else:
-            try:
-                res = await self.client.xreadgroup(
-                    self.group, self.consumer, {k.work: ">" for k in self.scopes.values()},
-                    count=count, block=block_ms or None)   # BLOCK 0 would wait forever
-            except ResponseError as e:
-                if "NOGROUP" not in str(e):
-                    raise
-                # A stream or group was deleted: one read spans every scope, so the
-                # groups are made again (those that exist stay as they are).
-                self.metrics.inc("read_errors")
-                log.warning("a work stream or group is gone; creating the groups again")
-                for k in self.scopes.values():
-                    await self._create_group(k)
-                return []
+            return []
+        try:
+            res = await self._read(keys)
+        except BaseException:
+            self._next_full = 0.0           # the marks are gone: the next pass reads all
+            raise
+        if res is None:
+            return []
         out: list[Raw] = []
-        for stream, items in res or ():
+        count = self.config.read_count
+        for stream, items in res:
             scope = self._by_stream[stream if isinstance(stream, bytes) else stream.encode()]
+            self.touched.add(scope)
+            if len(items) >= count:
+                self.mark(scope)            # a full batch: more may wait
             for entry_id, fields in items:
                 out.append((scope, entry_id, fields))
         return out
 
-    async def _read_cluster(self, count: int) -> list[Any]:
-        """One non-blocking XREADGROUP per scope (streams of two scopes may live on
-        two nodes, and one XREADGROUP cannot span slots), all in one pipeline that
-        redis-py splits by node and sends concurrently. A scope whose read fails does
-        not cost the entries the others delivered: its error is logged and counted, a
-        lost group (the stream was deleted) is created again; only when every read
-        fails does the pass fail."""
-        keys = list(self.scopes.values())
+    async def _read(self, keys: list[ScopeKeys]) -> list[Any] | None:
+        """One read of these scopes' streams; None when it found groups missing."""
+        count = self.config.read_count
+        if self.cluster:
+            res = await self._read_cluster(keys, count)
+        else:
+            try:
+                res = await self.client.xreadgroup(
+                    self.group, self.consumer, {k.work: ">" for k in keys}, count=count)
+            except ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+                # A stream or group was deleted: one read spans these scopes, so their
+                # groups are made again (those that exist stay as they are).
+                self.metrics.inc("read_errors")
+                log.warning("a work stream or group is gone; creating the groups again")
+                for k in keys:
+                    await self._create_group(k)
+                    self.mark(k.scope)
+                return None
+        return res or []
+
+    async def _read_cluster(self, keys: list[ScopeKeys], count: int) -> list[Any]:
+        """One XREADGROUP per scope (streams of two scopes may live on two nodes, and
+        one XREADGROUP cannot span slots), all in one pipeline that redis-py splits by
+        node and sends concurrently. A scope whose read fails does not cost the entries
+        the others delivered: its error is logged and counted, a lost group (the stream
+        was deleted) is created again; only when every read fails does the pass fail."""
         pipe = self.client.pipeline(transaction=False)
         for k in keys:
             pipe.xreadgroup(self.group, self.consumer, {k.work: ">"}, count=count)
@@ -231,6 +298,7 @@ class Streams:
                     res.extend(r)
                 continue
             self.metrics.inc("read_errors")
+            self.mark(k.scope)          # read it again in the next pass
             if isinstance(r, ResponseError) and "NOGROUP" in str(r):
                 log.warning("scope %s: work stream or group gone; creating it again", k.scope,
                             extra={"scope": k.scope})
@@ -243,34 +311,53 @@ class Streams:
             raise failed[0]
         return res
 
-    async def claim(self, scope: str, now: float) -> tuple[list[Raw], list[Raw]]:
-        """Take over entries idle longer than the claim threshold (at most every claim
-        interval per scope): ``(to handle, to dead-letter)``."""
-        last = self._claimed_at.get(scope, 0.0)
-        if now - last < self.config.claim_interval_ms / 1000:
+    def note_orphans(self, scopes: list[str]) -> None:
+        """A sweep saw entries pending longer than the claim threshold in these."""
+        self.orphans.update(scopes)
+        self.ready.set()
+
+    async def claim(self) -> tuple[list[Raw], list[Raw]]:
+        """Take over entries idle longer than the claim threshold in the scopes a sweep
+        found them in (it looks at most every claim interval per scope; one pipeline):
+        ``(to handle, to dead-letter)``."""
+        keys = [self.scopes[s] for s in self.orphans if s in self.scopes]
+        self.orphans.clear()
+        if not keys:
             return [], []
-        self._claimed_at[scope] = now
-        k = self.scopes[scope]
-        res = await self.client.xautoclaim(k.work, self.group, self.consumer,
-                                           self.config.claim_min_idle_ms, "0-0",
-                                           count=self.config.read_count)
-        claimed = [(eid, f) for eid, f in res[1] if f is not None]
-        if not claimed:
-            return [], []
+        pipe = self.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.xautoclaim(k.work, self.group, self.consumer, self.config.claim_min_idle_ms,
+                            "0-0", count=self.config.read_count)
+        replies = await pipe.execute(raise_on_error=False)
+        handle: list[Raw] = []
+        dead: list[Raw] = []
+        for k, r in zip(keys, replies, strict=True):
+            if isinstance(r, Exception):
+                self.metrics.inc("read_errors")
+                log.error("scope %s: claiming idle entries failed: %s", k.scope, r,
+                          extra={"scope": k.scope})
+                if isinstance(r, ResponseError) and "NOGROUP" in str(r):
+                    await self._create_group(k)
+                continue
+            claimed = [(eid, f) for eid, f in r[1] if f is not None]
+            if claimed:
+                await self._split_claimed(k, claimed, handle, dead)
+        return handle, dead
+
+    async def _split_claimed(self, k: ScopeKeys, claimed: list[tuple[bytes, Any]],
+                             handle: list[Raw], dead: list[Raw]) -> None:
+        """Claimed entries delivered more than ``max_deliveries`` times go to ``dead``."""
         self.metrics.inc("entries_claimed", len(claimed))
         pend = await self.client.xpending_range(k.work, self.group, claimed[0][0],
                                                 claimed[-1][0], len(claimed) * 4,
                                                 consumername=self.consumer)
         counts = {p["message_id"]: p["times_delivered"] for p in pend}
-        handle: list[Raw] = []
-        dead: list[Raw] = []
         for eid, f in claimed:
             if counts.get(eid, 1) > self.config.max_deliveries:
-                dead.append((scope, eid, f))
+                dead.append((k.scope, eid, f))
             else:
-                handle.append((scope, eid, f))
+                handle.append((k.scope, eid, f))
                 self._redelivered.add(eid)
-        return handle, dead
 
     async def dead_letter(self, items: list[Raw]) -> None:
         for scope, eid, fields in items:
