@@ -354,8 +354,11 @@ class Settler:
                 return self._putback(row, its), graph, []
             return None
         if decisions[-1].status in TERMINAL and not reset and not row.archive_known:
-            # the job response lists every result: the archive of a cached row is read
-            row.archive = await self.store.read_archive(scope, row.job)
+            # the job response lists every result: the archive of a cached row is read;
+            # a row behind it (another host wrote since) is read again and evolved anew
+            version, row.archive = await self.store.read_archive(scope, row.job)
+            if version != row.version:
+                return None
             row.archive_known = True
         return self._record(scope, now, row, graph, decisions, reset, start_graph,
                             archived), graph, decisions

@@ -324,9 +324,10 @@ class Store:
             row.state = row.live + row.archive
         row.offset = offset
 
-    async def read_archive(self, scope: str, job: str) -> bytes:
-        """A job's archive records as stored (for a row that came from the cache)."""
-        return archive_of(await self.client.hgetall(self.keys(scope).job(job)))
+    async def read_archive(self, scope: str, job: str) -> tuple[bytes, bytes]:
+        """A job's version and archive records as stored (for a row from the cache)."""
+        h = await self.client.hgetall(self.keys(scope).job(job))
+        return h.get(b"v", b"0"), archive_of(h)
 
     async def graph(self, scope: str, fp: str) -> Graph | None:
         g = self.graphs.get(fp)
