@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import redis.asyncio as aioredis
 import uvloop
 from host_throughput import LOOP, V110
+from recipes import chain
 
 import sfc_fast
 from sfc_fast import Graph, compile_recipe, sent_markers
@@ -54,18 +55,6 @@ RESULT = {"ok": True, "torque": 85.5}
 SCOPES = 10
 WORKING_SET = 1000
 FILL_CHUNK = 4000
-
-
-def chain(n: int, timeout: int = 3600) -> dict[str, Any]:
-    """``n`` steps in sequence, one push action each (with parameters), a condition on
-    the previous action's result on every transition."""
-    steps = [{"Name": f"S{i}", "Initial": i == 0} for i in range(n)]
-    trans = [{"Source": f"S{i}", "Target": f"S{i + 1}", "Condition": f"a{i}.ok != false"}
-             for i in range(n - 1)]
-    acts = [{"Name": f"a{i}", "Step": f"S{i}", "Qualifier": "N", "Interaction": "push_command",
-             "TypeId": f"com.example.a{i}.v1", "TimeoutSeconds": timeout,
-             "Parameters": {"program": i, "speed": 1.5}} for i in range(n)]
-    return {"Steps": steps, "Transitions": trans, "Actions": acts}
 
 
 def advanced(graph: Graph, job: str, scope: str, done: int, now: int) -> bytes:
