@@ -96,12 +96,16 @@ def test_live_part_and_archive_join_to_the_whole_document():
     g = compile_recipe(linear(12), V110)
     whole, none, d1 = _run(g, 7, split=False)
     live, archive, d2 = _run(g, 7, split=True)
-    assert none == b""
+    assert none == b""                              # one document archives nothing
     assert len(live) < 120 < len(whole)            # 7 settled steps are not in the live part
-    assert join_state(live, archive) == whole
     assert state_to_json(g, live)["archived_missing"] == 14     # 7 actions, 7 step rounds
-    assert "archived_missing" not in state_to_json(g, whole)
-    view = state_to_json(g, whole)
+    joined = join_state(live, archive)
+    view = state_to_json(g, joined)
+    assert "archived_missing" not in view
+    assert view == state_to_json(g, whole)
+    # a joined document evolves on as one document: its tail is copied along
+    d = evolve(g, joined, Completed(d2[-1].commands[0].command_id), 9_000)
+    assert d.state.endswith(archive) and d.archived == b""
     assert view["actions"]["a0"]["result"] == {"ok": True, "k": 0}
     assert view["step_rounds"] == {f"S{i}": 1 for i in range(8)}
     assert [(a.work, a.next_deadline) for a in d1] == [(b.work, b.next_deadline) for b in d2]

@@ -34,7 +34,7 @@ from sfc_fast.state cimport (
     ST_RUNNING, ST_COMPLETED, ST_ABORTED, ST_STOPPED, JF_HELD, JF_ENDING,
     PH_IDLE, PH_DELAYED, PH_OPEN, PH_DONE, PH_WAIT_EXIT,
     OC_NONE, OC_COMPLETED, OC_FAILED, OC_TIMEOUT, OC_CANCELLED, OC_LIMITED,
-    HP_NONE, HP_OPEN, HP_HELD, HP_NOT_HELD, AF_RESTART, AF_ABORT_PENDING,
+    HP_NONE, HP_OPEN, HP_HELD, HP_NOT_HELD, AF_RESTART, AF_ABORT_PENDING, AM_LIVE,
 )
 from sfc_fast.events cimport (
     BaseEvent, Start, Completed, Failed, Held, NotHeld, Event, Tick, Cancel, Shift,
@@ -732,7 +732,7 @@ cdef class _Run:
         return 0
 
     cdef int settle(self, int a, int outcome) except -1:
-        cdef ActSt* x = self.s.act(a)
+        cdef ActSt* x = &self.s.acts[a] if self.s.amark[a] & AM_LIVE else self.s.act(a)
         self.touch(a)
         x.phase = PH_DONE
         x.outcome = outcome
@@ -782,7 +782,10 @@ cdef class _Run:
         self.entries += 1
         if self.entries > _MAX_ENTRIES:
             raise _Loop(g.s(g.step_name[st]))
-        self.s.bump_round(st)
+        if self.s.step_round[st]:
+            self.s.step_round[st] += 1      # listed already: no call
+        else:
+            self.s.bump_round(st)
         self.s.add_active(st)
         self.changed = True
         for k in range(g.step_act_off[st], g.step_act_off[st + 1]):
@@ -1381,7 +1384,8 @@ cpdef Decision evolve(Graph graph, object state, BaseEvent event, int64_t now_ms
 
     Returns a Decision; ``applied`` False means absorbed (nothing to write). Raises
     StateFormatError for bytes that are not a readable state of this graph. The new
-    state is one document: the live part and the whole archive (copied, not read).
+    state is one document that holds every record (an archive tail it came with is
+    copied, not read); ``evolve_live`` keeps the settled records apart.
     """
     return _evolve(graph, state, event, now_ms, False)
 

@@ -135,7 +135,9 @@ cdef class State:
     cdef str reason(self)
     cdef str order(self)
     cdef int set_reason(self, str v) except -1
+    cdef bint splitting           # encode(split) is archiving
     cdef bint archivable(self, int a) noexcept
+    cdef bint step_archivable(self, int32_t st) noexcept
     cdef bytes encode(self, bint split)
     cdef void release(self) noexcept
 

@@ -13,10 +13,11 @@ Format 2 (format 1 is still read) ends with the archive: records of settled acti
 rewrites them. A record is archived once its action is settled and its step is not
 active, unless the graph pins it: a step on a cycle of the chart (it is entered again),
 or an action a condition reads from another step (see ``_graph_pins``). The archive is
-the document's tail (``evolve``: copied, never read) or kept apart by the caller
-(``evolve_live``: the Decision's ``archived`` are the records to append); the document
-followed by its archive records is the whole state again (``join_state``). A later
-record of the same action wins, a live one over any archived one.
+kept apart by the caller (``evolve_live``: the Decision's ``archived`` are the records
+to append) or the document's tail (``join_state``: the live part followed by them is
+the whole state again); ``evolve`` of one document archives nothing and copies a tail
+it is given (checked, never decoded). A later record of the same action wins, a live
+one over any archived one.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
@@ -357,6 +358,9 @@ cdef bytes _graph_pins(Graph g):
 cdef inline Py_ssize_t _insert_sorted(int32_t* xs, Py_ssize_t n, int32_t v) noexcept:
     """Insert ``v`` (not present) into the sorted ``xs[:n]``; returns the new length."""
     cdef Py_ssize_t lo = 0, hi = n, mid
+    if n == 0 or xs[n - 1] < v:
+        xs[n] = v               # the usual case: a later step, a later action
+        return n + 1
     while lo < hi:
         mid = (lo + hi) >> 1
         if xs[mid] < v:
@@ -467,13 +471,18 @@ cdef class State:
 
     cdef bint archivable(self, int a) noexcept:
         cdef ActSt* s = &self.acts[a]
-        return (s.phase == PH_DONE and s.flags == 0 and not self.pin[a]
+        return (self.splitting and s.phase == PH_DONE and s.flags == 0 and not self.pin[a]
                 and not self.is_active(self.g.act_step[a]))
+
+    cdef bint step_archivable(self, int32_t st) noexcept:
+        return self.splitting and not self.pin[self.g.n_actions + st] and not self.is_active(st)
 
     @cython.boundscheck(False)
     cdef bytes encode(self, bint split):
-        """The document: live part, then the archive it came with and the records archived
-        now. ``split``: the live part alone; those archive records go to ``added``."""
+        """The document: live part, then the archive it came with. ``split``: the live
+        part alone; the archive it came with and the records archived now go to
+        ``added``. (Without, nothing is archived now: one document that holds every
+        record costs what format 1 did, with no archive to carry along.)"""
         cdef Graph g = self.g
         cdef Py_ssize_t i, n, n_arch = 0
         cdef int a, st
@@ -483,6 +492,7 @@ cdef class State:
         cdef char* count_at
         cdef Py_ssize_t tail_n = (PyBytes_GET_SIZE(self.src) - self.tail_at
                                   if self.src is not None else 0)
+        self.splitting = split
         # worst case: 10 bytes a varint; an action's record is at most 112 bytes and
         # its result text; the archive came in as it goes out
         cdef Py_ssize_t need = (16 + 50 + 50 + self.t_job.n + self.t_scope.n + self.t_reason.n
@@ -495,7 +505,7 @@ cdef class State:
                 n_arch += 1
         for i in range(self.n_rsteps):
             st = self.rsteps[i]
-            if not self.pin[g.n_actions + st] and not self.is_active(st):
+            if self.step_archivable(st):
                 n_arch += 1
         if need > self.buf_cap:
             q = <char*>PyMem_Realloc(self.buf, need)
@@ -541,7 +551,7 @@ cdef class State:
         n = 0
         for i in range(self.n_rsteps):
             st = self.rsteps[i]
-            if self.pin[g.n_actions + st] or self.is_active(st):
+            if not self.step_archivable(st):
                 q = _w_u(q, <uint64_t>st)
                 q = _w_u(q, <uint64_t>self.step_round[st])
                 n += 1
@@ -573,7 +583,7 @@ cdef class State:
         if n_arch:
             for i in range(self.n_rsteps):
                 st = self.rsteps[i]
-                if not self.pin[g.n_actions + st] and not self.is_active(st):
+                if self.step_archivable(st):
                     q = _w_u(q, ((<uint64_t>st) << 1) | 1)
                     q = _w_u(q, <uint64_t>self.step_round[st])
             for i in range(self.n_live):
@@ -596,13 +606,21 @@ cdef class State:
         cdef int a
         if g is None:
             return
-        for i in range(self.n_live):
-            a = self.live[i]
-            self.acts[a] = _IDLE
-            self.amark[a] = 0
+        if g.n_actions <= _SMALL:
+            # a small recipe: one block copy beats the loop over the live slots
+            memcpy(self.acts, _IDLES, g.n_actions * sizeof(ActSt))
+            memset(self.amark, 0, g.n_actions)
+        else:
+            for i in range(self.n_live):
+                a = self.live[i]
+                self.acts[a] = _IDLE
+                self.amark[a] = 0
         self.n_live = 0
-        for i in range(self.n_rsteps):
-            self.step_round[self.rsteps[i]] = 0
+        if g.n_steps <= 4 * _SMALL:
+            memset(self.step_round, 0, g.n_steps * sizeof(int32_t))
+        else:
+            for i in range(self.n_rsteps):
+                self.step_round[self.rsteps[i]] = 0
         self.n_rsteps = 0
         for i in range(g.n_branches):
             self.br_ended[i] = -1
@@ -622,6 +640,11 @@ cdef class State:
 
 
 cdef bytes _EMPTY_BYTES = b""
+
+cdef enum:
+    _SMALL = 16
+
+cdef ActSt _IDLES[_SMALL]         # idle slots, copied in one block by release()
 
 
 cdef inline char* _w_act(char* q, ActSt* s, int64_t base) noexcept:
@@ -658,6 +681,8 @@ cdef inline void _reset_act(ActSt* a) noexcept:
 
 
 _reset_act(&_IDLE)
+for _i in range(_SMALL):
+    _IDLES[_i] = _IDLE
 
 
 cdef State acquire_state(Graph g):
@@ -726,51 +751,6 @@ cdef State new_state(Graph g, str job, str scope, bytes params, str order, int64
     s.status = ST_RUNNING
     s.started_at = now
     return s
-
-
-cdef inline bint _get_act(Rd* r, ActSt* a, int64_t base) noexcept:
-    """An action's record after its index; False (reader marked bad) if it is not one."""
-    cdef uint8_t b1, b2
-    cdef uint64_t v
-    cdef Py_ssize_t rl
-    if r.i + 2 > r.n:
-        r.bad = True
-        return False
-    b1 = <uint8_t>r.p[r.i]
-    b2 = <uint8_t>r.p[r.i + 1]
-    r.i += 2
-    a.phase = b1 & 0x0F
-    a.hold = b1 >> 4
-    a.outcome = b2 & 0x0F
-    a.flags = b2 >> 4
-    if a.phase == PH_IDLE or a.phase > PH_WAIT_EXIT or a.hold > HP_NOT_HELD \
-            or a.outcome > OC_LIMITED:
-        r.bad = True
-        return False
-    a.attempt = <int32_t>_get_count(r, 0x7FFFFFFF)
-    a.round = <int32_t>_get_count(r, 0x7FFFFFFF)
-    a.cmd_n = _get_count(r, (<int64_t>1) << 40)
-    a.hold_n = _get_count(r, (<int64_t>1) << 40)
-    a.deadline = _get_time(r, base)
-    a.hold_deadline = _get_time(r, base)
-    a.timer = _get_time(r, base)
-    a.since = _get_time(r, base)
-    a.done_at = _get_time(r, base)
-    v = _get_count(r, r.n)
-    if r.bad:
-        return False
-    if v == 0:
-        a.res = NULL
-        a.res_len = -1
-        return True
-    rl = <Py_ssize_t>(v - 1)
-    if rl > r.n - r.i:
-        r.bad = True
-        return False
-    a.res = r.p + r.i
-    a.res_len = rl
-    r.i += rl
-    return True
 
 
 cdef State decode_state(Graph g, object data, bint full=False):
@@ -849,10 +829,12 @@ cdef State decode_state(Graph g, object data, bint full=False):
     for i in range(n):
         k = _get_count(&r, g.n_steps - 1)
         v = _get_count(&r, 0x7FFFFFFF)
-        if r.bad or v == 0 or s.step_round[k] != 0:
+        # ascending, as encode writes them: each is appended
+        if r.bad or v == 0 or (s.n_rsteps and s.rsteps[s.n_rsteps - 1] >= k):
             r.bad = True
             break
-        s.n_rsteps = _insert_sorted(s.rsteps, s.n_rsteps, <int32_t>k)
+        s.rsteps[s.n_rsteps] = <int32_t>k
+        s.n_rsteps += 1
         s.step_round[k] = <int32_t>v
     n = _get_count(&r, g.n_branches)
     for i in range(n):
@@ -862,63 +844,107 @@ cdef State decode_state(Graph g, object data, bint full=False):
             r.bad = True
             break
         s.br_ended[k] = <int32_t>v
+    # The live records (counted, ascending: each appended to the live list), then for
+    # format 2 the archive records to the end: one loop, so that the record is parsed
+    # by one piece of inline code and the reader stays in registers.
     n = _get_count(&r, g.n_actions)
-    for i in range(n):
-        k = _get_count(&r, g.n_actions - 1 if g.n_actions else 0)
-        if r.bad or g.n_actions == 0 or (s.amark[k] & AM_LIVE):
-            r.bad = True
-            break
-        if not _get_act(&r, s.act(<int>k), base):
-            break
-    s.tail_at = r.i
-    if major == 1 or r.bad:
-        if r.bad or r.i != r.n:
-            s.release()
-            raise StateFormatError("state document is truncated or corrupt")
-        return s
-    if full:
-        _read_archive(g, s, &r, base, True)
-    elif r.i < r.n:
-        _read_archive(g, s, &r, base, False)
-    return s
-
-
-cdef int _read_archive(Graph g, State s, Rd* r, int64_t base, bint load) except -1:
-    """The archive records of ``s.src`` from ``r`` on, checked; with ``load`` read into
-    ``s``: a live record wins over an archived one, a later archived one over an
-    earlier. (Without, evolve's copy of them is checked like every other reader's.)"""
+    cdef bint archive = False
+    cdef bint load = False
+    cdef int64_t count = 0
     cdef uint64_t tag
-    cdef int64_t k, v, count = 0
     cdef ActSt scratch
-    cdef set live_steps = {s.rsteps[i] for i in range(s.n_rsteps)} if load else None
-    while r.i < r.n and not r.bad:
-        tag = _get_u(r)
-        k = <int64_t>(tag >> 1)
-        count += 1
-        if tag & 1:
-            v = _get_count(r, 0x7FFFFFFF)
-            if r.bad or k >= g.n_steps or v == 0:
+    cdef ActSt* a
+    cdef uint8_t b1, b2
+    cdef Py_ssize_t rl
+    cdef set live_steps = None
+    i = 0
+    while not r.bad:
+        if not archive:
+            if i == n:
+                s.tail_at = r.i
+                if major == 1 or r.i == r.n:
+                    break
+                archive = True
+                load = full
+                if load:
+                    live_steps = {s.rsteps[j] for j in range(s.n_rsteps)}
+                continue
+            i += 1
+            k = _get_count(&r, g.n_actions - 1 if g.n_actions else 0)
+            if r.bad or g.n_actions == 0 or (s.n_live and s.live[s.n_live - 1] >= k):
                 r.bad = True
                 break
-            if not load or k in live_steps:
+            a = &s.acts[k]
+            s.amark[k] = AM_LIVE
+            s.live[s.n_live] = <int32_t>k
+            s.n_live += 1
+        else:
+            if r.i >= r.n:
+                break
+            tag = _get_u(&r)
+            k = <int64_t>(tag >> 1)
+            count += 1
+            if tag & 1:
+                v = _get_count(&r, 0x7FFFFFFF)
+                if r.bad or k >= g.n_steps or v == 0:
+                    r.bad = True
+                    break
+                if load and k not in live_steps:
+                    if s.step_round[k] == 0:
+                        s.n_rsteps = _insert_sorted(s.rsteps, s.n_rsteps, <int32_t>k)
+                    s.step_round[k] = <int32_t>v
                 continue
-            if s.step_round[k] == 0:
-                s.n_rsteps = _insert_sorted(s.rsteps, s.n_rsteps, <int32_t>k)
-            s.step_round[k] = <int32_t>v
-            continue
-        if r.bad or k >= g.n_actions:
+            if r.bad or k >= g.n_actions:
+                r.bad = True
+                break
+            if not load or (s.amark[k] & (AM_LIVE | AM_ARCH)) == AM_LIVE:
+                a = &scratch                     # checked only, or a live one wins
+            else:
+                a = s.act(<int>k)
+                s.amark[k] |= AM_ARCH
+        # the record after its index
+        if r.i + 2 > r.n:
             r.bad = True
             break
-        if not load or (s.amark[k] & (AM_LIVE | AM_ARCH)) == AM_LIVE:
-            _get_act(r, &scratch, base)          # superseded by the live record
-            continue
-        if _get_act(r, s.act(<int>k), base):
-            s.amark[k] |= AM_ARCH
+        b1 = <uint8_t>p[r.i]
+        b2 = <uint8_t>p[r.i + 1]
+        r.i += 2
+        a.phase = b1 & 0x0F
+        a.hold = b1 >> 4
+        a.outcome = b2 & 0x0F
+        a.flags = b2 >> 4
+        if a.phase == PH_IDLE or a.phase > PH_WAIT_EXIT or a.hold > HP_NOT_HELD \
+                or a.outcome > OC_LIMITED:
+            r.bad = True
+            break
+        a.attempt = <int32_t>_get_count(&r, 0x7FFFFFFF)
+        a.round = <int32_t>_get_count(&r, 0x7FFFFFFF)
+        a.cmd_n = _get_count(&r, (<int64_t>1) << 40)
+        a.hold_n = _get_count(&r, (<int64_t>1) << 40)
+        a.deadline = _get_time(&r, base)
+        a.hold_deadline = _get_time(&r, base)
+        a.timer = _get_time(&r, base)
+        a.since = _get_time(&r, base)
+        a.done_at = _get_time(&r, base)
+        v = _get_count(&r, size)
+        if r.bad:
+            break
+        if v == 0:
+            a.res = NULL
+            a.res_len = -1
+        else:
+            rl = <Py_ssize_t>(v - 1)
+            if rl > r.n - r.i:
+                r.bad = True
+                break
+            a.res = p + r.i
+            a.res_len = rl
+            r.i += rl
     s.arch_read = count
     if r.bad or r.i != r.n or count > s.arch_n:
         s.release()
-        raise StateFormatError("state document is truncated or corrupt (archive)")
-    return 0
+        raise StateFormatError("state document is truncated or corrupt")
+    return s
 
 
 cdef inline int memcmp8(const char* a, const char* b) noexcept:
