@@ -501,12 +501,13 @@ cdef class State:
         for i in range(self.n_live):
             s = &self.acts[self.live[i]]
             need += 112 + (s.res_len if s.res_len > 0 else 0)
-            if self.archivable(self.live[i]) and not (self.amark[self.live[i]] & AM_ARCH):
-                n_arch += 1
-        for i in range(self.n_rsteps):
-            st = self.rsteps[i]
-            if self.step_archivable(st):
-                n_arch += 1
+        if split:
+            for i in range(self.n_live):
+                if self.archivable(self.live[i]) and not (self.amark[self.live[i]] & AM_ARCH):
+                    n_arch += 1
+            for i in range(self.n_rsteps):
+                if self.step_archivable(self.rsteps[i]):
+                    n_arch += 1
         if need > self.buf_cap:
             q = <char*>PyMem_Realloc(self.buf, need)
             if q == NULL:
