@@ -421,7 +421,7 @@ cdef class State:
     cdef int set_result(self, int a, object owner) except -1:
         """Result text of action a: ``owner`` is its JSON as str or bytes, None = none."""
         cdef Txt t
-        cdef ActSt* x = self.act(a)
+        cdef ActSt* x = &self.acts[a] if self.amark[a] & AM_LIVE else self.act(a)
         if owner is None:
             x.res = NULL
             x.res_len = -1
