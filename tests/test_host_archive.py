@@ -1,6 +1,7 @@
 """The job hash keeps a state in two parts on a real redis-server: the live part in ``s``
-(rewritten by every event) and the archive of settled records in ``h:{version}``
-fields (appended); readers see them joined, and a format-1 state is written anew."""
+(rewritten by every event) and the archive of settled records appended to chunks
+``h:{n}`` of up to 4 KB; readers see them joined, and a format-1 state is written
+anew."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from sfc_host.store import whole_state
 
 K = ScopeKeys(S)
 STEPS = 8
+PAD = "x" * 1000
 
 
 def chain_wm() -> dict[str, Any]:
@@ -43,16 +45,21 @@ def _archive_fields(h: dict[bytes, bytes]) -> list[bytes]:
 
 def test_settled_records_are_appended_apart_and_read_back_whole(redis_url: str) -> None:
     async def main() -> None:
-        st = Station(lambda c: {"ok": True, "n": int(c.action[1:])})
+        # a result of about 1 KB each: eight settled steps fill more than one chunk
+        st = Station(lambda c: {"ok": True, "n": int(c.action[1:]), "pad": PAD})
         host = await start_host(redis_url, st, chain_wm())
         try:
             await host.orders.store_order(S, {"JobOrderID": "C",
                                               "WorkMasterID": [{"ID": "chain"}]}, start=True)
             await wait_until(lambda: host.client.exists(K.response("C")), what="response")
             h = await host.client.hgetall(K.job("C"))
-            # every completion archived its step's records in a field of its own write
-            # (the last one too: the job ended, no step is active)
-            assert len(_archive_fields(h)) == STEPS
+            # every completion archived its step's records (the last one too: the job
+            # ended, no step is active), appended to a chunk while it stays under 4 KB
+            hn = int(h[b"hn"])
+            assert 2 <= hn < STEPS
+            assert sorted(_archive_fields(h)) == sorted(f"h:{i}".encode()
+                                                       for i in range(1, hn + 1))
+            assert all(len(h[k]) <= 4096 for k in _archive_fields(h))
             graph = Graph.from_bytes(await host.client.get(K.graph(h[b"g"].decode())))
             live = state_to_json(graph, h[b"s"])
             assert live["archived_missing"] == 2 * STEPS        # action and step round
@@ -61,14 +68,15 @@ def test_settled_records_are_appended_apart_and_read_back_whole(redis_url: str) 
             whole = state_to_json(graph, whole_state(h))
             assert "archived_missing" not in whole
             assert {n: a["result"] for n, a in whole["actions"].items()} == \
-                {f"a{i}": {"ok": True, "n": i} for i in range(STEPS)}
+                {f"a{i}": {"ok": True, "n": i, "pad": PAD} for i in range(STEPS)}
             view = await host.inspect(S, "C")
             assert view is not None and view["status"] == "completed"
             assert len(view["actions"]) == STEPS
             # the job response lists the results of the archived actions too
             resp = json.loads(await host.client.get(K.response("C")))
             ids = {d["ID"] for d in resp["JobResponseData"]}
-            assert ids == {f"a{i}.{f}" for i in range(STEPS) for f in ("ok", "n")}
+            assert ids == {f"a{i}.{f}" for i in range(STEPS) for f in ("ok", "n", "pad")}
+            assert "hn" not in view["markers"]
         finally:
             await host.aclose()
     run(main())

@@ -21,7 +21,8 @@
 --     n entries, then per entry: kind, action, command id,
 --     response key index (0 = none), response value, the scope's results set key
 --     index (the job joins it with its response: the state index's has_result),
---     archive records to append ('' = none; written with a state as field h:{version}).
+--     archive records to append ('' = none; written with a state, appended to the
+--     job's archive chunks h:1, h:2, ... (hn: the last one's number)).
 -- A record whose version does not match writes nothing; the others still apply.
 -- With deliver, after its records the group's new entries (those just appended among
 -- them) are delivered to that consumer with XREADGROUP: the host that made a command
@@ -94,8 +95,17 @@ for g = 1, tonumber(ARGV[1]) do
           redis.call('HSET', key, 's', state, 'v', vs)
         end
         if offset ~= '0' then redis.call('HSET', key, 'o', offset) end
-        -- settled records of the state, appended: no event reads or rewrites them again
-        if archive ~= '' then redis.call('HSET', key, 'h:' .. vs, archive) end
+        -- settled records of the state, appended (no event reads or rewrites them again)
+        -- to the last chunk h:{hn} while it stays under 4 KB: few fields, bounded work
+        if archive ~= '' then
+          local hn = tonumber(redis.call('HGET', key, 'hn') or '0')
+          local last = hn > 0 and redis.call('HGET', key, 'h:' .. hn)
+          if last and #last + #archive <= 4096 then
+            redis.call('HSET', key, 'h:' .. hn, last .. archive)
+          else
+            redis.call('HSET', key, 'h:' .. (hn + 1), archive, 'hn', hn + 1)
+          end
+        end
         if gidx > 0 then redis.call('SET', KEYS[gidx], gbytes, 'NX') end
       else
         v = tonumber(current)
