@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recipes import V110, linear, push
+from recipes import V110, linear, pull, push
 
 from sfc_fast import (
     Graph,
@@ -190,6 +190,17 @@ def _maker() -> Any:
 
 MAKER = _maker()
 RECIPES = {name: (recipe, schema) for name, recipe, schema in MAKER.recipes()}
+# bare names on a step's and on a branch's exit, a reference to another step's action,
+# an S reset by an R of a later step
+RECIPES["bare_names"] = ({
+    "Steps": [{"Name": n, "Initial": n == "A"} for n in ("A", "P1", "P2", "D", "E")],
+    "Actions": [push("s", "A", "S"), push("a", "A"), push("p1", "P1"), pull("p2", "P2"),
+                push("d", "D"), push("s", "D", "R"), push("e", "E")],
+    "Branches": [{"Name": "B", "Type": "simultaneous", "Branches": [["P1"], ["P2"]]}],
+    "Transitions": [{"Source": "A", "Target": "B", "Condition": "ok != false"},
+                    {"Source": "B", "Target": "D", "Condition": "torque != 1"},
+                    {"Source": "D", "Target": "E",
+                     "Condition": "s._outcome != 'failed' and a.n != 5"}]}, V110)
 
 
 def _decided(d: Any) -> tuple[Any, ...]:
