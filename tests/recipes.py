@@ -33,6 +33,17 @@ def linear(n: int = 3) -> dict[str, Any]:
     return {"Steps": steps, "Transitions": trans, "Actions": acts}
 
 
+def chain(n: int, timeout: int = 3600) -> dict[str, Any]:
+    """``n`` steps in sequence, one push action each (with parameters), a condition on
+    the previous action's result on every transition."""
+    steps = [{"Name": f"S{i}", "Initial": i == 0} for i in range(n)]
+    trans = [{"Source": f"S{i}", "Target": f"S{i + 1}", "Condition": f"a{i}.ok != false"}
+             for i in range(n - 1)]
+    acts = [push(f"a{i}", f"S{i}", timeout=timeout, Parameters={"program": i, "speed": 1.5})
+            for i in range(n)]
+    return {"Steps": steps, "Transitions": trans, "Actions": acts}
+
+
 def with_(recipe: dict[str, Any], **changes: Any) -> dict[str, Any]:
     r = copy.deepcopy(recipe)
     r.update(changes)

@@ -12,6 +12,7 @@ from sfc_fast.evolve import (
     Command,
     Decision,
     evolve,
+    evolve_live,
     evolve_many,
     job_index,
     open_command,
@@ -28,7 +29,7 @@ from sfc_fast.recipe import (
     compile_recipe,
 )
 from sfc_fast.runner import Runner, job_of_command
-from sfc_fast.state import StateFormatError, state_to_json
+from sfc_fast.state import StateFormatError, join_state, state_to_json
 
 __all__ = [
     "ENGINE",
@@ -51,9 +52,11 @@ __all__ = [
     "compile_recipe",
     "events",
     "evolve",
+    "evolve_live",
     "evolve_many",
     "job_index",
     "job_of_command",
+    "join_state",
     "open_command",
     "sent_markers",
     "state_to_json",

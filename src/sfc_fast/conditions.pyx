@@ -247,9 +247,21 @@ cdef class CondBuilder:
         self._tokenize(stripped)
         self._p = 0
         self._out = []
-        kind = self._expr(0)
-        if kind is not None:
-            self._emit_const(kind)
+        cdef Tok* tk = self._tk
+        # (a constant third token has a fourth after it, EOF at least)
+        if tk[0].kind == T_NAME and tk[1].kind == T_OP and (
+                tk[2].kind == T_NUM or tk[2].kind == T_STR or (tk[2].kind == T_KW and (
+                    tk[2].sub == KW_TRUE or tk[2].sub == KW_FALSE or tk[2].sub == KW_NULL))) \
+                and tk[3].kind == T_EOF:
+            # the usual shape, `ref <op> constant`: the code the parser would emit for
+            # it, without the descent through every precedence level
+            self._out += (OP_LOAD, self._ref(stripped[tk[0].pos:tk[0].end], tk[0].pos),
+                          OP_CONST, self._const_id(self._tokconst(&tk[2])), tk[1].sub)
+            self._p = 3
+        else:
+            kind = self._expr(0)
+            if kind is not None:
+                self._emit_const(kind)
         cdef Tok* tok = &self._tk[self._p]
         if tok.kind != T_EOF:
             raise ConditionSyntaxError(f"unexpected {self._tokval(tok)!r}", tok.pos)
@@ -431,6 +443,12 @@ cdef class CondBuilder:
         tk[t].pos = n
         tk[t].end = n
         return 0
+
+    cdef object _tokconst(self, Tok* tok):
+        """The value of a constant token (number, string, true, false, null)."""
+        if tok.kind == T_KW:
+            return True if tok.sub == KW_TRUE else (False if tok.sub == KW_FALSE else None)
+        return self._vals[tok.sub]
 
     cdef object _tokval(self, Tok* tok):
         """The token's value as the error messages show it."""

@@ -49,6 +49,7 @@ cdef class Command:
 cdef class Decision:
     cdef readonly bint applied
     cdef readonly object state
+    cdef readonly bytes archived  # evolve_live: records to append to the job's archive
     cdef readonly str status
     cdef readonly str reason
     cdef readonly tuple waits_added
@@ -70,3 +71,4 @@ cdef class Decision:
 
 
 cpdef Decision evolve(Graph graph, object state, BaseEvent event, int64_t now_ms)
+cpdef Decision evolve_live(Graph graph, object state, BaseEvent event, int64_t now_ms)

@@ -22,6 +22,7 @@ class Command:
 class Decision:
     applied: bool
     state: bytes | None
+    archived: bytes
     status: str
     reason: str | None
     work: list[tuple[str, str, str]]
@@ -32,6 +33,8 @@ class Decision:
     waits_removed: tuple[str, ...]
 
 def evolve(graph: Graph, state: bytes | None, event: BaseEvent, now_ms: int) -> Decision: ...
+def evolve_live(graph: Graph, state: bytes | None, event: BaseEvent,
+                now_ms: int) -> Decision: ...
 def evolve_many(graph: Graph, states: Iterable[bytes | None],
                 events: BaseEvent | Iterable[BaseEvent],
                 now_ms: int) -> list[Decision | ValueError]: ...

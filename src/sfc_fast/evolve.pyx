@@ -34,7 +34,7 @@ from sfc_fast.state cimport (
     ST_RUNNING, ST_COMPLETED, ST_ABORTED, ST_STOPPED, JF_HELD, JF_ENDING,
     PH_IDLE, PH_DELAYED, PH_OPEN, PH_DONE, PH_WAIT_EXIT,
     OC_NONE, OC_COMPLETED, OC_FAILED, OC_TIMEOUT, OC_CANCELLED, OC_LIMITED,
-    HP_NONE, HP_OPEN, HP_HELD, HP_NOT_HELD, AF_RESTART, AF_ABORT_PENDING,
+    HP_NONE, HP_OPEN, HP_HELD, HP_NOT_HELD, AF_RESTART, AF_ABORT_PENDING, AM_LIVE,
 )
 from sfc_fast.events cimport (
     BaseEvent, Start, Completed, Failed, Held, NotHeld, Event, Tick, Cancel, Shift,
@@ -62,6 +62,7 @@ cdef tuple _STATUS = ("running", "completed", "aborted", "stopped")
 cdef tuple _OUTCOMES = (None, "completed", "failed", "timeout", "cancelled", "limited")
 cdef tuple _EMPTY = ()
 cdef tuple _JOB_TR = ("Run", "Abort", "Complete")
+cdef bytes _NO_BYTES = b""
 
 
 @cython.freelist(16)
@@ -314,7 +315,7 @@ cdef class Decision:
         scope = (<Command>cmds[0]).scope if cmds else None
         return (_restore_decision, (self._g, self.applied, self.state, self.status,
                                     self.reason, self.waits_added, self.waits_removed,
-                                    self._next, effs, job, scope))
+                                    self._next, effs, job, scope, self.archived))
 
     def __repr__(self) -> str:
         return (f"Decision(applied={self.applied}, status={self.status!r}, "
@@ -624,8 +625,10 @@ cdef class _Run:
         """The waited-for types before this call: now, with touched actions as they were."""
         cdef Graph g = self.g
         cdef int a
+        cdef Py_ssize_t i
         cdef set out = set()
-        for a in range(g.n_actions):
+        for i in range(self.s.n_live):      # every action open before is live now
+            a = self.s.live[i]
             if g.act_inter[a] != I_PULL:
                 continue
             if self.was_open is not None and a in self.was_open:
@@ -666,7 +669,7 @@ cdef class _Run:
     cdef int arm(self, int a) except -1:
         """Start an attempt of action a now (qualifier rules decided that it starts)."""
         cdef Graph g = self.g
-        cdef ActSt* x = &self.s.acts[a]
+        cdef ActSt* x = self.s.act(a)
         self.touch(a)
         x.round = self.s.step_round[g.act_step[a]]
         x.attempt = 1
@@ -729,7 +732,7 @@ cdef class _Run:
         return 0
 
     cdef int settle(self, int a, int outcome) except -1:
-        cdef ActSt* x = &self.s.acts[a]
+        cdef ActSt* x = &self.s.acts[a] if self.s.amark[a] & AM_LIVE else self.s.act(a)
         self.touch(a)
         x.phase = PH_DONE
         x.outcome = outcome
@@ -746,8 +749,10 @@ cdef class _Run:
         """Settle open work as cancelled (later answers are absorbed by id)."""
         cdef Graph g = self.g
         cdef int a, q
+        cdef Py_ssize_t i
         cdef ActSt* x
-        for a in range(g.n_actions):
+        for i in range(self.s.n_live):
+            a = self.s.live[i]
             x = &self.s.acts[a]
             if x.phase == PH_OPEN or x.phase == PH_DELAYED or x.phase == PH_WAIT_EXIT:
                 q = g.act_qual[a]
@@ -777,7 +782,10 @@ cdef class _Run:
         self.entries += 1
         if self.entries > _MAX_ENTRIES:
             raise _Loop(g.s(g.step_name[st]))
-        self.s.step_round[st] += 1
+        if self.s.step_round[st]:
+            self.s.step_round[st] += 1      # listed already: no call
+        else:
+            self.s.bump_round(st)
         self.s.add_active(st)
         self.changed = True
         for k in range(g.step_act_off[st], g.step_act_off[st + 1]):
@@ -790,10 +798,12 @@ cdef class _Run:
                     self.settle(r, OC_CANCELLED)
             elif q == Q_P0:
                 self.touch(a)       # a wait of an earlier round may still be open
+                x = self.s.act(a)
                 x.phase = PH_WAIT_EXIT
                 x.round = self.s.step_round[st]
             elif q == Q_D:
                 self.touch(a)
+                x = self.s.act(a)
                 x.phase = PH_DELAYED
                 x.outcome = OC_NONE
                 x.round = self.s.step_round[st]
@@ -925,11 +935,13 @@ cdef class _Run:
         """The recipe has ended: complete unless a stored (S) action is still open."""
         cdef Graph g = self.g
         cdef int a
+        cdef Py_ssize_t i
         if not (self.s.flags & JF_ENDING) or self.s.status != ST_RUNNING:
             return 0
         if self.s.flags & JF_HELD:
             return 0
-        for a in range(g.n_actions):
+        for i in range(self.s.n_live):
+            a = self.s.live[i]
             if g.act_qual[a] == Q_S and (self.s.acts[a].phase == PH_OPEN
                                          or self.s.acts[a].phase == PH_DELAYED):
                 return 0
@@ -950,7 +962,8 @@ cdef class _Run:
         if self.s.status != ST_RUNNING or (self.s.flags & JF_HELD):
             return 0
         # a failure recorded while held is routed now
-        for a in range(self.g.n_actions):
+        for i in range(self.s.n_live):
+            a = self.s.live[i]
             if self.s.acts[a].flags & AF_ABORT_PENDING:
                 self.s.acts[a].flags &= ~AF_ABORT_PENDING
                 self.abort(self.s.reason() or
@@ -1097,7 +1110,9 @@ cdef class _Run:
         cdef int a, best = -1
         cdef ActSt* x
         cdef int64_t best_since = 0
-        for a in range(g.n_actions):
+        cdef Py_ssize_t i
+        for i in range(self.s.n_live):
+            a = self.s.live[i]
             x = &self.s.acts[a]
             if x.phase != PH_OPEN or g.act_inter[a] != I_PULL:
                 continue
@@ -1139,9 +1154,11 @@ cdef class _Run:
         cdef ActSt* x
         cdef int64_t now = self.now
         cdef str name
+        cdef Py_ssize_t i
         if self.s.flags & JF_HELD:
             # while held only hold commands expire (DESIGN §3.9)
-            for a in range(g.n_actions):
+            for i in range(self.s.n_live):
+                a = self.s.live[i]
                 x = &self.s.acts[a]
                 if x.phase == PH_OPEN and x.hold == HP_OPEN and x.hold_deadline != NO_TIME \
                         and x.hold_deadline <= now:
@@ -1149,9 +1166,10 @@ cdef class _Run:
                     x.hold_deadline = NO_TIME
                     self.changed = True
             return 0
-        for a in range(g.n_actions):
+        for i in range(self.s.n_live):
             if self.s.status != ST_RUNNING:
                 break
+            a = self.s.live[i]
             x = &self.s.acts[a]
             if x.phase == PH_DELAYED:
                 if x.timer != NO_TIME and x.timer <= now:
@@ -1189,10 +1207,11 @@ cdef class _Run:
         return 0
 
     cdef int shift(self, int64_t gap, bint holds_too) except -1:
-        cdef Graph g = self.g
         cdef int a
+        cdef Py_ssize_t i
         cdef ActSt* x
-        for a in range(g.n_actions):
+        for i in range(self.s.n_live):
+            a = self.s.live[i]
             x = &self.s.acts[a]
             if x.phase != PH_OPEN and x.phase != PH_DELAYED:
                 continue
@@ -1210,13 +1229,15 @@ cdef class _Run:
     cdef int on_hold(self) except -1:
         cdef Graph g = self.g
         cdef int a
+        cdef Py_ssize_t i
         cdef ActSt* x
         if self.s.flags & JF_HELD:
             return 0
         self.s.flags |= JF_HELD
         self.s.held_at = self.now
         self.changed = True
-        for a in range(g.n_actions):
+        for i in range(self.s.n_live):
+            a = self.s.live[i]
             x = &self.s.acts[a]
             if x.phase != PH_OPEN or g.act_inter[a] != I_PUSH or g.act_hold_type[a] < 0:
                 continue
@@ -1231,6 +1252,7 @@ cdef class _Run:
     cdef int on_release(self) except -1:
         cdef Graph g = self.g
         cdef int a
+        cdef Py_ssize_t i
         cdef ActSt* x
         if not (self.s.flags & JF_HELD):
             return 0
@@ -1241,7 +1263,8 @@ cdef class _Run:
         self.s.held_at = NO_TIME
         self.changed = True
         self.shift(gap, False)
-        for a in range(g.n_actions):
+        for i in range(self.s.n_live):
+            a = self.s.live[i]
             x = &self.s.acts[a]
             if x.phase != PH_OPEN or g.act_inter[a] != I_PUSH:
                 continue
@@ -1261,10 +1284,12 @@ cdef class _Run:
         """Recovery: issue again what has no deadline, and restarts of held work."""
         cdef Graph g = self.g
         cdef int a
+        cdef Py_ssize_t i
         cdef ActSt* x
         if self.s.flags & JF_HELD:
             return 0
-        for a in range(g.n_actions):
+        for i in range(self.s.n_live):
+            a = self.s.live[i]
             x = &self.s.acts[a]
             if x.phase != PH_OPEN or g.act_inter[a] != I_PUSH:
                 continue
@@ -1290,9 +1315,11 @@ cdef int64_t _next_deadline(Graph g, State s) noexcept:
     cdef ActSt* x
     cdef int64_t best = NO_TIME
     cdef bint held = (s.flags & JF_HELD) != 0
+    cdef Py_ssize_t i
     if s.status != ST_RUNNING:
         return NO_TIME
-    for a in range(g.n_actions):
+    for i in range(s.n_live):
+        a = s.live[i]
         x = &s.acts[a]
         if x.phase != PH_OPEN and x.phase != PH_DELAYED:
             continue
@@ -1309,10 +1336,12 @@ cdef int64_t _next_deadline(Graph g, State s) noexcept:
 
 cdef set _waits(Graph g, State s):
     cdef int a
+    cdef Py_ssize_t i
     cdef set out = set()
     if s.status != ST_RUNNING:
         return out
-    for a in range(g.n_actions):
+    for i in range(s.n_live):
+        a = s.live[i]
         if g.act_inter[a] == I_PULL and s.acts[a].phase == PH_OPEN:
             out.add(g.s(g.act_type[a]))
     return out
@@ -1328,6 +1357,7 @@ cdef Decision _absorbed(Graph g, State s, object state):
     cdef Decision d = Decision.__new__(Decision)
     d.applied = False
     d.state = state
+    d.archived = _NO_BYTES
     d._g = g
     d.waits_added = _EMPTY
     d.waits_removed = _EMPTY
@@ -1353,8 +1383,23 @@ cpdef Decision evolve(Graph graph, object state, BaseEvent event, int64_t now_ms
     """Apply ``event`` to a job's ``state`` (bytes; None only before Start) at ``now_ms``.
 
     Returns a Decision; ``applied`` False means absorbed (nothing to write). Raises
-    StateFormatError for bytes that are not a readable state of this graph.
+    StateFormatError for bytes that are not a readable state of this graph. The new
+    state is one document that holds every record (an archive tail it came with is
+    copied, not read); ``evolve_live`` keeps the settled records apart.
     """
+    return _evolve(graph, state, event, now_ms, False)
+
+
+cpdef Decision evolve_live(Graph graph, object state, BaseEvent event, int64_t now_ms):
+    """``evolve`` for a caller that keeps the archive apart from the live part: the
+    Decision's ``state`` is the live part alone and ``archived`` the records to append
+    to the job's archive (``b""`` mostly). Its cost follows the live records, not the
+    job's history. The archive is never an input: no event reads it."""
+    return _evolve(graph, state, event, now_ms, True)
+
+
+cdef Decision _evolve(Graph graph, object state, BaseEvent event, int64_t now_ms,
+                      bint split):
     cdef State s = None
     cdef int kind = event.kind
     cdef Start st
@@ -1373,19 +1418,19 @@ cpdef Decision evolve(Graph graph, object state, BaseEvent event, int64_t now_ms
             old_waits = _waits(graph, s)
             s.release()
         s = new_state(graph, st.job, st.scope, _params_text(st.params), st.order, now_ms)
-        return _run(graph, s, None, event, now_ms, old_waits)
+        return _run(graph, s, None, event, now_ms, old_waits, split)
     if s is None:
         return _absorbed(graph, None, None)
     if s.status != ST_RUNNING:
         return _absorbed(graph, s, state)                # a terminal job stays terminal
-    return _run(graph, s, state, event, now_ms, None)
+    return _run(graph, s, state, event, now_ms, None, split)
 
 
 cdef _Run _spare_run = None     # one _Run (with its _Ctx) kept between calls
 
 
 cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now,
-                   set old_waits):
+                   set old_waits, bint split):
     global _spare_run
     cdef _Run r = _spare_run
     if r is not None:
@@ -1448,7 +1493,8 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
         return _absorbed(g, s, before)
     cdef Decision d = Decision.__new__(Decision)
     d.applied = True
-    d.state = s.encode()
+    d.state = s.encode(split)
+    d.archived = s.added if s.added is not None else _NO_BYTES
     d._g = g
     d.status = _status(s)
     d.reason = s.reason() if s.t_reason.n else None    # no str made for no reason
@@ -1571,8 +1617,10 @@ def sent_markers(Graph graph, state) -> tuple:
     cdef ActSt* x
     cdef str name
     cdef bint ja = ascii_only(s.t_job.p, s.t_job.n)
+    cdef Py_ssize_t i
     if s.status == ST_RUNNING:
-        for ai in range(graph.n_actions):
+        for i in range(s.n_live):
+            ai = s.live[i]
             x = &s.acts[ai]
             if graph.act_inter[ai] != I_PUSH or x.phase != PH_OPEN:
                 continue
@@ -1596,7 +1644,8 @@ def _restore_command(Graph g, int32_t action, int32_t code, int32_t attempt, int
 
 
 def _restore_decision(Graph g, bint applied, state, str status, reason, tuple added,
-                      tuple removed, int64_t next_ms, tuple effs, job, scope):
+                      tuple removed, int64_t next_ms, tuple effs, job, scope,
+                      bytes archived=b""):
     cdef Decision d = Decision.__new__(Decision)
     cdef Eff* buf = <Eff*>PyMem_Malloc((len(effs) + 1) * sizeof(Eff))
     cdef Py_ssize_t i
@@ -1611,6 +1660,7 @@ def _restore_decision(Graph g, bint applied, state, str status, reason, tuple ad
     d._g = g
     d.applied = applied
     d.state = state
+    d.archived = archived
     d.status = status
     d.reason = reason
     d.waits_added = added

@@ -126,6 +126,7 @@ cdef class Graph:
     cdef dict _action_index
     cdef dict _branch_index
     cdef object _scratch           # evolve's reusable working set (one call at a time)
+    cdef bytes _pins               # state.pyx's pins of actions and steps (made lazily)
 
     cdef str s(self, int32_t sid)
     cdef list consts(self)

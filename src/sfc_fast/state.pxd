@@ -1,7 +1,10 @@
 # The state document of one job: a C view decoded from (and encoded to) compact bytes.
 #
 # Times are integer milliseconds; NO_TIME marks "none". Per-action records are dense
-# (one per association of the graph) in memory and sparse on the wire.
+# (one per association of the graph) in memory and sparse on the wire. Format 2 splits
+# the wire form: a live part that evolve reads and rewrites, and an archive of settled
+# records it never reads again (appended, see state.pyx). Per-call work is sized by the
+# live records: the lists `live` and `rsteps` say which dense slots are set.
 
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t
@@ -9,7 +12,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t
 from sfc_fast.recipe cimport Graph
 
 cdef enum:
-    STATE_FORMAT_MAJOR = 1
+    STATE_FORMAT_MAJOR = 2
     STATE_FORMAT_MINOR = 0
 
 # Job status.
@@ -47,6 +50,11 @@ cdef enum:
     HP_OPEN = 1          # hold command out, waiting for its answer
     HP_HELD = 2          # equipment holds the work: only a restart gets it going
     HP_NOT_HELD = 3      # hold refused or timed out: the work is issued again on release
+
+# Marks of an action's slot in State.amark.
+cdef enum:
+    AM_LIVE = 1          # listed in State.live
+    AM_ARCH = 2          # read from the archive (full decode only)
 
 # Action flags.
 cdef enum:
@@ -98,8 +106,17 @@ cdef class State:
     cdef Py_ssize_t n_active
     cdef int32_t* step_round      # [n_steps]
     cdef int32_t* br_ended        # [n_branches]: paths ended, -1 = branch not active
-    cdef ActSt* acts              # [n_actions]
-    cdef ActSt* idle              # [n_actions] all idle: what acquire_state copies in
+    cdef ActSt* acts              # [n_actions]; idle unless listed in `live`
+    cdef int32_t* live            # sorted ids of the actions whose slot is set
+    cdef Py_ssize_t n_live
+    cdef uint8_t* amark           # [n_actions] AM_* bits
+    cdef int32_t* rsteps          # sorted ids of the steps whose round is set
+    cdef Py_ssize_t n_rsteps
+    cdef const uint8_t* pin       # the graph's pins: [n_actions] then [n_steps]
+    cdef Py_ssize_t tail_at       # where the archive records start in `src`
+    cdef int64_t arch_n           # records in the job's archive (here or elsewhere)
+    cdef int64_t arch_read        # of those, read from this document (full decode)
+    cdef bytes added              # encode(split): the archive records it wrote
     cdef list keep                # objects that own the memory `res` pointers borrow
     cdef object _params_obj       # decoded params (lazy)
     cdef char* buf                # encode scratch, reused across calls
@@ -109,6 +126,8 @@ cdef class State:
     cdef int add_active(self, int32_t step) except -1
     cdef bint remove_active(self, int32_t step) noexcept
     cdef bint is_active(self, int32_t step) noexcept
+    cdef ActSt* act(self, int a) except NULL
+    cdef int bump_round(self, int32_t step) except -1
     cdef int set_result(self, int a, object owner) except -1
     cdef object params_obj(self)
     cdef str job(self)
@@ -116,12 +135,15 @@ cdef class State:
     cdef str reason(self)
     cdef str order(self)
     cdef int set_reason(self, str v) except -1
-    cdef bytes encode(self)
+    cdef bint splitting           # encode(split) is archiving
+    cdef bint archivable(self, int a) noexcept
+    cdef bint step_archivable(self, int32_t st) noexcept
+    cdef bytes encode(self, bint split)
     cdef void release(self) noexcept
 
 
 cdef int txt_set(Txt* t, object owner) except -1
 cdef str txt_str(Txt t)
 cdef State acquire_state(Graph g)
-cdef State decode_state(Graph g, object data)
+cdef State decode_state(Graph g, object data, bint full=*)
 cdef State new_state(Graph g, str job, str scope, bytes params, str order, int64_t now)

@@ -5,8 +5,19 @@ Wire format (little-endian; ``docs/execution.md`` has the table): a fixed 16-byt
 header (magic ``SFS``, major, minor, status, flags, one spare byte, the first 8 bytes
 of the graph's fingerprint), then unsigned LEB128 varints: times relative to the
 start (zigzag, 0 = none), the job's strings, the active steps, step rounds and branch
-counters as sparse pairs, and one record per action that was ever armed. A reader
-refuses a newer major version and any byte sequence that does not decode exactly.
+counters as sparse pairs, and one record per live action. A reader refuses a newer
+major version and any byte sequence that does not decode exactly.
+
+Format 2 (format 1 is still read) ends with the archive: records of settled actions
+(and rounds of left steps) that no later event can read, so evolve neither decodes nor
+rewrites them. A record is archived once its action is settled and its step is not
+active, unless the graph pins it: a step on a cycle of the chart (it is entered again),
+or an action a condition reads from another step (see ``_graph_pins``). The archive is
+kept apart by the caller (``evolve_live``: the Decision's ``archived`` are the records
+to append) or the document's tail (``join_state``: the live part followed by them is
+the whole state again); ``evolve`` of one document archives nothing and copies a tail
+it is given (checked, never decoded). A later record of the same action wins, a live
+one over any archived one.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
@@ -26,7 +37,12 @@ cdef extern from "Python.h":
     int _list_set_slice "PyList_SetSlice" (object lst, Py_ssize_t lo, Py_ssize_t hi,
                                            PyObject* items) except -1
 
-from sfc_fast.recipe cimport Graph, Q_D, Q_L, Q_P0, I_PUSH
+from sfc_fast.recipe cimport (
+    Graph, Q_D, Q_L, Q_P0, Q_R, I_PUSH, B_SIMULTANEOUS, TK_PATH_END,
+)
+from sfc_fast.conditions cimport (
+    OP_CONST, OP_LOAD, OP_AND_JUMP, OP_OR_JUMP, OP_LIST, REF_RESULT, REF_ROUND, REF_OUTCOME,
+)
 
 import json
 
@@ -206,12 +222,163 @@ cdef inline char* _close_list(char* count_at, char* end, Py_ssize_t n) noexcept:
 cdef ActSt _IDLE
 
 
+# ---------------------------------------------------------------- pins
+#
+# What evolve may read again stays in the live part. Everything else of a settled action
+# is read by nobody but tools: a step is entered again only if it is on a cycle of the
+# chart (steps and branches as nodes), and a condition reads an action of another step
+# than its transition's source only by name (its result, round or outcome); a condition
+# of a step's own transition runs while that step is active, when its records are live.
+
+cdef list _node_edges(Graph g):
+    """Successor nodes of every node, or None when the chart has a shape this does not
+    follow (then everything is pinned: right, only not flat)."""
+    cdef int ns = g.n_steps, nn = g.n_steps + g.n_branches
+    cdef int u, k, t, b, p
+    cdef list adj = [[] for _ in range(nn)]
+    for u in range(nn):
+        out = <list>adj[u]
+        for k in range(g.node_out_off[u], g.node_out_off[u + 1]):
+            t = g.node_out[k]
+            if g.tr_kind[t] == TK_PATH_END:
+                if u >= ns or g.step_path[u] < 0:
+                    return None
+                out.append(ns + g.path_branch[g.step_path[u]])
+            elif 0 <= g.tr_target[t] < nn:
+                out.append(g.tr_target[t])
+            else:
+                return None
+        if u < ns and g.node_out_off[u] == g.node_out_off[u + 1] and g.step_path[u] >= 0:
+            out.append(ns + g.path_branch[g.step_path[u]])     # its path ends here
+        if u >= ns:
+            b = u - ns
+            if g.br_type[b] == B_SIMULTANEOUS:
+                for p in range(g.br_path_off[b], g.br_path_off[b + 1]):
+                    out.append(g.path_steps[g.path_off[p]])
+    return adj
+
+
+cdef bytearray _on_cycle(list adj):
+    """1 for every node on a cycle (Tarjan's strongly connected components, iterative)."""
+    cdef Py_ssize_t nn = len(adj), counter = 0, v, w, i
+    cdef list index = [-1] * nn
+    cdef list low = [0] * nn
+    cdef bytearray on_stack = bytearray(nn)
+    cdef bytearray cyc = bytearray(nn)
+    cdef list stack = []
+    cdef list work
+    for root in range(nn):
+        if index[root] >= 0:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work[-1]
+            if i == 0:
+                index[v] = low[v] = counter
+                counter += 1
+                stack.append(v)
+                on_stack[v] = 1
+            succ = <list>adj[v]
+            if i < len(succ):
+                work[-1] = (v, i + 1)
+                w = succ[i]
+                if w == v:
+                    cyc[v] = 1
+                if index[w] < 0:
+                    work.append((w, 0))
+                elif on_stack[w] and index[w] < low[v]:
+                    low[v] = index[w]
+                continue
+            work.pop()
+            if work:
+                w = work[-1][0]
+                if low[v] < low[w]:
+                    low[w] = low[v]
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = 0
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    for w in comp:
+                        cyc[w] = 1
+    return cyc
+
+
+cdef bytes _graph_pins(Graph g):
+    """[n_actions] then [n_steps] bytes: 1 = never archived. Made once per graph."""
+    if g._pins is not None:
+        return g._pins
+    cdef int na = g.n_actions, ns = g.n_steps
+    cdef int a, t, c, i, end, op, ref, src
+    cdef bytearray pins = bytearray(na + ns)
+    adj = _node_edges(g)
+    if adj is None:
+        pins[:] = b"\x01" * (na + ns)
+    else:
+        cyc = _on_cycle(adj)
+        for i in range(ns):
+            pins[na + i] = cyc[i]
+        for a in range(na):
+            if cyc[g.act_step[a]]:
+                pins[a] = 1
+            if g.act_qual[a] == Q_R and g.act_reset[a] >= 0:
+                pins[g.act_reset[a]] = 1        # bare names of the R's step read it
+        for t in range(g.n_transitions):
+            c = g.tr_cond[t]
+            if c < 0:
+                continue
+            src = g.tr_source[t]
+            i = g.cond_off[c]
+            end = g.cond_off[c + 1]
+            while i < end:
+                op = g.code[i]
+                if op == OP_LOAD:
+                    ref = g.code[i + 1]
+                    a = g.ref_action[ref]
+                    if 0 <= a < na and g.act_step[a] != src and (
+                            g.ref_kind[ref] == REF_RESULT or g.ref_kind[ref] == REF_ROUND
+                            or g.ref_kind[ref] == REF_OUTCOME):
+                        pins[a] = 1
+                        pins[na + g.act_step[a]] = 1
+                if op == OP_CONST or op == OP_LOAD or op == OP_AND_JUMP \
+                        or op == OP_OR_JUMP or op == OP_LIST:
+                    i += 2
+                else:
+                    i += 1
+    g._pins = bytes(pins)
+    return g._pins
+
+
+# ---------------------------------------------------------------- sorted id lists
+
+cdef inline Py_ssize_t _insert_sorted(int32_t* xs, Py_ssize_t n, int32_t v) noexcept:
+    """Insert ``v`` (not present) into the sorted ``xs[:n]``; returns the new length."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    if n == 0 or xs[n - 1] < v:
+        xs[n] = v               # the usual case: a later step, a later action
+        return n + 1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if xs[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < n:
+        memmove(xs + lo + 1, xs + lo, (n - lo) * sizeof(int32_t))
+    xs[lo] = v
+    return n + 1
+
+
 @cython.final
 cdef class State:
     """One job's state, decoded. Evolve mutates it and encodes the result."""
 
     def __dealloc__(self):
-        PyMem_Free(self.acts)       # one block: acts, step_round, br_ended, active
+        PyMem_Free(self.acts)       # one block: every array of the state
         PyMem_Free(self.buf)
 
     cdef int add_active(self, int32_t step) except -1:
@@ -238,17 +405,31 @@ cdef class State:
                 return True
         return False
 
+    cdef ActSt* act(self, int a) except NULL:
+        """Action a's slot, listed as live (a writer's access: it is about to be set)."""
+        if not (self.amark[a] & AM_LIVE):
+            self.amark[a] |= AM_LIVE
+            self.n_live = _insert_sorted(self.live, self.n_live, a)
+        return &self.acts[a]
+
+    cdef int bump_round(self, int32_t step) except -1:
+        if self.step_round[step] == 0:
+            self.n_rsteps = _insert_sorted(self.rsteps, self.n_rsteps, step)
+        self.step_round[step] += 1
+        return 0
+
     cdef int set_result(self, int a, object owner) except -1:
         """Result text of action a: ``owner`` is its JSON as str or bytes, None = none."""
         cdef Txt t
+        cdef ActSt* x = &self.acts[a] if self.amark[a] & AM_LIVE else self.act(a)
         if owner is None:
-            self.acts[a].res = NULL
-            self.acts[a].res_len = -1
+            x.res = NULL
+            x.res_len = -1
             return 0
         self.keep.append(owner)
         txt_set(&t, owner)
-        self.acts[a].res = t.p
-        self.acts[a].res_len = t.n
+        x.res = t.p
+        x.res_len = t.n
         return 0
 
     cdef object params_obj(self):
@@ -288,30 +469,52 @@ cdef class State:
         txt_set(&self.t_reason, v)
         return 0
 
+    cdef bint archivable(self, int a) noexcept:
+        cdef ActSt* s = &self.acts[a]
+        return (self.splitting and s.phase == PH_DONE and s.flags == 0 and not self.pin[a]
+                and not self.is_active(self.g.act_step[a]))
+
+    cdef bint step_archivable(self, int32_t st) noexcept:
+        return self.splitting and not self.pin[self.g.n_actions + st] and not self.is_active(st)
+
     @cython.boundscheck(False)
-    cdef bytes encode(self):
+    cdef bytes encode(self, bint split):
+        """The document: live part, then the archive it came with. ``split``: the live
+        part alone; the archive it came with and the records archived now go to
+        ``added``. (Without, nothing is archived now: one document that holds every
+        record costs what format 1 did, with no archive to carry along.)"""
         cdef Graph g = self.g
-        cdef Py_ssize_t i, n
-        cdef int a
+        cdef Py_ssize_t i, n, n_arch = 0
+        cdef int a, st
         cdef ActSt* s
         cdef int64_t base = self.started_at
         cdef char* q
         cdef char* count_at
-        # worst case: 10 bytes a varint; an armed action's record is at most 112 bytes
-        # and its result text (armed ones only: a big recipe's buffer stays small)
-        cdef Py_ssize_t need = (16 + 40 + 50 + self.t_job.n + self.t_scope.n + self.t_reason.n
+        cdef Py_ssize_t tail_n = (PyBytes_GET_SIZE(self.src) - self.tail_at
+                                  if self.src is not None else 0)
+        self.splitting = split
+        # worst case: 10 bytes a varint; an action's record is at most 112 bytes and
+        # its result text; the archive came in as it goes out
+        cdef Py_ssize_t need = (16 + 50 + 50 + self.t_job.n + self.t_scope.n + self.t_reason.n
                                 + self.t_order.n + self.t_params.n + 30 + 10 * self.n_active
-                                + 20 * g.n_steps + 20 * g.n_branches + 30)
-        for a in range(g.n_actions):
-            s = &self.acts[a]
-            if s.phase != PH_IDLE:
-                need += 112 + (s.res_len if s.res_len > 0 else 0)
+                                + 20 * self.n_rsteps + 20 * g.n_branches + 30 + tail_n)
+        for i in range(self.n_live):
+            s = &self.acts[self.live[i]]
+            need += 112 + (s.res_len if s.res_len > 0 else 0)
+        if split:
+            for i in range(self.n_live):
+                if self.archivable(self.live[i]) and not (self.amark[self.live[i]] & AM_ARCH):
+                    n_arch += 1
+            for i in range(self.n_rsteps):
+                if self.step_archivable(self.rsteps[i]):
+                    n_arch += 1
         if need > self.buf_cap:
             q = <char*>PyMem_Realloc(self.buf, need)
             if q == NULL:
                 raise MemoryError()
             self.buf = q
             self.buf_cap = need
+        self.arch_n += n_arch
         q = self.buf
         q[0] = b'S'
         q[1] = b'F'
@@ -327,6 +530,7 @@ cdef class State:
         q = _w_time(q, self.held_at, base)
         q = _w_u(q, <uint64_t>self.cmd_counter)
         q = _w_u(q, <uint64_t>(self.last_exit + 1))
+        q = _w_u(q, <uint64_t>self.arch_n)
         q = _w_u(q, <uint64_t>self.t_job.n)
         self.job_at = q - self.buf
         memcpy(q, self.t_job.p, self.t_job.n)
@@ -346,10 +550,11 @@ cdef class State:
         count_at = q
         q += 1
         n = 0
-        for i in range(g.n_steps):
-            if self.step_round[i]:
-                q = _w_u(q, <uint64_t>i)
-                q = _w_u(q, <uint64_t>self.step_round[i])
+        for i in range(self.n_rsteps):
+            st = self.rsteps[i]
+            if not self.step_archivable(st):
+                q = _w_u(q, <uint64_t>st)
+                q = _w_u(q, <uint64_t>self.step_round[st])
                 n += 1
         q = _close_list(count_at, q, n)
         count_at = q
@@ -364,41 +569,64 @@ cdef class State:
         count_at = q
         q += 1
         n = 0
-        for a in range(g.n_actions):
-            s = &self.acts[a]
-            if s.phase == PH_IDLE:
+        for i in range(self.n_live):
+            a = self.live[i]
+            if self.acts[a].phase == PH_IDLE or self.archivable(a):
                 continue
             n += 1
             q = _w_u(q, <uint64_t>a)
-            q[0] = <char>(s.phase | (s.hold << 4))
-            q[1] = <char>(s.outcome | (s.flags << 4))
-            q += 2
-            q = _w_u(q, <uint64_t>s.attempt)
-            q = _w_u(q, <uint64_t>s.round)
-            q = _w_u(q, <uint64_t>s.cmd_n)
-            q = _w_u(q, <uint64_t>s.hold_n)
-            q = _w_time(q, s.deadline, base)
-            q = _w_time(q, s.hold_deadline, base)
-            q = _w_time(q, s.timer, base)
-            q = _w_time(q, s.since, base)
-            q = _w_time(q, s.done_at, base)
-            if s.res_len < 0:
-                q[0] = 0
-                q += 1
-            else:
-                # length + 1 so that 0 means "no result" and an empty text stays distinct
-                q = _w_u(q, <uint64_t>(s.res_len + 1))
-                memcpy(q, s.res, s.res_len)
-                q += s.res_len
+            q = _w_act(q, &self.acts[a], base)
         q = _close_list(count_at, q, n)
-        return PyBytes_FromStringAndSize(self.buf, q - self.buf)
+        cdef Py_ssize_t live_end = q - self.buf
+        if tail_n:
+            memcpy(q, PyBytes_AS_STRING(self.src) + self.tail_at, tail_n)
+            q += tail_n
+        if n_arch:
+            for i in range(self.n_rsteps):
+                st = self.rsteps[i]
+                if self.step_archivable(st):
+                    q = _w_u(q, ((<uint64_t>st) << 1) | 1)
+                    q = _w_u(q, <uint64_t>self.step_round[st])
+            for i in range(self.n_live):
+                a = self.live[i]
+                if self.archivable(a) and not (self.amark[a] & AM_ARCH):
+                    q = _w_u(q, (<uint64_t>a) << 1)
+                    q = _w_act(q, &self.acts[a], base)
+        if not split:
+            self.added = None
+            return PyBytes_FromStringAndSize(self.buf, q - self.buf)
+        self.added = (PyBytes_FromStringAndSize(self.buf + live_end, q - self.buf - live_end)
+                      if q - self.buf > live_end else _EMPTY_BYTES)
+        return PyBytes_FromStringAndSize(self.buf, live_end)
 
     cdef void release(self) noexcept:
-        """Hand this State back to its graph for the next call; it is not used after."""
+        """Hand this State back to its graph for the next call; it is not used after.
+        Only the slots the call set are cleared: the cost follows the live records."""
         cdef Graph g = self.g
+        cdef Py_ssize_t i
+        cdef int a
         if g is None:
             return
+        if g.n_actions <= _SMALL:
+            # a small recipe: one block copy beats the loop over the live slots
+            memcpy(self.acts, _IDLES, g.n_actions * sizeof(ActSt))
+            memset(self.amark, 0, g.n_actions)
+        else:
+            for i in range(self.n_live):
+                a = self.live[i]
+                self.acts[a] = _IDLE
+                self.amark[a] = 0
+        self.n_live = 0
+        if g.n_steps <= 4 * _SMALL:
+            memset(self.step_round, 0, g.n_steps * sizeof(int32_t))
+        else:
+            for i in range(self.n_rsteps):
+                self.step_round[self.rsteps[i]] = 0
+        self.n_rsteps = 0
+        for i in range(g.n_branches):
+            self.br_ended[i] = -1
         self.src = None
+        self.added = None
         self.o_job = self.o_scope = self.o_reason = self.o_order = None
         self._params_obj = None
         if PyList_GET_SIZE(self.keep):
@@ -412,6 +640,37 @@ cdef class State:
         g._scratch = self
 
 
+cdef bytes _EMPTY_BYTES = b""
+
+cdef enum:
+    _SMALL = 16
+
+cdef ActSt _IDLES[_SMALL]         # idle slots, copied in one block by release()
+
+
+cdef inline char* _w_act(char* q, ActSt* s, int64_t base) noexcept:
+    """An action's record after its index: phase byte, outcome byte, then varints."""
+    q[0] = <char>(s.phase | (s.hold << 4))
+    q[1] = <char>(s.outcome | (s.flags << 4))
+    q += 2
+    q = _w_u(q, <uint64_t>s.attempt)
+    q = _w_u(q, <uint64_t>s.round)
+    q = _w_u(q, <uint64_t>s.cmd_n)
+    q = _w_u(q, <uint64_t>s.hold_n)
+    q = _w_time(q, s.deadline, base)
+    q = _w_time(q, s.hold_deadline, base)
+    q = _w_time(q, s.timer, base)
+    q = _w_time(q, s.since, base)
+    q = _w_time(q, s.done_at, base)
+    if s.res_len < 0:
+        q[0] = 0
+        return q + 1
+    # length + 1 so that 0 means "no result" and an empty text stays distinct
+    q = _w_u(q, <uint64_t>(s.res_len + 1))
+    memcpy(q, s.res, s.res_len)
+    return q + s.res_len
+
+
 cdef inline void _reset_act(ActSt* a) noexcept:
     memset(a, 0, sizeof(ActSt))
     a.deadline = NO_TIME
@@ -423,35 +682,49 @@ cdef inline void _reset_act(ActSt* a) noexcept:
 
 
 _reset_act(&_IDLE)
+for _i in range(_SMALL):
+    _IDLES[_i] = _IDLE
 
 
 cdef State acquire_state(Graph g):
-    """A blank State for ``g``: the one parked on the graph, else a new one."""
+    """A blank State for ``g``: the one parked on the graph (cleared by its release),
+    else a new one."""
     cdef State s = <State>g._scratch if g._scratch is not None else None
     cdef Py_ssize_t i
     cdef char* block
+    cdef Py_ssize_t na = g.n_actions, ns = g.n_steps
     if s is not None:
         g._scratch = None
     else:
+        pins = _graph_pins(g)
         s = State.__new__(State)
         s.keep = []
-        block = <char*>PyMem_Malloc((2 * g.n_actions + 1) * sizeof(ActSt)
-                                    + (2 * g.n_steps + g.n_branches + 3) * sizeof(int32_t))
+        block = <char*>PyMem_Malloc((na + 1) * sizeof(ActSt)
+                                    + (na + 3 * ns + g.n_branches + 4) * sizeof(int32_t)
+                                    + na + 1)
         if block == NULL:
             raise MemoryError()
         s.acts = <ActSt*>block
-        s.idle = s.acts + g.n_actions + 1
-        for i in range(g.n_actions):
-            s.idle[i] = _IDLE
-        s.step_round = <int32_t*>(block + (2 * g.n_actions + 1) * sizeof(ActSt))
-        s.br_ended = s.step_round + (g.n_steps + 1)
-        s.active = s.br_ended + (g.n_branches + 1)
+        for i in range(na):
+            s.acts[i] = _IDLE
+        s.step_round = <int32_t*>(block + (na + 1) * sizeof(ActSt))
+        memset(s.step_round, 0, ns * sizeof(int32_t))
+        s.rsteps = s.step_round + (ns + 1)
+        s.active = s.rsteps + (ns + 1)
+        s.br_ended = s.active + (ns + 1)
+        for i in range(g.n_branches):
+            s.br_ended[i] = -1
+        s.live = s.br_ended + (g.n_branches + 1)
+        s.amark = <uint8_t*>(s.live + na)
+        memset(s.amark, 0, na)
+        s.pin = <const uint8_t*>PyBytes_AS_STRING(pins)   # the graph keeps the bytes
     s.g = g
-    memset(s.step_round, 0, g.n_steps * sizeof(int32_t))
-    for i in range(g.n_branches):
-        s.br_ended[i] = -1
-    memcpy(s.acts, s.idle, g.n_actions * sizeof(ActSt))   # one copy, not a loop of them
     s.n_active = 0
+    s.n_live = 0
+    s.n_rsteps = 0
+    s.tail_at = 0
+    s.arch_n = 0
+    s.arch_read = 0
     s.status = ST_RUNNING
     s.flags = 0
     s.started_at = 0
@@ -481,7 +754,9 @@ cdef State new_state(Graph g, str job, str scope, bytes params, str order, int64
     return s
 
 
-cdef State decode_state(Graph g, object data):
+cdef State decode_state(Graph g, object data, bint full=False):
+    """The State of a document. Its archive records are loaded only when ``full``
+    (tools); otherwise they are checked and left where they are (``tail_at``)."""
     if not isinstance(data, bytes):
         if isinstance(data, (bytearray, memoryview)):
             data = bytes(data)
@@ -495,7 +770,7 @@ cdef State decode_state(Graph g, object data):
     if size > _MAX_BYTES:
         raise StateFormatError(f"state document of {size} bytes is over the limit")
     cdef int major = <uint8_t>p[3]
-    if major != STATE_FORMAT_MAJOR:
+    if major != STATE_FORMAT_MAJOR and major != 1:
         raise StateFormatError(
             f"state format {major}.{<uint8_t>p[4]} is not readable by this version, which "
             f"reads {STATE_FORMAT_MAJOR}.x; upgrade sfc-fast" if major > STATE_FORMAT_MAJOR
@@ -520,6 +795,8 @@ cdef State decode_state(Graph g, object data):
     s.held_at = _get_time(&r, base)
     s.cmd_counter = _get_count(&r, (<int64_t>1) << 40)
     s.last_exit = <int32_t>_get_count(&r, g.n_steps) - 1
+    if major >= 2:
+        s.arch_n = _get_count(&r, (<int64_t>1) << 40)
     _get_txt(&r, &s.t_job)
     _get_txt(&r, &s.t_scope)
     _get_txt(&r, &s.t_reason)
@@ -540,6 +817,7 @@ cdef State decode_state(Graph g, object data):
             s.o_order = _check_utf8(s.t_order)
             r.bad |= s.o_order is None
     if r.bad:
+        s.release()
         raise StateFormatError("state document is truncated or corrupt (header fields)")
     cdef int64_t i, n, k, v
     n = _get_count(&r, g.n_steps)
@@ -552,8 +830,12 @@ cdef State decode_state(Graph g, object data):
     for i in range(n):
         k = _get_count(&r, g.n_steps - 1)
         v = _get_count(&r, 0x7FFFFFFF)
-        if r.bad:
+        # ascending, as encode writes them: each is appended
+        if r.bad or v == 0 or (s.n_rsteps and s.rsteps[s.n_rsteps - 1] >= k):
+            r.bad = True
             break
+        s.rsteps[s.n_rsteps] = <int32_t>k
+        s.n_rsteps += 1
         s.step_round[k] = <int32_t>v
     n = _get_count(&r, g.n_branches)
     for i in range(n):
@@ -563,16 +845,68 @@ cdef State decode_state(Graph g, object data):
             r.bad = True
             break
         s.br_ended[k] = <int32_t>v
+    # The live records (counted, ascending: each appended to the live list), then for
+    # format 2 the archive records to the end: one loop, so that the record is parsed
+    # by one piece of inline code and the reader stays in registers.
     n = _get_count(&r, g.n_actions)
+    cdef bint archive = False
+    cdef bint load = False
+    cdef int64_t count = 0
+    cdef uint64_t tag
+    cdef ActSt scratch
     cdef ActSt* a
     cdef uint8_t b1, b2
     cdef Py_ssize_t rl
-    for i in range(n):
-        k = _get_count(&r, g.n_actions - 1 if g.n_actions else 0)
-        if r.bad or g.n_actions == 0 or r.i + 2 > r.n:
+    cdef set live_steps = None
+    i = 0
+    while not r.bad:
+        if not archive:
+            if i == n:
+                s.tail_at = r.i
+                if major == 1 or r.i == r.n:
+                    break
+                archive = True
+                load = full
+                if load:
+                    live_steps = {s.rsteps[j] for j in range(s.n_rsteps)}
+                continue
+            i += 1
+            k = _get_count(&r, g.n_actions - 1 if g.n_actions else 0)
+            if r.bad or g.n_actions == 0 or (s.n_live and s.live[s.n_live - 1] >= k):
+                r.bad = True
+                break
+            a = &s.acts[k]
+            s.amark[k] = AM_LIVE
+            s.live[s.n_live] = <int32_t>k
+            s.n_live += 1
+        else:
+            if r.i >= r.n:
+                break
+            tag = _get_u(&r)
+            k = <int64_t>(tag >> 1)
+            count += 1
+            if tag & 1:
+                v = _get_count(&r, 0x7FFFFFFF)
+                if r.bad or k >= g.n_steps or v == 0:
+                    r.bad = True
+                    break
+                if load and k not in live_steps:
+                    if s.step_round[k] == 0:
+                        s.n_rsteps = _insert_sorted(s.rsteps, s.n_rsteps, <int32_t>k)
+                    s.step_round[k] = <int32_t>v
+                continue
+            if r.bad or k >= g.n_actions:
+                r.bad = True
+                break
+            if not load or (s.amark[k] & (AM_LIVE | AM_ARCH)) == AM_LIVE:
+                a = &scratch                     # checked only, or a live one wins
+            else:
+                a = s.act(<int>k)
+                s.amark[k] |= AM_ARCH
+        # the record after its index
+        if r.i + 2 > r.n:
             r.bad = True
             break
-        a = &s.acts[k]
         b1 = <uint8_t>p[r.i]
         b2 = <uint8_t>p[r.i + 1]
         r.i += 2
@@ -597,6 +931,7 @@ cdef State decode_state(Graph g, object data):
         if r.bad:
             break
         if v == 0:
+            a.res = NULL
             a.res_len = -1
         else:
             rl = <Py_ssize_t>(v - 1)
@@ -606,7 +941,9 @@ cdef State decode_state(Graph g, object data):
             a.res = p + r.i
             a.res_len = rl
             r.i += rl
-    if r.bad or r.i != r.n:
+    s.arch_read = count
+    if r.bad or r.i != r.n or count > s.arch_n:
+        s.release()
         raise StateFormatError("state document is truncated or corrupt")
     return s
 
@@ -625,13 +962,26 @@ cdef object _time(int64_t t):
     return None if t == NO_TIME else t
 
 
+def join_state(state, archive) -> bytes:
+    """The whole document of a live part kept apart from its archive records (those a
+    Decision's ``archived`` gave, in order): what ``state_to_json`` shows in full."""
+    if not archive:
+        return bytes(state)
+    if len(state) < 16 or state[3] < 2:
+        raise StateFormatError("archive records belong to a format 2 document")
+    return bytes(state) + bytes(archive)
+
+
 def state_to_json(Graph graph, state) -> dict:
-    """The readable view of a state document, for tools and logs (not the hot path)."""
-    cdef State s = decode_state(graph, state)
+    """The readable view of a state document, for tools and logs (not the hot path).
+    ``archived_missing``: archive records the document counts but does not hold (they
+    were kept apart: ``join_state``)."""
+    cdef State s = decode_state(graph, state, True)
     cdef Graph g = graph
     cdef int a
     cdef ActSt* x
     actions = {}
+    cdef Py_ssize_t i
     for a in range(g.n_actions):
         x = &s.acts[a]
         if x.phase == PH_IDLE:
@@ -670,7 +1020,7 @@ def state_to_json(Graph graph, state) -> dict:
         actions[name] = entry
     held = bool(s.flags & JF_HELD)
     view = {
-        "format": f"{STATE_FORMAT_MAJOR}.{STATE_FORMAT_MINOR}",
+        "format": f"{<uint8_t>s.src[3]}.{<uint8_t>s.src[4]}",
         "job": s.job(),
         "scope": s.scope(),
         "status": "held" if held and s.status == ST_RUNNING else STATUS_NAMES[s.status],
@@ -686,10 +1036,13 @@ def state_to_json(Graph graph, state) -> dict:
         "params": s.params_obj(),
         "actions": actions,
     }
+    if s.arch_n > s.arch_read:
+        view["archived_missing"] = s.arch_n - s.arch_read
     s.release()
     return view
 
 
 def check_state(Graph graph, state) -> None:
-    """Raise StateFormatError unless ``state`` decodes against ``graph``."""
-    decode_state(graph, state).release()
+    """Raise StateFormatError unless ``state`` decodes against ``graph`` (its archive
+    records included)."""
+    decode_state(graph, state, True).release()

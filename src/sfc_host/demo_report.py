@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from sfc_fast import Graph, StateFormatError, state_to_json
 from sfc_host.keys import ScopeKeys
 from sfc_host.metrics import Histogram
+from sfc_host.store import whole_state
 
 if TYPE_CHECKING:
     from sfc_host.demo import Tally
@@ -171,9 +172,10 @@ async def _states(redis_url: str, jobs: list[Any]) -> list[tuple[Any, dict[str, 
     try:
         pipe = client.pipeline(transaction=False)
         for j in jobs:
-            pipe.hmget(ScopeKeys(j.scope).job(j.id), "s", "g")
+            pipe.hgetall(ScopeKeys(j.scope).job(j.id))    # the archive fields too
         rows = await pipe.execute()
-        for j, (state, fp) in zip(jobs, rows, strict=True):
+        for j, h in zip(jobs, rows, strict=True):
+            state, fp = whole_state(h), h.get(b"g")
             if not state or not fp:
                 continue
             key = (j.scope, fp)

@@ -110,7 +110,7 @@ class Dispatcher:
                           row.fingerprint, cid, extra={"scope": scope, "job": job,
                                                        "action": action, "command_id": cid})
                 continue
-            cmd = open_command(graph, row.state, action)
+            cmd = open_command(graph, row.live or row.state, action)   # open ones are live
             if cmd is None or cmd.command_id != cid:
                 self.metrics.inc("dispatch_skipped")   # settled, superseded or ended
                 continue

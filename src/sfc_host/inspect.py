@@ -13,7 +13,7 @@ from typing import Any
 
 from sfc_fast import Graph, StateFormatError, state_to_json
 from sfc_host.keys import SCOPES, ScopeKeys
-from sfc_host.store import caught_up
+from sfc_host.store import caught_up, whole_state
 
 # action phases that still wait for something (a command's answer, a timer, an exit)
 OPEN_PHASES = ("delayed", "open", "waiting_exit")
@@ -77,7 +77,7 @@ async def read_job(client: Any, scope: str, job: str,
         "markers": {a.decode()[5:]: b.decode() for a, b in job_h.items()
                     if a.startswith(b"sent:")},
     }
-    state, fp = job_h.get(b"s"), _text(job_h.get(b"g"))
+    state, fp = whole_state(job_h), _text(job_h.get(b"g"))
     if state is None:
         return out    # stored, not started yet (or the start aborted before a state)
     out["version"] = int(job_h.get(b"v") or 0)

@@ -18,7 +18,15 @@ from typing import Any
 
 import msgspec
 
-from sfc_fast import Graph, evolve, job_index, open_command, sent_markers, state_to_json
+from sfc_fast import (
+    Graph,
+    evolve_live,
+    job_index,
+    join_state,
+    open_command,
+    sent_markers,
+    state_to_json,
+)
 from sfc_fast.events import BaseEvent, Event, Start, Tick
 from sfc_host.config import HostConfig
 from sfc_host.mes.model import state_list
@@ -250,7 +258,7 @@ class Settler:
                     self.store.graphs.stored.add((s, rec.fingerprint))
                 if rec.state is not None:
                     cache.put(s, JobRow(rec.job, str(v).encode(), rec.state, graph.fingerprint,
-                                        offset=rec.offset))
+                                        offset=rec.offset, live=rec.state))
                 self._fresh(s, rec, graph, decisions, marks, made)
                 for it in its:
                     d = it.decision
@@ -303,7 +311,8 @@ class Settler:
     async def _plan(self, scope: str, now: int, row: JobRow,
                     its: list[Item]) -> tuple[Record, Graph, list] | None:
         start_graph = next((it.graph for it in its if it.graph is not None), None)
-        state = row.state
+        state = row.live
+        archived = row.unsaved      # archive records to append with this write
         reset = False
         graph: Graph | None = None
         if start_graph is not None:
@@ -312,6 +321,7 @@ class Settler:
                 state, absorbed = await self._replaced(scope, row, its)
                 if absorbed:
                     return None
+                reset = True        # the job hash of the other recipe goes
         elif row.fingerprint is not None:
             graph = await self.store.graph(scope, row.fingerprint)
         if graph is None:
@@ -333,12 +343,14 @@ class Settler:
                     if state is None and not isinstance(ev, Start):
                         it.outcome = MISSING
                         continue
-                    d = evolve(graph, state, ev, now)
+                    d = evolve_live(graph, state, ev, now)
                     calls += 1
                     it.decision = d
                     if d.applied:
                         if isinstance(ev, Start) and state is not None:
                             reset = True
+                            archived = b""      # the ended run's archive goes with it
+                        archived += d.archived
                         state = d.state
                         decisions.append(d)
                         it.outcome = APPLIED
@@ -356,8 +368,15 @@ class Settler:
             if any(it.putback for it in its):
                 return self._putback(row, its), graph, []
             return None
-        return self._record(scope, now, row, graph, decisions, reset, start_graph), graph, \
-            decisions
+        if decisions[-1].status in TERMINAL and not reset and not row.archive_known:
+            # the job response lists every result: the archive of a cached row is read;
+            # a row behind it (another host wrote since) is read again and evolved anew
+            version, row.archive = await self.store.read_archive(scope, row.job)
+            if version != row.version:
+                return None
+            row.archive_known = True
+        return self._record(scope, now, row, graph, decisions, reset, start_graph,
+                            archived), graph, decisions
 
     async def _replaced(self, scope: str, row: JobRow,
                         its: list[Item]) -> tuple[bytes | None, bool]:
@@ -384,10 +403,12 @@ class Settler:
         return Record(row.job, row.version, None, nd, None, offset=row.offset)
 
     def _record(self, scope: str, now: int, row: JobRow, graph: Graph, decisions: list,
-                reset: bool, start_graph: Graph | None) -> Record:
+                reset: bool, start_graph: Graph | None, archived: bytes = b"") -> Record:
+        """The write of ``decisions`` (made by ``evolve_live``): the live part, and
+        ``archived``, the archive records to append (a catch-up's included)."""
         last = decisions[-1]
         rec = Record(row.job, row.version, last.state, last.next_deadline,
-                     last.status in LIVE, reset=reset, offset=row.offset)
+                     last.status in LIVE, reset=reset, offset=row.offset, archive=archived)
         waits = rec.waits
         for d in decisions:
             for t in d.waits_removed:
@@ -406,7 +427,11 @@ class Settler:
             for d in decisions:
                 gone.update(d.waits_added)
             waits.extend(("-", t, 0) for t in sorted(gone))
-            rec.response = job_response(graph, last.state, now, last.status, last.reason)
+            # the whole state: what was archived before (row.archive holds the unsaved
+            # part too) and what this write appends after it
+            before = b"" if reset else row.archive[:len(row.archive) - len(row.unsaved)]
+            whole = join_state(last.state, before + archived)
+            rec.response = job_response(graph, whole, now, last.status, last.reason)
         if start_graph is not None:
             rec.fingerprint = start_graph.fingerprint
             if (scope, rec.fingerprint) not in self.store.graphs.stored:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from sfc_fast import evolve, job_index
+from sfc_fast import evolve_live, job_index
 from sfc_fast.events import Resume
 from sfc_host.jobs import LIVE, Settler
 from sfc_host.metrics import Metrics
@@ -49,19 +49,20 @@ async def _recover(store: Store, settler: Settler, metrics: Metrics, scope: str,
                       row.fingerprint, extra={"scope": scope, "job": job})
             continue
         try:
-            status, deadline, waits = job_index(graph, row.state)
+            status, deadline, waits = job_index(graph, row.live)
             if status not in LIVE:
                 records.append(Record(job, row.version, None, None, False,
                                       waits=[("-", t, 0) for t in waits]))
                 continue
-            d = evolve(graph, row.state, Resume(), now)
+            d = evolve_live(graph, row.live, Resume(), now)
         except ValueError as e:
             metrics.inc("recovery_errors")
             log.error("recovery: job %s/%s cannot be evaluated: %s", scope, job, e,
                       extra={"scope": scope, "job": job})
             continue
         if d.applied:
-            rec = settler._record(scope, now, row, graph, [d], False, None)
+            rec = settler._record(scope, now, row, graph, [d], False, None,
+                                  row.unsaved + d.archived)
             have = {t for sign, t, _ in rec.waits if sign == "-"}
             rec.waits = [("+", t, now) for t in waits if t not in have] + rec.waits
         else:

@@ -10,6 +10,13 @@ gap to the scope's offset (``sweep.lua``), the due index holds deadlines minus t
 offset, and each job hash records the offset its state has seen (``o``). A job read
 here is brought up to the scope's offset (the core's ``Shift``) before anyone sees it,
 and the compare-and-set writes it only if the offset did not move meanwhile.
+
+A job's state is kept in two parts (state format 2): the live part in field ``s``,
+which every event rewrites, and the archive of settled records that no event reads
+again, appended by the compare-and-set that made them to chunks ``h:1``, ``h:2``, ...
+of up to 4 KB (``hn``: the last chunk's number). The
+settler evolves the live part alone, so its cost does not grow with the job's history;
+a reader of the hash gets both joined (``JobRow.state``).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sfc_fast import Graph, StateFormatError, evolve
+from sfc_fast import Graph, StateFormatError, evolve, evolve_live
 from sfc_fast.events import Shift
 from sfc_host.keys import ScopeKeys
 from sfc_host.scripts import Call, Scripts
@@ -33,7 +40,12 @@ log = logging.getLogger("sfc_host.store")
 @dataclass(slots=True)
 class JobRow:
     """One job hash as read: state, version, graph fingerprint, the sent markers, and
-    the scope offset its state is shifted to (see the module docstring)."""
+    the scope offset its state is shifted to (see the module docstring).
+
+    ``state`` is the whole document (live part and archive) for readers; ``live`` the
+    live part the settler evolves; ``archive`` the archive records, when known (read
+    from Redis: ``archive_known``; a cached row has only its live part); ``unsaved``
+    archive records made by a catch-up that the next write must append."""
 
     job: str
     version: bytes = b"0"
@@ -41,14 +53,39 @@ class JobRow:
     fingerprint: str | None = None
     markers: dict[bytes, bytes] = field(default_factory=dict)
     offset: int = 0
+    live: bytes | None = None
+    archive: bytes = b""
+    archive_known: bool = False
+    unsaved: bytes = b""
 
     @property
     def exists(self) -> bool:
         return self.state is not None
 
 
+ARCHIVE_PREFIX = b"h:"
+
+
+def join_archive(fields: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The archive records of ``h:{n}`` chunks, in the order they were written."""
+    parts = sorted((int(k[len(ARCHIVE_PREFIX):]), v) for k, v in fields)
+    return b"".join(v for _, v in parts)
+
+
+def archive_of(job_hash: dict[bytes, bytes]) -> bytes:
+    """The archive records of a job hash read whole (HGETALL)."""
+    return join_archive((k, v) for k, v in job_hash.items() if k.startswith(ARCHIVE_PREFIX))
+
+
+def whole_state(job_hash: dict[bytes, bytes]) -> bytes | None:
+    """The whole state document of a job hash read whole: live part and archive."""
+    state = job_hash.get(b"s")
+    return None if state is None else state + archive_of(job_hash)
+
+
 def _row(job: str, flat: list[bytes]) -> JobRow:
-    r = JobRow(job)
+    r = JobRow(job, archive_known=True)
+    archive: list[tuple[bytes, bytes]] = []
     for i in range(0, len(flat), 2):
         k, v = flat[i], flat[i + 1]
         if k == b"s":
@@ -59,8 +96,16 @@ def _row(job: str, flat: list[bytes]) -> JobRow:
             r.fingerprint = v.decode()
         elif k == b"o":
             r.offset = int(v)
+        elif k.startswith(ARCHIVE_PREFIX):
+            archive.append((k, v))
+        elif k == b"hn":
+            pass                    # the last archive chunk's number (cas.lua's)
         else:
             r.markers[k] = v
+    r.live = r.state
+    if archive and r.state is not None:
+        r.archive = join_archive(archive)
+        r.state = r.state + r.archive
     return r
 
 
@@ -80,6 +125,7 @@ class Record:
     reset: bool = False
     response: str | bytes | None = None
     offset: int = 0                # the scope offset the state is shifted to
+    archive: bytes = b""           # archive records to append (written with the state)
 
 
 def started_at(state: bytes) -> int:
@@ -139,16 +185,19 @@ class StateCache:
         if r is None:
             return None
         self.hits += 1
-        return JobRow(job, r[0], r[1], r[2], _NO_MARKERS, r[3])
+        return JobRow(job, r[0], r[1], r[2], _NO_MARKERS, r[3], live=r[1])
 
     def put(self, scope: str, row: JobRow) -> None:
-        if self.size <= 0 or row.state is None:
-            return
+        """Keep the row's live part (what the settler evolves). A row with archive
+        records not yet written is not kept: evolved from the cache, they would be lost."""
         key = (scope, row.job)
         rows = self._rows
+        if self.size <= 0 or row.live is None or row.unsaved:
+            rows.pop(key, None)
+            return
         if key in rows:
             rows.move_to_end(key)
-        rows[key] = (row.version, row.state, row.fingerprint, row.offset)
+        rows[key] = (row.version, row.live, row.fingerprint, row.offset)
         if len(rows) > self.size:
             rows.popitem(last=False)
 
@@ -261,17 +310,27 @@ class Store:
         """Shift a row's state by the outages it has not seen (rare: once per job and
         outage). The stored state stays as it is until the job is next written; a
         state that cannot be shifted is left for the caller to report."""
-        if row.state is None or offset < row.offset:
+        if row.state is None or row.live is None or offset < row.offset:
             row.offset = offset         # no state (or a reset offset): nothing to move
             return
         graph = await self.graph(scope, row.fingerprint) if row.fingerprint else None
         if graph is None:
             return
         try:
-            row.state = caught_up(graph, row.state, offset - row.offset, now)
+            d = evolve_live(graph, row.live, Shift(offset - row.offset), now)
         except ValueError:
             return
+        if d.applied:
+            row.live = d.state
+            row.unsaved += d.archived
+            row.archive += d.archived
+            row.state = row.live + row.archive
         row.offset = offset
+
+    async def read_archive(self, scope: str, job: str) -> tuple[bytes, bytes]:
+        """A job's version and archive records as stored (for a row from the cache)."""
+        h = await self.client.hgetall(self.keys(scope).job(job))
+        return h.get(b"v", b"0"), archive_of(h)
 
     async def graph(self, scope: str, fp: str) -> Graph | None:
         g = self.graphs.get(fp)
@@ -335,6 +394,7 @@ class Store:
                     args += (ki(k.response(r.job)), r.response, ki(k.results))
                 else:
                     args += (0, b"", 0)
+                args.append(r.archive)
         return (self.scripts["cas"], keys, args)
 
     async def commit(self, batches: dict[str, Sequence[Record]],

@@ -20,7 +20,9 @@
 --     n wait ops, then per op: sign ('+' or '-'), waits key index, score,
 --     n entries, then per entry: kind, action, command id,
 --     response key index (0 = none), response value, the scope's results set key
---     index (the job joins it with its response: the state index's has_result).
+--     index (the job joins it with its response: the state index's has_result),
+--     archive records to append ('' = none; written with a state, appended to the
+--     job's archive chunks h:1, h:2, ... (hn: the last one's number)).
 -- A record whose version does not match writes nothing; the others still apply.
 -- With deliver, after its records the group's new entries (those just appended among
 -- them) are delivered to that consumer with XREADGROUP: the host that made a command
@@ -77,7 +79,8 @@ for g = 1, tonumber(ARGV[1]) do
     local ridx = tonumber(ARGV[e + 3 * ne])
     local rval = ARGV[e + 3 * ne + 1]
     local xidx = tonumber(ARGV[e + 3 * ne + 2])
-    p = e + 3 * ne + 3
+    local archive = ARGV[e + 3 * ne + 3]
+    p = e + 3 * ne + 4
     local current = redis.call('HGET', key, 'v') or '0'
     if too_late or current ~= expected or (state ~= '' and roffset ~= offset) then
       out[r] = 0
@@ -92,6 +95,17 @@ for g = 1, tonumber(ARGV[1]) do
           redis.call('HSET', key, 's', state, 'v', vs)
         end
         if offset ~= '0' then redis.call('HSET', key, 'o', offset) end
+        -- settled records of the state, appended (no event reads or rewrites them again)
+        -- to the last chunk h:{hn} while it stays under 4 KB: few fields, bounded work
+        if archive ~= '' then
+          local hn = tonumber(redis.call('HGET', key, 'hn') or '0')
+          local last = hn > 0 and redis.call('HGET', key, 'h:' .. hn)
+          if last and #last + #archive <= 4096 then
+            redis.call('HSET', key, 'h:' .. hn, last .. archive)
+          else
+            redis.call('HSET', key, 'h:' .. (hn + 1), archive, 'hn', hn + 1)
+          end
+        end
         if gidx > 0 then redis.call('SET', KEYS[gidx], gbytes, 'NX') end
       else
         v = tonumber(current)
