@@ -6,7 +6,9 @@ Binary content mode (MQTT 5): the payload is ``data``, ``datacontenttype`` trave
 and is the only mode on MQTT 3.1.1, where it is recognised by a ``specversion`` member.
 
 This sits on the hot path, so decoding does one pass over the user properties and one JSON parse,
-and encoding builds paho ``Properties`` without paho's slow constructor and setters.
+and encoding builds the compiled codec's ``Properties`` (``sfc_fast.mqtt5``), which packs them
+into the PUBLISH packet itself. Decoding takes any object with the MQTT 5 property names as
+attributes (ours, or another client's such as paho's).
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import time as _time
 from dataclasses import dataclass, field
 from typing import Any
 
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
+from sfc_fast.mqtt5 import Properties
 
 __all__ = ["STRUCTURED_CONTENT_TYPE", "CloudEvent", "CloudEventError", "RawJSON", "decode",
            "encode_binary", "encode_structured", "new", "publish_properties",
@@ -204,125 +205,20 @@ def _check(ev: CloudEvent) -> None:
         _value(_ext_name(name), value, empty=True)
 
 
-# paho's Properties() rebuilds two lookup tables (~5 µs) and its setters scan them (~3 µs each).
-# A blank instance's tables are never mutated, so new instances share them and the few publish
-# properties are set directly: same object and wire form, a tenth of the cost.
-_BLANK = dict(vars(Properties(PacketTypes.PUBLISH)))
-_set = object.__setattr__
-
-
-def _str(s: str) -> bytes:
-    b = s.encode()
-    return len(b).to_bytes(2, "big") + b
-
-
-def varint(n: int) -> bytes:
-    """MQTT's variable byte integer."""
-    out = bytearray()
-    while True:
-        n, byte = n >> 7, n & 0x7F
-        out.append(byte | 0x80 if n else byte)
-        if not n:
-            return bytes(out)
-
-
-_FAST = frozenset(("UserProperty", "ContentType", "ResponseTopic", "CorrelationData",
-                   "MessageExpiryInterval", "PayloadFormatIndicator", *_BLANK))
-# Attributes whose values repeat from event to event (a product has a handful of
-# sources, types and scopes): their packed user property is kept, up to _PAIRS_MAX.
-_REPEATING = frozenset(("specversion", "source", "type", "subject", "dataschema",
-                        "datacontenttype", "method"))
-_PAIRS: dict[tuple[str, str], bytes] = {}
-_NAMES: dict[str, bytes] = {}
-_PAIRS_MAX = 4096
-
-
-def _user_property(name: str, value: str) -> bytes:
-    if name in _REPEATING:
-        b = _PAIRS.get((name, value))
-        if b is None:
-            b = b"\x26" + _str(name) + _str(value)
-            if len(_PAIRS) < _PAIRS_MAX:
-                _PAIRS[(name, value)] = b
-        return b
-    n = _NAMES.get(name)
-    if n is None:
-        n = b"\x26" + _str(name)
-        if len(_NAMES) < _PAIRS_MAX:
-            _NAMES[name] = n
-    return n + _str(value)
-
-
-class PublishProperties(Properties):
-    """The few PUBLISH properties we send, packed directly: paho's ``pack`` looks every
-    name up with string replaces and cost more than the rest of a publish."""
-
-    def pack(self) -> bytes:
-        d = self.__dict__
-        if not _FAST.issuperset(d):
-            return super().pack()   # anything else: paho's own packing
-        parts = []
-        v = d.get("PayloadFormatIndicator")
-        if v is not None:
-            parts.append(b"\x01" + bytes((int(v),)))
-        v = d.get("MessageExpiryInterval")
-        if v is not None:
-            parts.append(b"\x02" + int(v).to_bytes(4, "big"))
-        v = d.get("ContentType")
-        if v is not None:
-            parts.append(b"\x03" + _str(v))
-        v = d.get("ResponseTopic")
-        if v is not None:
-            parts.append(b"\x08" + _str(v))
-        v = d.get("CorrelationData")
-        if v is not None:
-            parts.append(b"\x09" + len(v).to_bytes(2, "big") + bytes(v))
-        for name, value in d.get("UserProperty") or ():
-            parts.append(_user_property(name, value))
-        body = b"".join(parts)
-        return varint(len(body)) + body
-
-
-class PackedProperties(PublishProperties):
-    """Properties sent unchanged with many messages (the MES's retained state): packed
-    once. Not to be changed after ``publish_properties`` made them."""
-
-    __slots__ = ("_packed",)
-
-    def pack(self) -> bytes:
-        return self._packed   # type: ignore[no-any-return]
-
-
 def publish_properties(*, content_type: str | None = None,
                        expiry_s: int | None = None) -> Properties:
     """Fixed PUBLISH properties (content type, message expiry), packed once."""
-    props: Properties = object.__new__(PackedProperties)
-    props.__dict__.update(_BLANK)
-    if content_type is not None:
-        _set(props, "ContentType", content_type)
-    if expiry_s is not None:
-        _set(props, "MessageExpiryInterval", int(expiry_s))
-    _set(props, "_packed", PublishProperties.pack(props))
-    return props
+    return Properties(ContentType=content_type, MessageExpiryInterval=expiry_s).freeze()
 
 
 def _properties(ev: CloudEvent, content_type: str | None, user: list[tuple[str, str]] | None,
                 expiry_s: int | None) -> Properties:
-    props: Properties = object.__new__(PublishProperties)
-    props.__dict__.update(_BLANK)
-    if user:
-        _set(props, "UserProperty", user)
-    if content_type is not None:
-        _set(props, "ContentType", content_type)
-    if ev.response_topic is not None:
-        _set(props, "ResponseTopic", ev.response_topic)
-    if ev.correlation_data is not None:
-        _set(props, "CorrelationData", bytes(ev.correlation_data))
-    if expiry_s is not None:
-        if not 0 <= expiry_s <= 0xFFFFFFFF:
-            raise CloudEventError("bad_expiry", f"expiry {expiry_s} s is out of the MQTT range")
-        _set(props, "MessageExpiryInterval", int(expiry_s))
-    return props
+    if expiry_s is not None and not 0 <= expiry_s <= 0xFFFFFFFF:
+        raise CloudEventError("bad_expiry", f"expiry {expiry_s} s is out of the MQTT range")
+    cd = ev.correlation_data
+    return Properties(ContentType=content_type, ResponseTopic=ev.response_topic,
+                      CorrelationData=None if cd is None else bytes(cd),
+                      MessageExpiryInterval=expiry_s, UserProperty=user)
 
 
 def encode_binary(ev: CloudEvent, *, expiry_s: int | None = None) -> tuple[bytes, Properties]:
