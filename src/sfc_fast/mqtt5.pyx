@@ -32,6 +32,7 @@ PINGREQ = 12
 PINGRESP = 13
 DISCONNECT = 14
 AUTH = 15
+OVERSIZED = 16          # not a packet type: a PUBLISH passed over (Reader)
 
 MAX_REMAINING = 268_435_455          # the largest remaining length a varint can say
 MALFORMED = 0x81
@@ -375,54 +376,107 @@ cdef class Reader:
     ``(CONNACK, session_present, reason, props)``, ``(PUBACK|PUBREC|PUBCOMP, mid,
     reason)``, ``(PUBREL, mid, reason)``, ``(SUBACK|UNSUBACK, mid, [reasons])``,
     ``(PINGRESP,)``, ``(DISCONNECT, reason, props)``. A partial packet waits for the
-    next ``feed``. ``max_packet``: a larger packet raises ``MalformedPacket`` (0x95)."""
+    next ``feed``. A PUBLISH larger than ``max_packet`` is passed over, not kept:
+    ``(OVERSIZED, topic, qos, mid, size)``; any other packet that large raises
+    ``MalformedPacket`` (0x95). After a ``MalformedPacket`` the reader is spent (the
+    connection is closed)."""
 
     cdef public bint v5
     cdef public Py_ssize_t max_packet
-    cdef bytes _rest
+    cdef bytes _rest          # the start of a packet whose length is not known yet
+    cdef list _parts          # the start of a packet of length _need, _have bytes so far
+    cdef Py_ssize_t _need, _have
+    cdef Py_ssize_t _skip     # bytes of an oversized packet still to pass over
 
     def __init__(self, bint v5=True, Py_ssize_t max_packet=MAX_REMAINING + 5):
         self.v5 = v5
         self.max_packet = max_packet
         self._rest = b""
+        self._parts = []
 
     @property
     def buffered(self):
         """Bytes of an incomplete packet held for the next ``feed``."""
-        return len(self._rest)
+        return len(self._rest) + self._have
 
     def feed(self, data):
         cdef bytes buf
-        if self._rest:
+        cdef Py_ssize_t size = len(data)
+        if self._need:
+            # the rest of a packet whose length is known: gathered, joined once
+            self._parts.append(bytes(data))
+            self._have += size
+            if self._have < self._need:
+                return []
+            buf = b"".join(self._parts)
+            self._parts = []
+            self._need = self._have = 0
+        elif self._rest:
             buf = self._rest + bytes(data)
         else:
             buf = data if type(data) is bytes else bytes(data)
+        self._rest = b""
         cdef const unsigned char* p = buf
-        cdef Py_ssize_t n = len(buf), i = 0, used
+        cdef Py_ssize_t n = len(buf), i = 0, used, total, skip
         cdef unsigned long remaining
         cdef list out = []
         cdef _Cursor c = _Cursor.__new__(_Cursor)
         c.p = p
+        if self._skip:
+            skip = min(self._skip, n)
+            self._skip -= skip
+            i = skip
         while n - i >= 2:
             used = _varint(p + i + 1, n - i - 1, &remaining)
             if used < 0:
                 break
-            if 1 + used + <Py_ssize_t>remaining > self.max_packet:
-                self._rest = b""
-                raise MalformedPacket(f"a packet of {1 + used + remaining} bytes, more than "
-                                      f"the {self.max_packet} allowed", PACKET_TOO_LARGE)
-            if n - i - 1 - used < <Py_ssize_t>remaining:
+            total = 1 + used + <Py_ssize_t>remaining
+            if total > self.max_packet:
+                c.i = i + 1 + used
+                c.end = n if n - i < total else i + total
+                item = self._oversized(c, p[i], total)
+                if item is None:
+                    break             # its topic and packet id are not all here yet
+                out.append(item)
+                if n - i < total:
+                    self._skip = total - (n - i)
+                    i = n
+                else:
+                    i += total
+                continue
+            if n - i < total:
+                self._need = total
                 break
             c.i = i + 1 + used
-            c.end = c.i + remaining
-            try:
-                out.append(self._packet(c, p[i]))
-            except MalformedPacket:
-                self._rest = b""
-                raise
+            c.end = i + total
+            out.append(self._packet(c, p[i]))
             i = c.end
-        self._rest = buf[i:] if i < n else b""
+        if i < n:
+            self._rest = buf[i:]
+            if self._need:
+                self._parts = [self._rest]
+                self._have = n - i
+                self._rest = b""
         return out
+
+    cdef object _oversized(self, _Cursor c, unsigned int first, Py_ssize_t total):
+        """A PUBLISH larger than ``max_packet``: its topic, QoS and packet id (so it is
+        acknowledged and counted, not parsed), or None until those bytes are here;
+        any other packet that large is refused."""
+        cdef unsigned int qos = (first >> 1) & 3, mid = 0
+        cdef Py_ssize_t tlen
+        if first >> 4 != PUBLISH or qos == 3:
+            raise MalformedPacket(f"a packet of {total} bytes, more than the "
+                                  f"{self.max_packet} allowed", PACKET_TOO_LARGE)
+        if c.end - c.i < 2:
+            return None
+        tlen = _u16(c.p + c.i)
+        if c.end - c.i < 2 + tlen + (2 if qos else 0):
+            return None
+        topic = _utf8(c.p + c.i + 2, tlen, "topic")
+        if qos:
+            mid = _u16(c.p + c.i + 2 + tlen)
+        return (OVERSIZED, topic, qos, mid, total)
 
     cdef object _packet(self, _Cursor c, unsigned int first):
         cdef unsigned int ptype = first >> 4, flags = first & 0x0F, qos, mid = 0

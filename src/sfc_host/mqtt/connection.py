@@ -30,6 +30,7 @@ from sfc_fast.mqtt5 import (
     PUBREL,
     SUBACK,
     UNSUBACK,
+    OVERSIZED,
     MalformedPacket,
     Message,
     Reader,
@@ -157,6 +158,15 @@ class Connection(asyncio.Protocol):
                 self.abort(0x82, "a second CONNACK")
             else:
                 self.connack.set_result((item[1], item[2], item[3]))
+        elif kind == OVERSIZED:
+            _, topic, qos, mid, size = item
+            self.metrics.inc("mqtt_oversized")
+            log.warning("a message of %d bytes on %s passed over: larger than the link "
+                        "takes (mqtt_max_payload)", size, topic[:200])
+            if qos == 1:
+                ack_into(self.out, PUBACK, mid)
+            elif qos == 2:
+                ack_into(self.out, PUBREC, mid)
         elif kind == DISCONNECT:
             why = item[2].get("ReasonString") or reason_text(item[1])
             self.why = f"the broker disconnected: {why}"

@@ -54,8 +54,8 @@ KEEPALIVE_S = 30
 CONNECT_TIMEOUT_S = 10.0
 WRITE_CHUNK = 1 << 18    # bytes gathered before a write within one pass
 # a packet the broker sends may be this much larger than the largest payload we take
-# (topic, properties); a larger one closes the connection (MQTT 5: the broker is told
-# and drops such messages itself)
+# (topic, properties); a larger message is passed over as it arrives (never buffered
+# whole), acknowledged, logged and counted (``mqtt_oversized``)
 PACKET_HEADROOM = 1 << 16
 
 Handler = Callable[[Message], Awaitable[None] | None]
@@ -376,7 +376,7 @@ class MqttLink:
                                          server_hostname=self.host if tls else None)
             conn.write(encode_connect(
                 self.client_id, KEEPALIVE_S, self.v5, c.mqtt_username or None,
-                c.mqtt_password or None, self.max_packet if self.v5 else 0))
+                c.mqtt_password or None))
             try:
                 _, code, props = await conn.connack
             except BaseException:
