@@ -22,6 +22,7 @@ from typing import Any
 from sfc_fast.mqtt5 import (
     CONNACK,
     DISCONNECT,
+    OVERSIZED,
     PINGREQ_PACKET,
     PINGRESP,
     PUBACK,
@@ -30,7 +31,6 @@ from sfc_fast.mqtt5 import (
     PUBREL,
     SUBACK,
     UNSUBACK,
-    OVERSIZED,
     MalformedPacket,
     Message,
     Reader,
