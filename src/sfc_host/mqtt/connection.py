@@ -42,19 +42,19 @@ from sfc_host.metrics import Metrics
 
 log = logging.getLogger("sfc_host.mqtt")
 
-# CONNACK reason codes in words (MQTT 3.1.1: 1-5; MQTT 5: 0x80 on), for the log
-REASONS = {1: "unacceptable protocol version", 2: "client identifier rejected",
-           3: "server unavailable", 4: "bad user name or password", 5: "not authorized",
-           0x80: "unspecified error", 0x81: "malformed packet", 0x82: "protocol error",
-           0x84: "unsupported protocol version", 0x85: "client identifier not valid",
-           0x86: "bad user name or password", 0x87: "not authorized",
-           0x88: "server unavailable", 0x89: "server busy", 0x8A: "banned",
-           0x8B: "server shutting down", 0x8C: "bad authentication method",
-           0x8D: "keep alive timeout", 0x8E: "session taken over",
-           0x90: "topic name invalid", 0x93: "receive maximum exceeded",
-           0x95: "packet too large", 0x97: "quota exceeded",
-           0x9C: "use another server", 0x9D: "server moved",
-           0x9F: "connection rate exceeded"}
+# reason codes in words (CONNACK of MQTT 3.1.1: 1-5; MQTT 5: 0x80 on), for the log
+REASONS = {1: "Unacceptable protocol version", 2: "Client identifier rejected",
+           3: "Server unavailable", 4: "Bad user name or password", 5: "Not authorized",
+           0x80: "Unspecified error", 0x81: "Malformed packet", 0x82: "Protocol error",
+           0x84: "Unsupported protocol version", 0x85: "Client identifier not valid",
+           0x86: "Bad user name or password", 0x87: "Not authorized",
+           0x88: "Server unavailable", 0x89: "Server busy", 0x8A: "Banned",
+           0x8B: "Server shutting down", 0x8C: "Bad authentication method",
+           0x8D: "Keep alive timeout", 0x8E: "Session taken over",
+           0x90: "Topic name invalid", 0x93: "Receive maximum exceeded",
+           0x95: "Packet too large", 0x97: "Quota exceeded",
+           0x9C: "Use another server", 0x9D: "Server moved",
+           0x9F: "Connection rate exceeded"}
 
 
 class MqttError(ConnectionError):
@@ -67,7 +67,8 @@ class MqttError(ConnectionError):
 
 
 def reason_text(code: int) -> str:
-    return REASONS.get(code, f"reason code {code}")
+    """A reason code as the log shows it: ``[code:135] Not authorized``."""
+    return f"[code:{code}] {REASONS.get(code, 'Unknown reason')}"
 
 
 class Connection(asyncio.Protocol):

@@ -384,7 +384,7 @@ class MqttLink:
                 raise
         if code:
             conn.abort(0, "")
-            raise MqttError(f"the broker refused the connection: {reason_text(code)}", code)
+            raise MqttError(reason_text(code), code)
         self._window = min(IN_FLIGHT, props.get("ReceiveMaximum", IN_FLIGHT))
         self._server_max_packet = props.get("MaximumPacketSize", 0)
         self._server_max_qos = props.get("MaximumQoS", 2)
