@@ -772,3 +772,34 @@ def encode_disconnect(int reason=0, bint v5=True):
     if v5 and reason:
         return bytes((DISCONNECT << 4, 1, reason))
     return b"\xe0\x00"
+
+
+# ---------------------------------------------------------------------------------
+# CloudEvent attributes (binary mode travels as user properties)
+
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_COMPACT_ASCII(object o)
+    void* PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+
+
+def plain_texts(values, bint nonempty=True, Py_ssize_t max_chars=1024):
+    """True when every value is None or a str of printable ASCII (U+0020..U+007E), at
+    most ``max_chars`` long and, with ``nonempty``, not empty: an attribute that needs
+    no closer look. False says nothing is wrong, only that a closer look is due."""
+    cdef Py_ssize_t i, n
+    cdef const unsigned char* p
+    for v in values:
+        if v is None:
+            continue
+        if type(v) is not str or not PyUnicode_IS_COMPACT_ASCII(v):
+            return False
+        n = PyUnicode_GET_LENGTH(v)
+        if n > max_chars or (nonempty and n == 0):
+            return False
+        p = <const unsigned char*>PyUnicode_DATA(v)
+        for i in range(n):
+            if p[i] < 0x20 or p[i] == 0x7F:
+                return False
+    return True
