@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sfc_fast.mqtt5 import MalformedPacket, Message, Properties, Reader
 
 from sfc_fast import mqtt5
+from sfc_fast.mqtt5 import MalformedPacket, Message, Properties, Reader
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import MqttLink

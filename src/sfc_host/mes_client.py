@@ -133,11 +133,11 @@ class MesClient:
 
     async def __aenter__(self) -> MesClient:
         # the host's own link, with nothing shared and nothing counted anyone reads
-        link = MqttLink(self.config, Metrics(), client_id=self.client_id)
+        link = MqttLink(self.config, Metrics(), client_id=self.client_id, once=True)
         await link.start()
         try:
             await link.wait_connected(self.timeout_s)
-        except (MqttRefused, TimeoutError) as e:
+        except (MqttError, MqttRefused, TimeoutError) as e:
             await link.aclose(drain_s=0)
             why = link.last_error or e
             raise MesError(f"cannot reach the MQTT broker at {self.host}:{self.port} "

@@ -4,7 +4,6 @@ and the compiled packet codec ``sfc_fast.mqtt5``; handlers get its ``Message``
 its ``Properties``."""
 
 from sfc_fast.mqtt5 import Message, Properties
-
 from sfc_host.mqtt.connection import MqttError
 from sfc_host.mqtt.link import IN_FLIGHT, MqttLink, MqttRefused, Outgoing
 from sfc_host.mqtt.topics import topic_matches

@@ -37,7 +37,6 @@ from sfc_fast.mqtt5 import (
     ack_into,
     encode_disconnect,
 )
-
 from sfc_host.metrics import Metrics
 
 log = logging.getLogger("sfc_host.mqtt")
@@ -134,7 +133,8 @@ class Connection(asyncio.Protocol):
             else:
                 self._control(item)
         if out:
-            self.flush()
+            # with what the handlers' work publishes in this loop pass: one write
+            self.flush_soon()
 
     def _control(self, item: tuple[Any, ...]) -> None:
         kind = item[0]

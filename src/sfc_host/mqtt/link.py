@@ -36,7 +36,6 @@ from sfc_fast.mqtt5 import (
     encode_unsubscribe,
     publish_into,
 )
-
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt.connection import Connection, MqttError, reason_text
@@ -50,6 +49,7 @@ IN_FLIGHT = 256          # QoS 1 messages sent and not yet acknowledged
 REFUSED_CODES = frozenset((4, 5, 134, 135, 138, 140))
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 MAX_HANDLER_TASKS = 256
+ROUTES_MAX = 10_000      # topics whose handler is remembered (a scope's topics each)
 KEEPALIVE_S = 30
 CONNECT_TIMEOUT_S = 10.0
 WRITE_CHUNK = 1 << 18    # bytes gathered before a write within one pass
@@ -78,7 +78,7 @@ class Outgoing:
 
 class MqttLink:
     def __init__(self, config: HostConfig, metrics: Metrics, *, client_id: str = "",
-                 fan_out: bool = False) -> None:
+                 fan_out: bool = False, once: bool = False) -> None:
         self.config = config
         self.metrics = metrics
         self.client_id = client_id or config.mqtt_client_id or f"sfc-{config.consumer_name}"
@@ -99,6 +99,9 @@ class MqttLink:
         self._mid = 0
         self._pump_soon = False
         self._subs: list[tuple[str, str, Handler]] = []   # (filter, subscribed as, handler)
+        # topic -> its handler (None: unrouted), so a topic's filters are matched once;
+        # emptied whenever the subscriptions change
+        self._routes: dict[str, Handler | None] = {}
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.connected = asyncio.Event()
@@ -107,6 +110,10 @@ class MqttLink:
         self.connects = 0
         self.last_error = ""         # why the last connection failed or ended (no secrets)
         self._refused = asyncio.Event()   # the first connect was refused (credentials)
+        # once (a command-line client): a first connect that fails ends the link, with
+        # no retries and nothing logged; the caller says what went wrong in one line
+        self.once = once
+        self._gave_up = asyncio.Event()
         self._live: Connection | None = None     # the connected connection, if any
         # fan_out (the script engine's link): a message goes to every subscription it
         # matches, once each. On MQTT 5 the broker sends one copy per matching
@@ -129,6 +136,7 @@ class MqttLink:
         as_ = f"$share/{group}/{topic_filter}" if shared and group else topic_filter
         entry = (topic_filter, as_, handler)
         self._subs.append(entry)
+        self._routes.clear()
         if self.fan_out and as_ not in self._sub_ids:
             self._sub_ids[as_] = len(self._sub_ids) + 1
         if (self._live is not None and self.subscribing
@@ -139,6 +147,7 @@ class MqttLink:
             if entry not in self._subs:
                 return
             self._subs.remove(entry)
+            self._routes.clear()
             conn = self._live
             if (conn is not None and self.subscribing
                     and not any(s[1] == as_ for s in self._subs)):
@@ -211,7 +220,8 @@ class MqttLink:
         """Until connected; ``MqttRefused`` at once when the broker refuses the
         credentials (retrying would wait out ``timeout`` for nothing), ``TimeoutError``
         when it cannot be reached."""
-        waits = [asyncio.ensure_future(e.wait()) for e in (self.connected, self._refused)]
+        waits = [asyncio.ensure_future(e.wait())
+                 for e in (self.connected, self._refused, self._gave_up)]
         try:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -222,6 +232,8 @@ class MqttLink:
         if self._refused.is_set():
             raise MqttRefused(f"the broker at {self.host}:{self.port} refused the "
                               f"connection ({self.last_error})")
+        if self._gave_up.is_set():
+            raise MqttError(self.last_error)
         raise TimeoutError(f"no connection to {self.host}:{self.port} within {timeout} s")
 
     async def __aenter__(self) -> MqttLink:
@@ -426,6 +438,9 @@ class MqttLink:
                 code = getattr(e, "rc", None)
                 if not self.connects and code in REFUSED_CODES:
                     self._refused.set()
+                if self.once and not self.connects:
+                    self._gave_up.set()
+                    return
                 # The error names the broker, never the credentials.
                 log.warning("MQTT connection to %s:%d lost or refused (%s); again in %.1f s",
                             self.host, self.port, self.last_error, delay)
@@ -452,7 +467,13 @@ class MqttLink:
         if self.fan_out:
             self._fan_out(message, topic)
             return
-        handler = next((h for f, _, h in self._subs if topic_matches(f, topic)), None)
+        routes = self._routes
+        try:
+            handler = routes[topic]
+        except KeyError:
+            handler = next((h for f, _, h in self._subs if topic_matches(f, topic)), None)
+            if len(routes) < ROUTES_MAX:
+                routes[topic] = handler
         if handler is None:
             self.metrics.inc("mqtt_unrouted")
             return
