@@ -217,6 +217,43 @@ def test_a_topic_no_one_may_publish_to_is_turned_away_and_the_link_keeps_sending
     asyncio.run(main())
 
 
+@pytest.mark.parametrize(("qos", "version"), [(2, 5), (1, 3), (2, 3)])
+def test_qos_2_and_mqtt_3_1_1_through_mosquitto(mqtt_url: str, qos: int, version: int) -> None:
+    """QoS 2 both ways (PUBREC, PUBREL, PUBCOMP) and MQTT 3.1.1 (no properties), each
+    message delivered once and acknowledged. 3.1.1 at QoS 2 stays under the broker's
+    20 in flight: mosquitto 2.0.11 then stops delivering QoS 2 to a 3.1.1 client
+    (paho shows the same with 50 publishes at once)."""
+    n = 15 if (qos, version) == (2, 3) else 50
+
+    async def main() -> None:
+        cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=mqtt_url,
+                         consumer=f"q{qos}v{version}", mqtt_qos=qos, mqtt_version=version)
+        got: list[tuple[bytes, int, Any]] = []
+        done = asyncio.Event()
+
+        def on(m: Message) -> None:
+            got.append((m.payload, m.qos, m.properties))
+            if len(got) == n:
+                done.set()
+        metrics = Metrics()
+        async with MqttLink(cfg, metrics) as link:
+            await link.wait_connected()
+            await link.subscribed(f"q{qos}v{version}/#", on, shared=False)
+            acks = [asyncio.get_running_loop().create_future() for _ in range(n)]
+            for i, f in enumerate(acks):
+                link.publish_nowait(f"q{qos}v{version}/t", str(i).encode(),
+                                    Properties(ContentType="text/plain"), acked=f)
+            await asyncio.wait_for(asyncio.gather(*acks), 10)
+            await asyncio.wait_for(done.wait(), 10)
+            await asyncio.sleep(0.2)                     # nothing comes twice
+        assert [g[0] for g in got] == [str(i).encode() for i in range(n)]
+        assert {g[1] for g in got} == {qos}
+        want = None if version == 3 else Properties(ContentType="text/plain")
+        assert all(g[2] == want for g in got)
+        assert metrics["mqtt_sent"] == n and metrics["mqtt_received"] == n
+    asyncio.run(main())
+
+
 # ---- the link against a broker that misbehaves on purpose
 
 
