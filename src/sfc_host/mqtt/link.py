@@ -132,16 +132,32 @@ class MqttLink:
         Before ``start`` or at any time after (scripts subscribe while they run); every
         reconnect subscribes again (on a link started with ``subscribe=False``, only from
         ``open_subscriptions`` on). Returns a function that ends the subscription."""
+        as_, end, conn = self._register(topic_filter, handler, shared)
+        if conn is not None:
+            self._later(self._subscribe(conn, as_), as_)
+        return end
+
+    async def subscribed(self, topic_filter: str, handler: Handler, *,
+                         shared: bool = True) -> Callable[[], None]:
+        """``subscribe``, returning once the broker acknowledged the subscription (a
+        client that publishes a request next must not miss its reply)."""
+        as_, end, conn = self._register(topic_filter, handler, shared)
+        if conn is not None:
+            await self._subscribe(conn, as_)
+        return end
+
+    def _register(self, topic_filter: str, handler: Handler, shared: bool
+                  ) -> tuple[str, Callable[[], None], Connection | None]:
+        """The filter as subscribed, the function that ends it, and the connection to
+        send its SUBSCRIBE on now (None: not connected, or the filter is already on)."""
         group = self.config.mqtt_shared_group
         as_ = f"$share/{group}/{topic_filter}" if shared and group else topic_filter
+        new = not any(s[1] == as_ for s in self._subs)
         entry = (topic_filter, as_, handler)
         self._subs.append(entry)
         self._routes.clear()
         if self.fan_out and as_ not in self._sub_ids:
             self._sub_ids[as_] = len(self._sub_ids) + 1
-        if (self._live is not None and self.subscribing
-                and sum(1 for s in self._subs if s[1] == as_) == 1):
-            self._later(self._subscribe(self._live, as_), as_)
 
         def unsubscribe() -> None:
             if entry not in self._subs:
@@ -153,23 +169,8 @@ class MqttLink:
                     and not any(s[1] == as_ for s in self._subs)):
                 mid = self._next_mid()
                 self._later(conn.request(mid, encode_unsubscribe(mid, (as_,), self.v5)), as_)
-        return unsubscribe
-
-    async def subscribed(self, topic_filter: str, handler: Handler, *,
-                         shared: bool = True) -> Callable[[], None]:
-        """``subscribe``, returning once the broker acknowledged the subscription (a
-        client that publishes a request next must not miss its reply)."""
-        group = self.config.mqtt_shared_group
-        as_ = f"$share/{group}/{topic_filter}" if shared and group else topic_filter
-        new = not any(s[1] == as_ for s in self._subs)
-        live, self._live = self._live, None     # subscribed below, and awaited
-        try:
-            end = self.subscribe(topic_filter, handler, shared=shared)
-        finally:
-            self._live = live
-        if new and live is not None and self.subscribing:
-            await self._subscribe(live, as_)
-        return end
+        now = self._live if new and self.subscribing else None
+        return as_, unsubscribe, now
 
     async def _subscribe(self, conn: Connection, as_: str) -> None:
         mid = self._next_mid()
