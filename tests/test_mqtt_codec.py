@@ -4,7 +4,8 @@ refused with ``MalformedPacket`` (never another error), oversized messages passe
 without being kept; the link against mosquitto (a topic no one may publish to turned
 away, more messages than the in-flight window) and against a broker that misbehaves on
 purpose (a malformed packet closes the connection, counted, and the link connects
-again; what was not acknowledged is sent again, marked DUP)."""
+again; what was not acknowledged is sent again, marked DUP; a broker that stops
+answering pings is left)."""
 
 from __future__ import annotations
 
@@ -382,4 +383,34 @@ def test_the_link_stops_cleanly_while_the_broker_is_away() -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(link.aclose(), 5)
         assert link._task is None
+    asyncio.run(main())
+
+
+def test_a_broker_that_stops_answering_pings_is_left_and_the_link_connects_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sfc_host.mqtt import link as link_module
+
+    monkeypatch.setattr(link_module, "KEEPALIVE_S", 1)
+    pings: list[int] = []
+
+    async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            p = await read_packet(r)
+            if p[0] == 0xC0:                                  # PINGREQ: never answered
+                pings.append(n)
+
+    async def main() -> None:
+        async with Misbehaving(script) as broker:
+            cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=broker.url,
+                             consumer="ping")
+            metrics = Metrics()
+            async with MqttLink(cfg, metrics) as link:
+                await link.wait_connected()
+                for _ in range(100):
+                    if broker.connections == 2:
+                        break
+                    await asyncio.sleep(0.05)
+            assert broker.connections == 2 and pings[:1] == [1]
+            assert metrics["mqtt_reconnects"] == 1
+            assert "ping" in link.last_error
     asyncio.run(main())
