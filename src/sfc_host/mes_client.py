@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from sfc_fast.mqtt5 import MAX_REMAINING
 from sfc_host.cloudevents import (
     CloudEvent,
     CloudEventError,
@@ -132,8 +133,10 @@ class MesClient:
     # ---- connection
 
     async def __aenter__(self) -> MesClient:
-        # the host's own link, with nothing shared and nothing counted anyone reads
-        link = MqttLink(self.config, Metrics(), client_id=self.client_id, once=True)
+        # the host's own link, with nothing shared and nothing counted anyone reads; a
+        # retained state index may be larger than any request (1.6 MB at 10,000 orders)
+        link = MqttLink(self.config, Metrics(), client_id=self.client_id, once=True,
+                        max_packet=MAX_REMAINING + 5)
         await link.start()
         try:
             await link.wait_connected(self.timeout_s)

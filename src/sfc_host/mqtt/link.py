@@ -78,7 +78,7 @@ class Outgoing:
 
 class MqttLink:
     def __init__(self, config: HostConfig, metrics: Metrics, *, client_id: str = "",
-                 fan_out: bool = False, once: bool = False) -> None:
+                 fan_out: bool = False, once: bool = False, max_packet: int = 0) -> None:
         self.config = config
         self.metrics = metrics
         self.client_id = client_id or config.mqtt_client_id or f"sfc-{config.consumer_name}"
@@ -90,7 +90,8 @@ class MqttLink:
         self.host = u.hostname or "127.0.0.1"
         self.port = u.port or (8883 if self.tls else 1883)
         self.v5 = config.mqtt_version == 5
-        self.max_packet = config.mqtt_max_payload + PACKET_HEADROOM
+        # the largest packet taken from the broker (0: mqtt_max_payload and headroom)
+        self.max_packet = max_packet or config.mqtt_max_payload + PACKET_HEADROOM
         self._queue: deque[Outgoing] = deque()
         self._unacked: dict[int, Outgoing] = {}      # packet id -> message in flight
         self._window = IN_FLIGHT
