@@ -515,7 +515,3 @@ class MqttLink:
                 self.metrics.inc("mqtt_handler_errors")
                 log.exception("handling a message on %s failed", topic)
 
-
-def payload_bytes(message: Message) -> bytes:
-    """The payload (kept for callers written against other clients' messages)."""
-    return message.payload
