@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import heapq
+import itertools
 import json
 import random
 import sys
@@ -31,9 +32,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sfc_fast import Graph, RecipeError, compile_recipe, evolve, state_to_json
+from sfc_fast import Graph, RecipeError, compile_recipe, evolve, mqtt5, state_to_json
 from sfc_fast.conditions import CondBuilder, ConditionSyntaxError
 from sfc_fast.events import Completed, Event, Hold, Start, Tick
+from sfc_fast.mqtt5 import MalformedPacket, Properties
 from sfc_fast.state import StateFormatError, check_state
 from sfc_host.cloudevents import (
     CloudEvent,
@@ -272,6 +274,45 @@ def stream_decoder() -> Decoder:
                    lambda f: parse_entry("line1", b"1-0", f))
 
 
+def mqtt_decoder() -> Decoder:
+    """What a broker sends, through the host's MQTT reader (``sfc_fast.mqtt5``) in reads
+    cut anywhere: answers with their properties, acknowledgements, CONNACK, DISCONNECT."""
+    props = Properties(ContentType="application/json", ResponseTopic="r/1",
+                       CorrelationData=b"J1:tighten#2", MessageExpiryInterval=60,
+                       UserProperty=[("specversion", "1.0"), ("id", "a-1")])
+    packets = []
+    for qos, p, v5 in ((1, props, True), (0, None, True), (2, props, True), (1, None, False)):
+        out = bytearray()
+        mqtt5.publish_into(out, "equipment/line1/responses", b'{"Outcome":"completed"}',
+                           qos, False, 7 if qos else 0, p, v5)
+        packets.append((bytes(out), v5))
+    packets += [(b"\x40\x02\x00\x07", False), (b"\x40\x04\x00\x07\x87\x00", True),
+                (b"\x90\x04\x00\x01\x00\x01", True), (b"\xd0\x00", False),
+                (b"\x20\x08\x00\x00\x05\x21\x00\x14\x24\x01", True),
+                (b"\xe0\x04\x8b\x02\x1f\x00", True), (b"\x62\x02\x00\x07", False)]
+
+    def make(rng: random.Random) -> tuple[bytes, list[int], bool]:
+        v5 = rng.random() < 0.7
+        data = b"".join(rng.choice([p for p, five in packets if five or not v5])
+                        for _ in range(rng.randint(1, 4)))
+        r = rng.random()
+        if r < 0.6:
+            data = mutate_bytes(rng, data)
+        elif r < 0.7:
+            data = rng.randbytes(rng.randint(0, 200))
+        return data, sorted(rng.randrange(len(data) + 1) for _ in range(rng.randint(0, 3))), v5
+
+    def run(a: tuple[bytes, list[int], bool]) -> list[Any]:
+        data, cuts, v5 = a
+        reader = mqtt5.Reader(v5, max_packet=4096)
+        got: list[Any] = []
+        for lo, hi in itertools.pairwise([0, *cuts, len(data)]):
+            got += reader.feed(data[lo:hi])
+        return got
+
+    return Decoder("MQTT packet reader", MalformedPacket, make, run)
+
+
 def real_states() -> list[tuple[Graph, bytes]]:
     out = []
     for wm in _references():
@@ -324,7 +365,8 @@ def state_decoder() -> Decoder:
 
 DECODERS: dict[str, Callable[[], Decoder]] = {
     "recipe": recipe_decoder, "condition": condition_decoder,
-    "cloudevent": cloudevent_decoder, "stream": stream_decoder, "state": state_decoder}
+    "cloudevent": cloudevent_decoder, "stream": stream_decoder, "state": state_decoder,
+    "mqtt": mqtt_decoder}
 
 
 # ------------------------------------------------------------------ the run

@@ -1,4 +1,4 @@
-"""Coverage-guided fuzzing (atheris, libFuzzer) of the five decoders of benchmarks/fuzz.py.
+"""Coverage-guided fuzzing (atheris, libFuzzer) of the six decoders of benchmarks/fuzz.py.
 
     python benchmarks/fuzz_guided.py                        # 1,000,000 inputs per decoder
     python benchmarks/fuzz_guided.py -n 20000 --only stream,cloudevent
@@ -218,9 +218,24 @@ def state_target() -> Target:
     return Target(fuzz.state_decoder(), read, write, states)
 
 
+def mqtt_target() -> Target:
+    import fuzz
+
+    # the first byte's low bit: MQTT 3.1.1 (1) or 5 (0); the reads are not cut (the
+    # reader frames the same packets however the bytes arrive)
+    def read(data: bytes) -> tuple[bytes, list[int], bool]:
+        return data[1:], [], not (data[:1] and data[0] & 1)
+
+    def write(x: tuple[bytes, list[int], bool]) -> bytes:
+        return bytes([0 if x[2] else 1]) + x[0]
+
+    return Target(fuzz.mqtt_decoder(), read, write, [])
+
+
 TARGETS: dict[str, Callable[[], Target]] = {
     "recipe": recipe_target, "condition": condition_target,
-    "cloudevent": cloudevent_target, "stream": stream_target, "state": state_target}
+    "cloudevent": cloudevent_target, "stream": stream_target, "state": state_target,
+    "mqtt": mqtt_target}
 
 
 def load_target(key: str, spec: str = "") -> Target:

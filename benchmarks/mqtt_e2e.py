@@ -10,11 +10,16 @@ redis-server and mosquitto, all started here; the station is a separate process
 answers through the broker. Measured:
 
 - saturation: N jobs stored at once; jobs/s from the first store to the last completion;
-- paced: jobs offered at a fixed rate (``--rate`` actions/s, default 1,000); the host's
-  latency from an answer arriving to the job's next command leaving (p50, p99 from the
-  host's ``answer_to_command_seconds`` histogram).
+- paced: jobs offered at a fixed rate (``--rate`` actions/s, default half of the
+  saturation just measured); the host's latency from an answer arriving to the job's
+  next command leaving (p50, p99, every sample of the host's
+  ``answer_to_command_seconds``);
+- the broker's own latency at that rate: a plain MQTT 5 QoS 1 ping-pong through the
+  same mosquitto (``mqtt_pingpong_proc.py``), the yardstick of the paced p99.
 
 Goals (issue 6): >= 1,000 jobs/s at saturation; p99 <= 5 ms at 1,000 actions/s.
+Issue 19: host CPU <= 60 µs an action at saturation; the paced p99 at half of
+saturation <= 2x the broker's own p99.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -89,6 +95,15 @@ async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None) -> 
     return time.perf_counter() - t0
 
 
+def broker_pingpong(port: int, rate: float, seconds: float) -> dict[str, float]:
+    """The broker's own latency at ``rate`` messages/s: mqtt_pingpong_proc.py's plain
+    MQTT 5 QoS 1 ping-pong through the same mosquitto (p50_ms, p99_ms, p999_ms, rate)."""
+    proc = str(Path(__file__).with_name("mqtt_pingpong_proc.py"))
+    out = subprocess.run([sys.executable, proc, "127.0.0.1", str(port), str(rate), str(seconds)],
+                         capture_output=True, text=True, timeout=seconds + 60, check=True)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
 @contextlib.contextmanager
 def servers_and_station(structured: bool = False
                         ) -> Iterator[tuple[RedisServer, MosquittoServer]]:
@@ -132,7 +147,8 @@ async def main(args: argparse.Namespace) -> None:
             # the host's own CPU per job is steadier than the rate on a shared machine
             print(f"saturation: {n} jobs in {secs:.2f} s = {n / secs:,.0f} jobs/s "
                   f"({5 * n / secs:,.0f} actions/s); host CPU {cpu / n * 1e6:,.0f} µs "
-                  f"a job ({cpu / secs:.0%} of a core)")
+                  f"a job, {cpu / n / 5 * 1e6:,.1f} µs an action ({cpu / secs:.0%} of "
+                  "a core)")
             # every sample kept: the histogram's buckets (10 ms, 25 ms) are too
             # coarse for a p99 between them
             samples: list[float] = []
@@ -144,7 +160,8 @@ async def main(args: argparse.Namespace) -> None:
                     samples.append(value)
                 observe(name, value)
             m.observe = keep  # type: ignore[method-assign]
-            rate = args.rate / 5
+            actions_s = args.rate or round(5 * n / secs / 2)
+            rate = actions_s / 5
             paced_n = int(rate * (2 if args.quick else args.seconds))
             await run_jobs(app, "paced", paced_n, rate)
             m.observe = observe  # type: ignore[method-assign]
@@ -152,9 +169,16 @@ async def main(args: argparse.Namespace) -> None:
 
             def q(f: float) -> float:
                 return samples[min(len(samples) - 1, int(f * len(samples)))] * 1000
-            print(f"paced at {args.rate:,} actions/s ({paced_n} jobs, {len(samples):,} "
+            print(f"paced at {actions_s:,} actions/s ({paced_n} jobs, {len(samples):,} "
                   f"answers): answer to next command p50 {q(0.5):.2f} ms, "
                   f"p99 {q(0.99):.2f} ms, p99.9 {q(0.999):.2f} ms")
+            pp = await asyncio.get_running_loop().run_in_executor(
+                None, broker_pingpong, broker.port, actions_s,
+                2 if args.quick else args.seconds)
+            print(f"broker ping-pong (MQTT 5 QoS 1) at {pp['rate']:,.0f} round trips/s: "
+                  f"p50 {pp['p50_ms']:.2f} ms, p99 {pp['p99_ms']:.2f} ms, p99.9 "
+                  f"{pp['p999_ms']:.2f} ms; the host's p99 is "
+                  f"{q(0.99) / pp['p99_ms']:.2f}x the broker's")
             if os.environ.get("BENCH_DEBUG"):
                 print(app.metrics.snapshot())
 
@@ -163,7 +187,8 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--jobs", type=int, default=3000)
-    p.add_argument("--rate", type=int, default=1000)
+    p.add_argument("--rate", type=int, default=0,
+                   help="paced actions/s (default: half of the saturation measured)")
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--structured", action="store_true",
                    help="structured CloudEvents (JSON payload, no user properties)")

@@ -98,13 +98,13 @@ class Station:
         self.mid = self.mid % 65535 + 1
         return self.mid
 
-    def connect(self) -> None:
+    def connect(self, topic: str = "equipment/+/commands") -> None:
         cid = f"bench-station-{uuid.uuid4().hex[:6]}"
         body = string("MQTT") + bytes([5, 0x02]) + struct.pack(">H", 0) + varint(0) + \
             string(cid)
         self.sock.sendall(packet(0x10, body))
         sub = struct.pack(">H", self.next_mid()) + varint(0) + \
-            string("equipment/+/commands") + b"\x01"
+            string(topic) + b"\x01"
         self.sock.sendall(packet(0x82, sub))
         got = 0
         while got < 2:                       # CONNACK, SUBACK

@@ -137,7 +137,7 @@ async def setup(tmp: Path) -> AsyncIterator[E2E]:
 
 def _group(filename: str) -> str:
     for key, label in (("sfc_host", "sfc_host"), ("sfc_fast", "sfc_fast (core)"),
-                       ("paho", "paho-mqtt"), ("redis", "redis-py"), ("asyncio", "asyncio"),
+                       ("redis", "redis-py"), ("asyncio", "asyncio"),
                        ("uvloop", "uvloop"), ("json", "json"), ("hiredis", "hiredis")):
         if key in filename:
             return label
@@ -192,13 +192,9 @@ COUNTED = {
     ("jobs.py", "_record"): "job records written",
     ("scripts.py", "_pipe"): "script pipelines",
     ("", "<built-in method hiredis.hiredis.pack_command>"): "Redis commands packed",
-    ("", "<method 'send' of '_socket.socket' objects>"): "socket send calls (paho)",
     ("streams.py", "writelines"): "Redis socket writes (asyncio streams)",
-    # the host's QoS 1 publishes and their PUBACKs go through paho_fast, not paho
-    ("client.py", "_send_publish"): "MQTT PUBLISH packets sent by paho itself",
-    ("paho_fast.py", "queue_publish"): "MQTT QoS 1 PUBLISH packets queued (paho_fast)",
-    ("paho_fast.py", "fast_handle_pubackcomp"): "MQTT PUBACKs handled (paho_fast)",
-    ("reasoncodes.py", "__init__"): "paho ReasonCode objects made",
+    ("connection.py", "flush"): "MQTT socket writes (sfc_host.mqtt)",
+    ("connection.py", "data_received"): "MQTT socket reads (sfc_host.mqtt)",
     ("cloudevents.py", "encode_binary"): "CloudEvents encoded",
     ("cloudevents.py", "decode"): "CloudEvents decoded",
     ("encoder.py", "encode"): "json.dumps-style encodes",

@@ -121,6 +121,13 @@ def goals(R: dict[str, Any]) -> list[list[str]]:
                      f"p99 {c['p99_ms']:.2f} ms at {n(c['offered'])} jobs/s "
                      f"({n(5 * c['offered'])} actions/s)",
                      met(c["p99_ms"] <= GOALS["p99_ms"])])
+        pp = e2e.get("pingpong")
+        if pp:
+            rows.append(["p99 answer-to-command at half of saturation ≤ 2× the broker's "
+                         "own p99 (QoS 1 ping-pong, same rate)",
+                         f"{c['p99_ms']:.2f} ms against {pp['p99_ms']:.2f} ms = "
+                         f"{c['p99_ms'] / pp['p99_ms']:.2f}×",
+                         met(c["p99_ms"] <= 2 * pp["p99_ms"])])
     return rows
 
 
@@ -275,6 +282,12 @@ def e2e_part(d: Doc, R: dict[str, Any]) -> None:
             [[f"{c['fraction']:.0%}", n(c["offered"], 1), n(c["achieved"], 1), n(c["jobs"]),
               f"{c['p50_ms']:.2f} ms", f"{c['p99_ms']:.2f} ms", f"{c['p999_ms']:.2f} ms"]
              for c in e["curve"]])
+    pp = e.get("pingpong")
+    if pp:
+        d(f"The broker's own latency at half of saturation's message rate (a plain MQTT 5 "
+          f"QoS 1 ping-pong through the same mosquitto, `mqtt_pingpong_proc.py`, "
+          f"{n(pp['rate'])} round trips/s): p50 {pp['p50_ms']:.2f} ms, p99 "
+          f"{pp['p99_ms']:.2f} ms, p99.9 {pp['p999_ms']:.2f} ms.", "")
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
     off = [c["offered"] for c in e["curve"]]
     ax[0].plot(off, [c["achieved"] for c in e["curve"]], "o-", label="achieved")

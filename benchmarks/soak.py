@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import signal
 import statistics
@@ -55,8 +54,6 @@ from sfc_host.mes_client import MesClient, MesError  # noqa: E402
 from sfc_host.metrics import Histogram  # noqa: E402
 
 K = ScopeKeys(SCOPE)
-# The load keeps many MES requests in flight on purpose; aiomqtt warns about each.
-logging.getLogger("sfc_host.mes_client.mqtt").setLevel(logging.ERROR)
 HIST = "sfc_answer_to_command_seconds"
 IN_FLIGHT = 64             # MES requests in flight at once
 

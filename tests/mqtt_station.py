@@ -17,7 +17,14 @@ import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from sfc_host.mqtt import retrieve_disconnect
+
+def retrieve_disconnect(client: aiomqtt.Client) -> None:
+    # aiomqtt keeps the disconnection's error in a future nobody awaits after the
+    # context exits; reading it keeps asyncio from printing it as never retrieved.
+    fut = getattr(client, "_disconnected", None)
+    if isinstance(fut, asyncio.Future) and fut.done() and not fut.cancelled():
+        fut.exception()
+
 
 # answer(command) -> None (no answer) | dict(data of the answer: Outcome, Result, Reason)
 Answer = Callable[[dict[str, Any]], "dict[str, Any] | None"]

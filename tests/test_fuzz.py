@@ -679,7 +679,7 @@ def test_the_million_input_benchmark_runs_clean_on_a_small_sample() -> None:
     tallies = list(BENCH.run(1000, seed=3))
     assert [t.name for t in tallies] == ["recipe compiler", "condition parser",
                                          "CloudEvent decoder", "stream entry parser",
-                                         "state decoder"]
+                                         "state decoder", "MQTT packet reader"]
     for t in tallies:
         assert t.inputs == 1000 and t.crashes == 0, (t.name, t.examples)
         assert t.accepted and t.refused, t.name       # both sides of each decoder reached

@@ -1,4 +1,4 @@
-"""benchmarks/fuzz_guided.py: coverage-guided fuzzing (atheris) of the five decoders.
+"""benchmarks/fuzz_guided.py: coverage-guided fuzzing (atheris) of the six decoders.
 
 A small run of every decoder, and a planted bug the harness must find and reproduce;
 both skip without atheris (an optional extra, ``pip install '.[fuzz]'``). The bytes
@@ -73,7 +73,7 @@ def test_a_small_run_of_every_decoder_ends_without_crashes(
     assert rc == 0, out
     rows = {m[1]: m.groups()[1:] for m in ROW.finditer(out)}
     assert list(rows) == ["recipe compiler", "condition parser", "CloudEvent decoder",
-                          "stream entry parser", "state decoder"], out
+                          "stream entry parser", "state decoder", "MQTT packet reader"], out
     for name, (feedback, inputs, cov, _ft, _corpus, crashes) in rows.items():
         assert int(inputs) == 2000 and int(crashes) == 0, (name, out)
         # the Python decoders are instrumented; the Cython ones feed back their refusals

@@ -16,12 +16,10 @@ import json
 import logging
 from typing import Any
 
-import aiomqtt
-
 from sfc_fast import Graph, Problem
 from sfc_host.keys import check_scope
 from sfc_host.metrics import Metrics
-from sfc_host.mqtt import MqttLink, payload_bytes
+from sfc_host.mqtt import Message, MqttLink
 
 log = logging.getLogger("sfc_host.capabilities")
 
@@ -77,14 +75,14 @@ class Capabilities:
         self.prefix = link.config.equipment_prefix
         link.subscribe(f"{self.prefix}/+/capabilities/+", self.on_message, shared=False)
 
-    async def on_message(self, message: aiomqtt.Message) -> None:
-        topic = message.topic.value
+    async def on_message(self, message: Message) -> None:
+        topic = message.topic
         parts = topic.split("/")
         try:
             if len(parts) != 4 or parts[0] != self.prefix or not parts[3]:
                 raise ValueError("not a capabilities topic")
             scope = check_scope(parts[1])
-            types = parse(payload_bytes(message))
+            types = parse(message.payload)
         except ValueError as e:
             self.metrics.inc("bad_capabilities")
             log.warning("capabilities on %s refused: %s", topic, e)

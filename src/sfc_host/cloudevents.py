@@ -6,7 +6,9 @@ Binary content mode (MQTT 5): the payload is ``data``, ``datacontenttype`` trave
 and is the only mode on MQTT 3.1.1, where it is recognised by a ``specversion`` member.
 
 This sits on the hot path, so decoding does one pass over the user properties and one JSON parse,
-and encoding builds paho ``Properties`` without paho's slow constructor and setters.
+and encoding builds the compiled codec's ``Properties`` (``sfc_fast.mqtt5``), which packs them
+into the PUBLISH packet itself. Decoding takes any object with the MQTT 5 property names as
+attributes (ours, or another client's such as paho's).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import time as _time
 from dataclasses import dataclass, field
 from typing import Any
 
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
+import msgspec
+
+from sfc_fast.mqtt5 import Properties, plain_texts
 
 __all__ = ["STRUCTURED_CONTENT_TYPE", "CloudEvent", "CloudEventError", "RawJSON", "decode",
            "encode_binary", "encode_structured", "new", "publish_properties",
@@ -141,10 +144,22 @@ def _is_json(content_type: str | None) -> bool:
     return media in ("application/json", "text/json") or media.endswith("+json")
 
 
+# msgspec (already the MES payloads' codec) is several times faster than json for the
+# small documents of every command and answer; json stays the judge of what msgspec
+# refuses or would write differently (NaN), so what is accepted and refused is unchanged
+_FAST_ENCODE = msgspec.json.Encoder().encode
+_FAST_DECODE = msgspec.json.Decoder().decode
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def _dumps(value: Any) -> bytes:
+    try:
+        out = _FAST_ENCODE(value)
+        # msgspec writes NaN and infinities as null: json's refusal decides then
+        if b"null" not in out:
+            return out
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        pass        # json's own error, worded as before
     try:
         return _ENCODER.encode(value).encode()
     except (TypeError, ValueError, RecursionError) as e:  # UnicodeEncodeError is a ValueError
@@ -164,6 +179,10 @@ def _parse(payload: bytes, code: str) -> Any:
     except UnicodeDecodeError:
         raise CloudEventError("not_utf8", "payload is not valid UTF-8") from None
     try:
+        return _FAST_DECODE(text)
+    except (msgspec.DecodeError, RecursionError):
+        pass        # json decides, and words the error as before
+    try:
         return _DECODER.decode(text)
     except RecursionError:
         raise CloudEventError("too_deep", "payload JSON is nested too deeply") from None
@@ -175,20 +194,15 @@ def _parse(payload: bytes, code: str) -> Any:
 # Encoding
 
 
-def _fine(value: object) -> bool:
-    """What ``_value`` accepts, for the common case: printable ASCII of a sane length."""
-    return (type(value) is str and len(value) <= MAX_ATTRIBUTE_CHARS  # type: ignore[arg-type]
-            and value.isascii() and value.isprintable())  # type: ignore[attr-defined]
-
-
 def _check(ev: CloudEvent) -> None:
-    # the usual event (plain ASCII attributes) in one pass; anything else is checked
-    # attribute by attribute below, which also says what is wrong
+    # the usual event (plain ASCII attributes) in one compiled pass; anything else is
+    # checked attribute by attribute below, which also says what is wrong
+    ext = ev.extensions
     if (ev.specversion == "1.0" and ev.id and ev.source and ev.type
-            and all(v is None or (v and _fine(v)) for v in (
-                ev.id, ev.source, ev.type, ev.subject, ev.time, ev.datacontenttype,
-                ev.dataschema, ev.response_topic))
-            and all(n in _GOOD_NAMES and _fine(v) for n, v in ev.extensions.items())):
+            and plain_texts((ev.id, ev.source, ev.type, ev.subject, ev.time,
+                             ev.datacontenttype, ev.dataschema, ev.response_topic))
+            and (not ext or (_GOOD_NAMES.issuperset(ext)
+                             and plain_texts(ext.values(), False)))):
         return
     if ev.specversion != "1.0":
         raise CloudEventError("bad_specversion",
@@ -204,125 +218,20 @@ def _check(ev: CloudEvent) -> None:
         _value(_ext_name(name), value, empty=True)
 
 
-# paho's Properties() rebuilds two lookup tables (~5 µs) and its setters scan them (~3 µs each).
-# A blank instance's tables are never mutated, so new instances share them and the few publish
-# properties are set directly: same object and wire form, a tenth of the cost.
-_BLANK = dict(vars(Properties(PacketTypes.PUBLISH)))
-_set = object.__setattr__
-
-
-def _str(s: str) -> bytes:
-    b = s.encode()
-    return len(b).to_bytes(2, "big") + b
-
-
-def varint(n: int) -> bytes:
-    """MQTT's variable byte integer."""
-    out = bytearray()
-    while True:
-        n, byte = n >> 7, n & 0x7F
-        out.append(byte | 0x80 if n else byte)
-        if not n:
-            return bytes(out)
-
-
-_FAST = frozenset(("UserProperty", "ContentType", "ResponseTopic", "CorrelationData",
-                   "MessageExpiryInterval", "PayloadFormatIndicator", *_BLANK))
-# Attributes whose values repeat from event to event (a product has a handful of
-# sources, types and scopes): their packed user property is kept, up to _PAIRS_MAX.
-_REPEATING = frozenset(("specversion", "source", "type", "subject", "dataschema",
-                        "datacontenttype", "method"))
-_PAIRS: dict[tuple[str, str], bytes] = {}
-_NAMES: dict[str, bytes] = {}
-_PAIRS_MAX = 4096
-
-
-def _user_property(name: str, value: str) -> bytes:
-    if name in _REPEATING:
-        b = _PAIRS.get((name, value))
-        if b is None:
-            b = b"\x26" + _str(name) + _str(value)
-            if len(_PAIRS) < _PAIRS_MAX:
-                _PAIRS[(name, value)] = b
-        return b
-    n = _NAMES.get(name)
-    if n is None:
-        n = b"\x26" + _str(name)
-        if len(_NAMES) < _PAIRS_MAX:
-            _NAMES[name] = n
-    return n + _str(value)
-
-
-class PublishProperties(Properties):
-    """The few PUBLISH properties we send, packed directly: paho's ``pack`` looks every
-    name up with string replaces and cost more than the rest of a publish."""
-
-    def pack(self) -> bytes:
-        d = self.__dict__
-        if not _FAST.issuperset(d):
-            return super().pack()   # anything else: paho's own packing
-        parts = []
-        v = d.get("PayloadFormatIndicator")
-        if v is not None:
-            parts.append(b"\x01" + bytes((int(v),)))
-        v = d.get("MessageExpiryInterval")
-        if v is not None:
-            parts.append(b"\x02" + int(v).to_bytes(4, "big"))
-        v = d.get("ContentType")
-        if v is not None:
-            parts.append(b"\x03" + _str(v))
-        v = d.get("ResponseTopic")
-        if v is not None:
-            parts.append(b"\x08" + _str(v))
-        v = d.get("CorrelationData")
-        if v is not None:
-            parts.append(b"\x09" + len(v).to_bytes(2, "big") + bytes(v))
-        for name, value in d.get("UserProperty") or ():
-            parts.append(_user_property(name, value))
-        body = b"".join(parts)
-        return varint(len(body)) + body
-
-
-class PackedProperties(PublishProperties):
-    """Properties sent unchanged with many messages (the MES's retained state): packed
-    once. Not to be changed after ``publish_properties`` made them."""
-
-    __slots__ = ("_packed",)
-
-    def pack(self) -> bytes:
-        return self._packed   # type: ignore[no-any-return]
-
-
 def publish_properties(*, content_type: str | None = None,
                        expiry_s: int | None = None) -> Properties:
     """Fixed PUBLISH properties (content type, message expiry), packed once."""
-    props: Properties = object.__new__(PackedProperties)
-    props.__dict__.update(_BLANK)
-    if content_type is not None:
-        _set(props, "ContentType", content_type)
-    if expiry_s is not None:
-        _set(props, "MessageExpiryInterval", int(expiry_s))
-    _set(props, "_packed", PublishProperties.pack(props))
-    return props
+    return Properties(ContentType=content_type, MessageExpiryInterval=expiry_s).freeze()
 
 
 def _properties(ev: CloudEvent, content_type: str | None, user: list[tuple[str, str]] | None,
                 expiry_s: int | None) -> Properties:
-    props: Properties = object.__new__(PublishProperties)
-    props.__dict__.update(_BLANK)
-    if user:
-        _set(props, "UserProperty", user)
-    if content_type is not None:
-        _set(props, "ContentType", content_type)
-    if ev.response_topic is not None:
-        _set(props, "ResponseTopic", ev.response_topic)
-    if ev.correlation_data is not None:
-        _set(props, "CorrelationData", bytes(ev.correlation_data))
-    if expiry_s is not None:
-        if not 0 <= expiry_s <= 0xFFFFFFFF:
-            raise CloudEventError("bad_expiry", f"expiry {expiry_s} s is out of the MQTT range")
-        _set(props, "MessageExpiryInterval", int(expiry_s))
-    return props
+    if expiry_s is not None and not 0 <= expiry_s <= 0xFFFFFFFF:
+        raise CloudEventError("bad_expiry", f"expiry {expiry_s} s is out of the MQTT range")
+    cd = ev.correlation_data
+    return Properties(ContentType=content_type, ResponseTopic=ev.response_topic,
+                      CorrelationData=None if cd is None else bytes(cd),
+                      MessageExpiryInterval=expiry_s, UserProperty=user)
 
 
 def encode_binary(ev: CloudEvent, *, expiry_s: int | None = None) -> tuple[bytes, Properties]:
@@ -425,14 +334,23 @@ def _event(attrs: dict[str, Any], data: Any, response_topic: Any,
         shown = repr(specversion[:20]) if type(specversion) is str else "a non-string"
         raise CloudEventError("bad_specversion", f"specversion must be '1.0', not {shown}")
     pop = attrs.pop
-    id_ = _value("id", pop("id", None), required=True)
-    source = _value("source", pop("source", None), required=True)
-    type_ = _value("type", pop("type", None), required=True)
-    subject = _value("subject", pop("subject", None))
-    time = _value("time", pop("time", None))
-    content_type = _value("datacontenttype", pop("datacontenttype", None))
-    schema = _value("dataschema", pop("dataschema", None))
+    id_, source, type_ = pop("id", None), pop("source", None), pop("type", None)
+    subject, time, schema = pop("subject", None), pop("time", None), pop("dataschema", None)
+    content_type = pop("datacontenttype", None)
+    # the usual event (plain ASCII attributes, known extension names) in one compiled
+    # pass; anything else attribute by attribute, which also says what is wrong
+    if not (id_ and source and type_
+            and plain_texts((id_, source, type_, subject, time, content_type, schema))):
+        id_ = _value("id", id_, required=True)
+        source = _value("source", source, required=True)
+        type_ = _value("type", type_, required=True)
+        subject = _value("subject", subject)
+        time = _value("time", time)
+        content_type = _value("datacontenttype", content_type)
+        schema = _value("dataschema", schema)
     ext: dict[str, str] = {}
+    if _GOOD_NAMES.issuperset(attrs) and plain_texts(attrs.values(), False):
+        ext, attrs = attrs, {}
     for name, value in attrs.items():
         if value is None:  # JSON null: absent
             continue

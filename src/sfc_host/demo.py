@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import aiomqtt
-
 from sfc_host import demo_report
 from sfc_host.cli import positive
 from sfc_host.cloudevents import (
@@ -60,7 +58,7 @@ from sfc_host.mes import BY_ID, JOB_CONTROL, WORK_MASTER
 from sfc_host.mes.codec import levels
 from sfc_host.mes.model import comment, state_name
 from sfc_host.metrics import Histogram, Metrics
-from sfc_host.mqtt import MqttLink, payload_bytes
+from sfc_host.mqtt import Message, MqttLink
 
 if TYPE_CHECKING:
     from sfc_host.app import App
@@ -177,19 +175,19 @@ class Mes:
                            shared=False)
 
     @staticmethod
-    def _decode(message: aiomqtt.Message) -> CloudEvent | None:
+    def _decode(message: Message) -> CloudEvent | None:
         try:
-            return decode(payload_bytes(message), message.properties)
+            return decode(message.payload, message.properties)
         except CloudEventError:
             return None
 
-    def _on_reply(self, message: aiomqtt.Message) -> None:
+    def _on_reply(self, message: Message) -> None:
         ev = self._decode(message)
         fut = self.waiting.pop(ev.causationid or "", None) if ev is not None else None
         if fut is not None and not fut.done():
             fut.set_result(ev.data if isinstance(ev.data, dict) else {})
 
-    def _on_event(self, message: aiomqtt.Message) -> None:
+    def _on_event(self, message: Message) -> None:
         """A status event ``{JobOrder, JobState}``: the order's id and state name; an
         aborted job's reason is its job response's Description (asked for by id)."""
         ev = self._decode(message)
@@ -215,11 +213,11 @@ class Mes:
             status["Reason"] = desc.get("Text") if isinstance(desc, dict) else None
         self.on_status(status)
 
-    def _on_station(self, message: aiomqtt.Message) -> None:
+    def _on_station(self, message: Message) -> None:
         with contextlib.suppress(ValueError):
-            report = json.loads(payload_bytes(message))
+            report = json.loads(message.payload)
             if isinstance(report, dict):
-                self.stations[message.topic.value.split("/")[1]] = report
+                self.stations[message.topic.split("/")[1]] = report
 
     async def request(self, scope: str, type_: str, data: dict[str, Any],
                       **ext: str) -> dict[str, Any]:

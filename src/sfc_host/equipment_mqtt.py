@@ -25,8 +25,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import aiomqtt
-
 from sfc_fast import Command
 from sfc_fast.events import BaseEvent, Completed, Failed, Held, NotHeld
 from sfc_fast.runner import job_of_command
@@ -37,7 +35,7 @@ from sfc_host.cloudevents import (
     encode,
 )
 from sfc_host.keys import check_scope
-from sfc_host.mqtt import MqttLink, payload_bytes
+from sfc_host.mqtt import Message, MqttLink
 
 if TYPE_CHECKING:
     from sfc_host.host import Host
@@ -138,25 +136,25 @@ class EquipmentIn:
         link.subscribe(f"{self.prefix}/+/responses", self.on_answer)
         link.subscribe(f"{self.prefix}/+/events", self.on_event)
 
-    def _receive(self, message: aiomqtt.Message, leaf: str,
+    def _receive(self, message: Message, leaf: str,
                  what: str) -> tuple[str, CloudEvent] | None:
         """The scope (from the topic) and the CloudEvent of a message, or None (logged
         and counted as ``bad_{what}``)."""
-        topic = message.topic.value
+        topic = message.topic
         scope = _scope_of(topic, self.prefix, leaf)
         if scope is None:
             self.metrics.inc(f"bad_{what}")
             log.warning("%s on %s: not a scope's %s topic", what, topic, leaf)
             return None
         try:
-            ev = decode(payload_bytes(message), message.properties, max_bytes=self.max_bytes)
+            ev = decode(message.payload, message.properties, max_bytes=self.max_bytes)
         except CloudEventError as e:
             self.metrics.inc(f"bad_{what}")
             log.warning("%s on %s refused: %s", what, topic, e, extra={"scope": scope})
             return None
         return scope, ev
 
-    def on_answer(self, message: aiomqtt.Message) -> None:
+    def on_answer(self, message: Message) -> None:
         got = self._receive(message, "responses", "answers")
         if got is None:
             return
@@ -165,7 +163,7 @@ class EquipmentIn:
         if isinstance(event, str):
             self.metrics.inc("bad_answers")
             cid = ev.extensions.get("causationid")
-            log.warning("answer %s on %s refused: %s", ev.id, message.topic.value, event,
+            log.warning("answer %s on %s refused: %s", ev.id, message.topic, event,
                         extra={"scope": scope, **command_fields(cid if isinstance(cid, str)
                                                                 else "")})
             return
@@ -183,7 +181,7 @@ class EquipmentIn:
             arrived[job] = time.perf_counter()
         self.host.answer(scope, event)
 
-    async def on_event(self, message: aiomqtt.Message) -> None:
+    async def on_event(self, message: Message) -> None:
         got = self._receive(message, "events", "events")
         if got is None:
             return
@@ -191,7 +189,7 @@ class EquipmentIn:
         if ev.data is not None and not isinstance(ev.data, dict):
             self.metrics.inc("bad_events")
             log.warning("event %s on %s refused: data is not an object", ev.id,
-                        message.topic.value, extra={"scope": scope})
+                        message.topic, extra={"scope": scope})
             return
         self.metrics.inc("events_received")
         await self.host.queue_event(scope, ev.type, ev.subject,

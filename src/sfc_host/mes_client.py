@@ -18,17 +18,14 @@ ours). Many requests may be in flight at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import logging
-import ssl
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-import aiomqtt
-
+from sfc_fast.mqtt5 import MAX_REMAINING
 from sfc_host.cloudevents import (
     CloudEvent,
     CloudEventError,
@@ -41,16 +38,13 @@ from sfc_host.keys import check_scope
 from sfc_host.mes import model
 from sfc_host.mes.codec import levels
 from sfc_host.mes.model import BY_ID, BY_STATE, CONFIG, JOB_CONTROL, METHODS, WORK_MASTER
-from sfc_host.mqtt import NO_DELAY, payload_bytes, retrieve_disconnect
+from sfc_host.metrics import Metrics
+from sfc_host.mqtt import Message, MqttError, MqttLink, MqttRefused
 
 __all__ = ["LISTED_STATES", "MesClient", "MesError", "NoReply", "Reply", "job_order",
            "status_names"]
 
 SOURCE = "sfc-host-cli"
-
-# aiomqtt warns while many requests wait at once (by design here); errors still show
-_CLIENT_LOG = logging.getLogger("sfc_host.mes_client.mqtt")
-_CLIENT_LOG.setLevel(logging.ERROR)
 
 # OPC UA ISA-95 job control method return status: a bit map (bit 0 = no error); the
 # names are those of the constants, as the docs' reply table shows them.
@@ -117,16 +111,6 @@ class Reply:
         return m if isinstance(m, str) else ""
 
 
-def tls_context(config: HostConfig) -> ssl.SSLContext | None:
-    """The TLS context of an ``mqtts://`` URL, with the config's CA and client cert."""
-    if urlparse(config.mqtt_url).scheme not in ("mqtts", "ssl"):
-        return None
-    ctx = ssl.create_default_context(cafile=config.mqtt_ca_file or None)
-    if config.mqtt_cert_file:
-        ctx.load_cert_chain(config.mqtt_cert_file, config.mqtt_key_file or None)
-    return ctx
-
-
 class MesClient:
     def __init__(self, config: HostConfig, *, timeout_s: float = 10.0,
                  client_id: str = "") -> None:
@@ -141,8 +125,7 @@ class MesClient:
         self.v5 = config.mqtt_version == 5
         self.prefix = config.mes_prefix
         self.client_id = client_id or f"sfc-cli-{uuid.uuid4().hex[:12]}"
-        self._client: aiomqtt.Client | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._link: MqttLink | None = None
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._subscribed: dict[str, asyncio.Future[Any]] = {}
         self._retained: dict[str, asyncio.Future[bytes]] = {}
@@ -150,20 +133,19 @@ class MesClient:
     # ---- connection
 
     async def __aenter__(self) -> MesClient:
-        c = self.config
-        client = aiomqtt.Client(
-            self.host, self.port, identifier=self.client_id,
-            username=c.mqtt_username or None, password=c.mqtt_password or None,
-            protocol=aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311,
-            tls_context=tls_context(c), timeout=self.timeout_s, keepalive=30,
-            socket_options=NO_DELAY, logger=_CLIENT_LOG)
+        # the host's own link, with nothing shared and nothing counted anyone reads; a
+        # retained state index may be larger than any request (1.6 MB at 10,000 orders)
+        link = MqttLink(self.config, Metrics(), client_id=self.client_id, once=True,
+                        max_packet=MAX_REMAINING + 5)
+        await link.start()
         try:
-            await client.__aenter__()
-        except (aiomqtt.MqttError, OSError, ssl.SSLError) as e:
+            await link.wait_connected(self.timeout_s)
+        except (MqttError, MqttRefused, TimeoutError) as e:
+            await link.aclose(drain_s=0)
+            why = link.last_error or e
             raise MesError(f"cannot reach the MQTT broker at {self.host}:{self.port} "
-                           f"({e})") from None
-        self._client = client
-        self._reader = asyncio.create_task(self._read())
+                           f"({why})") from None
+        self._link = link
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -172,16 +154,9 @@ class MesClient:
     async def aclose(self) -> None:
         for f in self._subscribed.values():
             f.cancel()
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-            self._reader = None
-        if self._client is not None:
-            with contextlib.suppress(Exception):
-                await self._client.__aexit__(None, None, None)
-            retrieve_disconnect(self._client)
-            self._client = None
+        if self._link is not None:
+            await self._link.aclose()
+            self._link = None
 
     def _inbox(self, scope: str) -> str:
         # MQTT 5: a topic of this client only, under the scope's tree (broker ACLs that
@@ -195,35 +170,26 @@ class MesClient:
         # before it publishes (else its reply could come before the subscription)
         done = self._subscribed.get(topic)
         if done is None:
-            assert self._client is not None
+            assert self._link is not None
             done = self._subscribed[topic] = asyncio.ensure_future(
-                self._client.subscribe(topic, qos=1))
+                self._link.subscribed(topic, self._on_message, shared=False))
         try:
             await asyncio.shield(done)
-        except aiomqtt.MqttError as e:
+        except (MqttError, TimeoutError) as e:
             self._subscribed.pop(topic, None)
             raise MesError(f"cannot subscribe to {topic} ({e})") from None
 
-    async def _read(self) -> None:
-        assert self._client is not None
-        try:
-            async for msg in self._client.messages:
-                topic = msg.topic.value
-                fut = self._retained.get(topic)
-                if fut is not None:
-                    if not fut.done():
-                        fut.set_result(payload_bytes(msg))
-                    continue
-                self._on_reply(msg)
-        except aiomqtt.MqttError as e:
-            err = MesError(f"lost the connection to the MQTT broker ({e})")
-            for f in self._waiting.values():
-                if not f.done():
-                    f.set_exception(err)
+    def _on_message(self, msg: Message) -> None:
+        fut = self._retained.get(msg.topic)
+        if fut is not None:
+            if not fut.done():
+                fut.set_result(msg.payload)
+            return
+        self._on_reply(msg)
 
-    def _on_reply(self, msg: aiomqtt.Message) -> None:
+    def _on_reply(self, msg: Message) -> None:
         try:
-            ev = decode(payload_bytes(msg), msg.properties,
+            ev = decode(msg.payload, msg.properties,
                         max_bytes=self.config.mqtt_max_payload)
         except CloudEventError:
             return      # not a reply of ours (a shared replies topic on 3.1.1)
@@ -245,7 +211,7 @@ class MesClient:
         """Send one request to ``scope`` and wait for its reply; ``NoReply`` after the
         timeout."""
         check_scope(scope)
-        if self._client is None:
+        if self._link is None:
             raise MesError("the client is not connected")
         inbox = self._inbox(scope)
         await self._subscribe(inbox)
@@ -263,11 +229,9 @@ class MesClient:
         self._waiting[ev.id] = fut
         wait = self.timeout_s if timeout_s is None else timeout_s
         try:
-            try:
-                await self._client.publish(f"{self.prefix}/{levels(scope)}/commands", payload,
-                                           qos=1, properties=props)
-            except aiomqtt.MqttError as e:
-                raise MesError(f"cannot send to the MQTT broker ({e})") from None
+            if not self._link.publish_nowait(f"{self.prefix}/{levels(scope)}/commands",
+                                             payload, props, qos=1):
+                raise MesError("cannot send to the MQTT broker (the queue is full)")
             try:
                 return await asyncio.wait_for(fut, wait)
             except TimeoutError:
@@ -338,20 +302,21 @@ class MesClient:
     async def retained(self, topic: str, wait_s: float = 1.0) -> Any:
         """The retained JSON on ``{mes}/{topic}`` (``line1/state-index``,
         ``line1/order/J1``), or None when the broker holds none."""
-        if self._client is None:
+        if self._link is None:
             raise MesError("the client is not connected")
         full = f"{self.prefix}/{topic}"
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._retained[full] = fut
+        end: Callable[[], None] | None = None
         try:
-            await self._client.subscribe(full, qos=1)
+            end = await self._link.subscribed(full, self._on_message, shared=False)
             raw = await asyncio.wait_for(fut, wait_s)
         except TimeoutError:
             return None
         finally:
             self._retained.pop(full, None)
-            with contextlib.suppress(aiomqtt.MqttError):
-                await self._client.unsubscribe(full)
+            if end is not None:
+                end()
         try:
             return json.loads(raw) if raw else None
         except ValueError:

@@ -71,6 +71,11 @@ HELP: dict[str, str] = {
     "mqtt_unrouted": "MQTT messages on a topic no handler subscribed to.",
     "mqtt_handler_errors": "MQTT messages whose handler raised.",
     "mqtt_reconnects": "MQTT reconnections.",
+    "mqtt_malformed": "MQTT packets from the broker that broke the protocol (the connection "
+                      "was closed and made again).",
+    "mqtt_oversized": "MQTT messages larger than mqtt_max_payload, passed over unread.",
+    "mqtt_unsendable": "MQTT messages not published because they could not be encoded.",
+    "mqtt_subscribe_refused": "MQTT subscriptions the broker refused.",
     "mqtt_status_dropped": "MES status events and retained state not sent because the "
                            "outgoing MQTT queue was 80 % full.",
     "order_hook_errors": "Job order changes whose publishing hook raised.",

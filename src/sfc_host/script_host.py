@@ -16,15 +16,11 @@ import json
 import logging
 from typing import Any
 
-import aiomqtt
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-
 from sfc_host.engine.api import Handler, Props, ScriptAPIError, wants_properties
 from sfc_host.mes.codec import Invalid
 from sfc_host.mes.control import MesControl
 from sfc_host.mes_client import status_names
-from sfc_host.mqtt import MqttLink, payload_bytes
+from sfc_host.mqtt import Message, MqttLink, Properties
 from sfc_host.orders import OrderError
 
 log = logging.getLogger("sfc_host.scripts")
@@ -45,12 +41,12 @@ class ScriptLink:
     def subscribe(self, topic_filter: str, handler: Handler) -> Any:
         with_props = wants_properties(handler)
 
-        def on_message(message: aiomqtt.Message) -> Any:
+        def on_message(message: Message) -> Any:
             if with_props:
-                r = handler(message.topic.value, payload_bytes(message),
+                r = handler(message.topic, message.payload,
                             from_properties(message.properties))
             else:
-                r = handler(message.topic.value, payload_bytes(message))
+                r = handler(message.topic, message.payload)
             return r if inspect.isawaitable(r) else None
         return self.link.subscribe(topic_filter, on_message, shared=False)
 
@@ -66,14 +62,15 @@ def from_properties(p: Properties | None) -> Props:
     for name, value in getattr(p, "UserProperty", None) or ():
         out[name] = value
     for name in _NAMED:
-        if hasattr(p, name):
-            out[name] = getattr(p, name)
+        value = getattr(p, name, None)
+        if value is not None:
+            out[name] = value
     return out
 
 
 def to_properties(props: Props) -> Properties:
     """The flat dict back into MQTT 5 properties (other names as user properties)."""
-    p = Properties(PacketTypes.PUBLISH)
+    p = Properties()
     users = []
     for name, value in props.items():
         if name in _NAMED:

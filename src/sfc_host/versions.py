@@ -11,8 +11,7 @@ import platform
 from typing import Any
 
 # (what the operator knows it as, its distribution name)
-LIBRARIES = (("redis-py", "redis"), ("hiredis", "hiredis"), ("paho-mqtt", "paho-mqtt"),
-             ("aiomqtt", "aiomqtt"), ("uvloop", "uvloop"))
+LIBRARIES = (("redis-py", "redis"), ("hiredis", "hiredis"), ("uvloop", "uvloop"))
 DISTRIBUTION = "sfc-fast"
 
 

@@ -20,8 +20,6 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-import aiomqtt
-
 from sfc_host.capabilities import Capabilities, unserved
 from sfc_host.cloudevents import CloudEvent, CloudEventError, decode
 from sfc_host.keys import ScopeKeys, check_job
@@ -29,7 +27,7 @@ from sfc_host.mes import codec, model
 from sfc_host.mes.catalog import ID_FIELD, Acceptance, config_id, max_orders
 from sfc_host.mes.codec import Invalid
 from sfc_host.mes.publishing import Publisher
-from sfc_host.mqtt import MqttLink, payload_bytes
+from sfc_host.mqtt import Message, MqttLink
 from sfc_host.orders import OrderError
 from sfc_host.work import Recipes, Unusable
 
@@ -88,10 +86,10 @@ class MesControl:
 
     # ---- requests
 
-    async def on_request(self, message: aiomqtt.Message) -> None:
-        topic = message.topic.value
+    async def on_request(self, message: Message) -> None:
+        topic = message.topic
         try:
-            ev = decode(payload_bytes(message), message.properties, max_bytes=self.max_bytes)
+            ev = decode(message.payload, message.properties, max_bytes=self.max_bytes)
         except CloudEventError as e:
             self.metrics.inc("bad_mes_requests")
             log.warning("MES request on %s refused (no reply possible): %s", topic, e)

@@ -20,8 +20,7 @@ import datetime
 import logging
 from typing import TYPE_CHECKING, Any
 
-from paho.mqtt.properties import Properties
-
+from sfc_fast.mqtt5 import Properties
 from sfc_host.cloudevents import CloudEvent, CloudEventError, publish_properties
 from sfc_host.keys import SCOPES, ScopeKeys
 from sfc_host.mes import codec, model

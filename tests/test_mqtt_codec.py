@@ -1,0 +1,416 @@
+"""The MQTT codec of our own (``sfc_fast.mqtt5``) and the link on it: packets framed
+from reads cut anywhere, encode -> decode round trips, malformed and truncated input
+refused with ``MalformedPacket`` (never another error), oversized messages passed over
+without being kept; the link against mosquitto (a topic no one may publish to turned
+away, more messages than the in-flight window) and against a broker that misbehaves on
+purpose (a malformed packet closes the connection, counted, and the link connects
+again; what was not acknowledged is sent again, marked DUP; a broker that stops
+answering pings is left)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sfc_fast import mqtt5
+from sfc_fast.mqtt5 import MalformedPacket, Message, Properties, Reader
+from sfc_host.config import HostConfig
+from sfc_host.metrics import Metrics
+from sfc_host.mqtt import MqttLink
+
+
+def publish(topic: str, payload: bytes, qos: int = 0, retain: bool = False, mid: int = 0,
+            props: Properties | None = None, v5: bool = True, dup: bool = False) -> bytes:
+    out = bytearray()
+    mqtt5.publish_into(out, topic, payload, qos, retain, mid, props, v5, dup)
+    return bytes(out)
+
+
+def feed_in_pieces(reader: Reader, data: bytes, cuts: list[int]) -> list[Any]:
+    got: list[Any] = []
+    last = 0
+    for cut in [*sorted(set(cuts)), len(data)]:
+        got += reader.feed(data[last:cut])
+        last = cut
+    return got
+
+
+def test_packets_are_framed_from_reads_cut_anywhere() -> None:
+    props = Properties(ContentType="application/json", ResponseTopic="r/1",
+                       CorrelationData=b"\x00\xff", MessageExpiryInterval=60,
+                       UserProperty=[("id", "1"), ("type", "ü")])
+    data = (publish("a/b", b"x" * 300, 1, mid=7, props=props)
+            + b"\x40\x02\x00\x07"                      # PUBACK 7
+            + b"\x40\x03\x00\x08\x87"                  # PUBACK 8, not authorized
+            + b"\x90\x04\x00\x01\x00\x01"              # SUBACK 1: QoS 1
+            + b"\xd0\x00"                              # PINGRESP
+            + publish("c", b"", 0, retain=True))
+    for cut in range(len(data) + 1):
+        got = feed_in_pieces(Reader(), data, [cut])
+        m = got[0]
+        assert isinstance(m, Message) and (m.topic, m.payload, m.qos, m.mid) == (
+            "a/b", b"x" * 300, 1, 7)
+        assert m.properties == props
+        assert got[1:5] == [(mqtt5.PUBACK, 7, 0), (mqtt5.PUBACK, 8, 0x87),
+                            (mqtt5.SUBACK, 1, [1]), (mqtt5.PINGRESP,)]
+        assert got[5].topic == "c" and got[5].retain and got[5].properties is None
+
+
+def test_connack_and_disconnect_carry_their_properties() -> None:
+    r = Reader()
+    props = b"\x21\x00\x14" + b"\x27\x00\x10\x00\x00" + b"\x1f\x00\x02hi"
+    connack = b"\x20" + bytes([2 + 1 + len(props)]) + b"\x00\x00" + bytes([len(props)]) + props
+    assert r.feed(connack) == [(mqtt5.CONNACK, False, 0, {
+        "ReceiveMaximum": 20, "MaximumPacketSize": 1 << 20, "ReasonString": "hi"})]
+    assert r.feed(b"\xe0\x01\x8b") == [(mqtt5.DISCONNECT, 0x8B, {})]
+    assert Reader(v5=False).feed(b"\x20\x02\x01\x05") == [(mqtt5.CONNACK, True, 5, {})]
+
+
+MALFORMED = [
+    ("a varint of five bytes", b"\x30\xff\xff\xff\xff\x01"),
+    ("QoS 3", b"\x36\x05\x00\x01a\x00\x01"),
+    ("U+0000 in a topic", b"\x30\x04\x00\x02a\x00"),
+    ("invalid UTF-8", b"\x30\x04\x00\x02\xc3\x28"),
+    ("a wildcard topic", b"\x30\x04\x00\x02a+"),
+    ("packet id 0", b"\x32\x06\x00\x01a\x00\x00\x00"),
+    ("a property twice", b"\x30\x0a\x00\x01a\x06\x02\x00\x00\x00\x01\x01"),
+    ("a topic alias", b"\x30\x07\x00\x01a\x03\x23\x00\x01"),
+    ("a property PUBLISH may not carry", b"\x30\x06\x00\x01a\x02\x21\x00"),
+    ("reserved flags", b"\x41\x02\x00\x01"),
+    ("a packet a server never sends", b"\x82\x02\x00\x01"),
+    ("AUTH", b"\xf0\x00"),
+    ("bytes after a PINGRESP", b"\xd0\x01\x00"),
+    ("a property list longer than the packet", b"\x30\x05\x00\x01a\x09\x01"),
+]
+
+
+@pytest.mark.parametrize(("why", "data"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_packets_are_refused_with_a_reason(why: str, data: bytes) -> None:
+    with pytest.raises(MalformedPacket) as e:
+        Reader().feed(data)
+    assert e.value.reason in (0x81, 0x82, 0x90)
+
+
+def test_an_oversized_publish_is_passed_over_without_being_kept() -> None:
+    r = Reader(max_packet=1000)
+    big = publish("big/one", b"z" * 50_000, 1, mid=3)
+    after = publish("small", b"ok")
+    data = big + after
+    got: list[Any] = []
+    for i in range(0, len(data), 4096):
+        got += r.feed(data[i:i + 4096])
+        assert r.buffered < 5000          # never the whole big packet
+    assert got[0] == (mqtt5.OVERSIZED, "big/one", 1, 3, len(big))
+    assert got[1].topic == "small" and got[1].payload == b"ok"
+    with pytest.raises(MalformedPacket):   # only a PUBLISH may be that large
+        Reader(max_packet=10).feed(b"\x90\x20" + b"\x00" * 32)
+
+
+topics = st.text(st.characters(blacklist_characters="+#\x00", blacklist_categories=("Cs",)),
+                 min_size=1, max_size=40)
+texts = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+                max_size=30)
+
+
+@st.composite
+def properties(draw: Any) -> Properties | None:
+    if draw(st.booleans()):
+        return None
+    return Properties(
+        PayloadFormatIndicator=draw(st.none() | st.sampled_from([0, 1])),
+        MessageExpiryInterval=draw(st.none() | st.integers(0, 0xFFFFFFFF)),
+        ContentType=draw(st.none() | texts), ResponseTopic=draw(st.none() | topics),
+        CorrelationData=draw(st.none() | st.binary(max_size=20)),
+        UserProperty=draw(st.none() | st.lists(st.tuples(texts, texts), min_size=1,
+                                               max_size=4)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(topic=topics, payload=st.binary(max_size=300), qos=st.sampled_from([0, 1, 2]),
+       retain=st.booleans(), props=properties(), v5=st.booleans(),
+       cuts=st.lists(st.integers(0, 400), max_size=4))
+def test_publish_round_trips(topic: str, payload: bytes, qos: int, retain: bool,
+                             props: Properties | None, v5: bool, cuts: list[int]) -> None:
+    data = publish(topic, payload, qos, retain, 9 if qos else 0, props, v5, dup=qos > 0)
+    (m,) = feed_in_pieces(Reader(v5=v5), data, cuts)
+    assert (m.topic, m.payload, m.qos, m.retain, m.mid, m.dup) == (
+        topic, payload, qos, retain, 9 if qos else 0, qos > 0)
+    if not v5 or props is None or props.pack() == b"\x00":
+        assert m.properties is None
+    else:
+        assert m.properties == props
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.binary(max_size=200), v5=st.booleans())
+def test_garbage_never_raises_anything_but_malformed(data: bytes, v5: bool) -> None:
+    r = Reader(v5=v5, max_packet=100)
+    try:
+        for i in range(0, len(data), 7):
+            r.feed(data[i:i + 7])
+    except MalformedPacket:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(topic=topics, payload=st.binary(max_size=50), props=properties(),
+       cut=st.integers(0, 200), flip=st.integers(0, 255))
+def test_truncated_or_garbled_publishes_never_crash(topic: str, payload: bytes,
+                                                    props: Properties | None, cut: int,
+                                                    flip: int) -> None:
+    data = bytearray(publish(topic, payload, 1, mid=1, props=props))
+    data[cut % len(data)] ^= flip
+    try:
+        Reader().feed(bytes(data[:cut + 1]))
+        Reader().feed(bytes(data))
+    except MalformedPacket:
+        pass
+
+
+def test_what_cannot_be_sent_is_refused_before_the_wire() -> None:
+    out = bytearray()
+    for bad in [("a/#", b""), ("", b""), ("a\x00", b"")]:
+        with pytest.raises(ValueError):
+            mqtt5.publish_into(out, *bad)
+    with pytest.raises(ValueError):
+        mqtt5.publish_into(out, "a", b"", 1, mid=0)       # QoS 1 needs a packet id
+    with pytest.raises(TypeError):
+        mqtt5.publish_into(out, "a", b"", 0, properties=Properties(ContentType=b"x"))
+    assert out == b""
+
+
+# ---- the link against mosquitto
+
+
+def test_a_topic_no_one_may_publish_to_is_turned_away_and_the_link_keeps_sending(
+        mqtt_url: str) -> None:
+    async def main() -> None:
+        cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=mqtt_url,
+                         consumer="fastio")
+        metrics = Metrics()
+        got: list[bytes] = []
+        done = asyncio.Event()
+
+        def on(m: Message) -> None:
+            got.append(m.payload)
+            if len(got) == 300:
+                done.set()
+        async with MqttLink(cfg, Metrics(), client_id="fastio-sub") as sub:
+            await sub.subscribed("fastio/#", on, shared=False)
+            async with MqttLink(cfg, metrics) as link:
+                await link.wait_connected()
+                assert not link.publish_nowait("fastio/#", b"bad")
+                assert not link.publish_nowait("", b"bad")
+                acks = []
+                for i in range(300):            # more than IN_FLIGHT at once
+                    f = asyncio.get_running_loop().create_future()
+                    assert link.publish_nowait(f"fastio/{i % 3}", str(i).encode(), acked=f)
+                    acks.append(f)
+                await asyncio.wait_for(asyncio.gather(*acks), 10)
+                await asyncio.wait_for(done.wait(), 10)
+        assert got == [str(i).encode() for i in range(300)]
+        assert metrics["mqtt_bad_topic"] == 2 and metrics["mqtt_sent"] == 300
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("qos", "version"), [(2, 5), (1, 3), (2, 3)])
+def test_qos_2_and_mqtt_3_1_1_through_mosquitto(mqtt_url: str, qos: int, version: int) -> None:
+    """QoS 2 both ways (PUBREC, PUBREL, PUBCOMP) and MQTT 3.1.1 (no properties), each
+    message delivered once and acknowledged. 3.1.1 at QoS 2 stays under the broker's
+    20 in flight: mosquitto 2.0.11 then stops delivering QoS 2 to a 3.1.1 client
+    (paho shows the same with 50 publishes at once)."""
+    n = 15 if (qos, version) == (2, 3) else 50
+
+    async def main() -> None:
+        cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=mqtt_url,
+                         consumer=f"q{qos}v{version}", mqtt_qos=qos, mqtt_version=version)
+        got: list[tuple[bytes, int, Any]] = []
+        done = asyncio.Event()
+
+        def on(m: Message) -> None:
+            got.append((m.payload, m.qos, m.properties))
+            if len(got) == n:
+                done.set()
+        metrics = Metrics()
+        async with MqttLink(cfg, metrics) as link:
+            await link.wait_connected()
+            await link.subscribed(f"q{qos}v{version}/#", on, shared=False)
+            acks = [asyncio.get_running_loop().create_future() for _ in range(n)]
+            for i, f in enumerate(acks):
+                link.publish_nowait(f"q{qos}v{version}/t", str(i).encode(),
+                                    Properties(ContentType="text/plain"), acked=f)
+            await asyncio.wait_for(asyncio.gather(*acks), 10)
+            await asyncio.wait_for(done.wait(), 10)
+            await asyncio.sleep(0.2)                     # nothing comes twice
+        assert [g[0] for g in got] == [str(i).encode() for i in range(n)]
+        assert {g[1] for g in got} == {qos}
+        want = None if version == 3 else Properties(ContentType="text/plain")
+        assert all(g[2] == want for g in got)
+        assert metrics["mqtt_sent"] == n and metrics["mqtt_received"] == n
+    asyncio.run(main())
+
+
+# ---- the link against a broker that misbehaves on purpose
+
+
+class Misbehaving:
+    """Accepts connections and answers CONNECT with a CONNACK; then, per connection,
+    whatever ``script`` does with the reader and writer."""
+
+    def __init__(self, script: Any) -> None:
+        self.script = script
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Misbehaving:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"mqtt://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        n = self.connections
+        try:
+            await read_packet(r)                               # CONNECT
+            w.write(b"\x20\x03\x00\x00\x00")                   # CONNACK, no properties
+            await self.script(n, r, w)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            w.close()
+
+
+async def read_packet(r: asyncio.StreamReader) -> bytes:
+    first = await r.readexactly(1)
+    n, shift, raw = 0, 0, b""
+    while True:
+        b = await r.readexactly(1)
+        raw += b
+        n |= (b[0] & 0x7F) << shift
+        shift += 7
+        if not b[0] & 0x80:
+            break
+    return first + raw + await r.readexactly(n)
+
+
+def test_a_malformed_packet_closes_the_connection_and_the_link_connects_again() -> None:
+    async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if n == 1:
+            w.write(b"\x30\xff\xff\xff\xff\x01")              # a five-byte length
+            await w.drain()
+            disconnect = await read_packet(r)
+            assert disconnect == b"\xe0\x01\x81"               # "malformed packet"
+        else:
+            w.write(publish("t/1", b"fine"))
+            await asyncio.sleep(5)
+
+    async def main() -> None:
+        async with Misbehaving(script) as broker:
+            cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=broker.url,
+                             consumer="bad")
+            metrics = Metrics()
+            got: list[str] = []
+            async with MqttLink(cfg, metrics) as link:
+                link.subscribe("t/#", lambda m: got.append(m.topic), shared=False)
+                for _ in range(100):
+                    if got:
+                        break
+                    await asyncio.sleep(0.05)
+            assert got == ["t/1"] and broker.connections == 2
+            assert metrics["mqtt_malformed"] == 1 and metrics["mqtt_reconnects"] == 1
+    asyncio.run(main())
+
+
+def test_unacknowledged_messages_go_out_again_marked_dup_after_a_reconnect() -> None:
+    seen: list[bytes] = []
+
+    async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            p = await read_packet(r)
+            if p[0] >> 4 == 8:                                # SUBSCRIBE: granted
+                w.write(b"\x90\x04" + p[2:4] + b"\x00\x01")
+                continue
+            if p[0] >> 4 != 3:
+                continue
+            seen.append(p)
+            if n == 1 and len(seen) == 2:
+                return                                        # gone, nothing acknowledged
+            if n > 1:
+                mid = p[5:7]                                  # topic "q" (3 bytes), id
+                w.write(b"\x40\x02" + mid)
+
+    async def main() -> None:
+        async with Misbehaving(script) as broker:
+            cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=broker.url,
+                             consumer="dup")
+            metrics = Metrics()
+            async with MqttLink(cfg, metrics) as link:
+                await link.wait_connected()
+                acks = [asyncio.get_running_loop().create_future() for _ in range(2)]
+                for i, f in enumerate(acks):
+                    link.publish_nowait("q", f"m{i}".encode(), acked=f)
+                await asyncio.wait_for(asyncio.gather(*acks), 10)
+            assert metrics["mqtt_sent"] == 2 and metrics["mqtt_reconnects"] == 1
+        first, again = seen[:2], seen[2:4]
+        assert [p[0] for p in first] == [0x32, 0x32]             # QoS 1
+        assert [p[0] for p in again] == [0x3A, 0x3A]             # QoS 1, DUP
+        assert [p[-2:] for p in again] == [b"m0", b"m1"]         # in the order sent
+    asyncio.run(main())
+
+
+def test_the_link_stops_cleanly_while_the_broker_is_away() -> None:
+    async def main() -> None:
+        cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url="mqtt://127.0.0.1:9",
+                         consumer="away")
+        link = MqttLink(cfg, Metrics())
+        await link.start()
+        with pytest.raises(TimeoutError):
+            await link.wait_connected(0.5)
+        assert link.last_error
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(link.aclose(), 5)
+        assert link._task is None
+    asyncio.run(main())
+
+
+def test_a_broker_that_stops_answering_pings_is_left_and_the_link_connects_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sfc_host.mqtt import link as link_module
+
+    monkeypatch.setattr(link_module, "KEEPALIVE_S", 1)
+    pings: list[int] = []
+
+    async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            p = await read_packet(r)
+            if p[0] == 0xC0:                                  # PINGREQ: never answered
+                pings.append(n)
+
+    async def main() -> None:
+        async with Misbehaving(script) as broker:
+            cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=broker.url,
+                             consumer="ping")
+            metrics = Metrics()
+            async with MqttLink(cfg, metrics) as link:
+                await link.wait_connected()
+                for _ in range(100):
+                    if broker.connections == 2:
+                        break
+                    await asyncio.sleep(0.05)
+            assert broker.connections == 2 and pings[:1] == [1]
+            assert metrics["mqtt_reconnects"] == 1
+            assert "ping" in link.last_error
+    asyncio.run(main())
