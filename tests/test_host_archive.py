@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hosts import Station, wait_until
-from test_host_flow import V110, S, run, start_host
+from hosts import V110, Station, wait_until
+from test_host_flow import S, run, start_host
 
 from sfc_fast import Graph, state_to_json
 from sfc_fast.events import Completed
