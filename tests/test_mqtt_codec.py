@@ -371,6 +371,41 @@ def test_unacknowledged_messages_go_out_again_marked_dup_after_a_reconnect() -> 
     asyncio.run(main())
 
 
+def test_a_host_listens_only_once_the_broker_acknowledged_its_subscriptions() -> None:
+    """``/readyz`` must not say ready while a SUBSCRIBE is unanswered: an MES request
+    published then to the shared subscription reaches no host and is lost."""
+    release = asyncio.Event()
+
+    async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            p = await read_packet(r)
+            if p[0] >> 4 == 8:                                # SUBSCRIBE: held back
+                await release.wait()
+                w.write(b"\x90\x04" + p[2:4] + b"\x00\x01")
+                await w.drain()
+
+    async def main() -> None:
+        async with Misbehaving(script) as broker:
+            cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=broker.url,
+                             consumer="late")
+            link = MqttLink(cfg, Metrics())
+            link.subscribe("mes/commands", lambda m: None)
+            await link.start(subscribe=False)
+            try:
+                await link.wait_connected()
+                assert not link.listening                     # publishing only
+                opening = asyncio.ensure_future(link.open_subscriptions())
+                await asyncio.sleep(0.2)
+                assert link.subscribing and not link.listening
+                release.set()
+                await asyncio.wait_for(opening, 5)
+                assert link.listening
+            finally:
+                await asyncio.wait_for(link.aclose(), 5)
+            assert not link.listening
+    asyncio.run(main())
+
+
 def test_the_link_stops_cleanly_while_the_broker_is_away() -> None:
     async def main() -> None:
         cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url="mqtt://127.0.0.1:9",

@@ -136,8 +136,8 @@ class App:
                 continue
             if not link.connected.is_set():
                 missing.append(f"{name}: not connected")
-            elif not link.subscribing:
-                missing.append(f"{name}: not subscribed yet")
+            elif not link.listening:
+                missing.append(f"{name}: subscriptions not acknowledged yet")
         if self.engine.state != "Running":
             missing.append(f"engine: {self.engine.state}")
         if not self.recovered:

@@ -120,6 +120,14 @@ def scrape(port: int) -> str | None:
         return None
 
 
+def is_ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:     # 503 (HTTPError) or no answer yet
+        return False
+
+
 class HostProcess:
     """One ``sfc-host run`` process (through ``run_host.py``) with its own TOML config."""
 
@@ -141,8 +149,10 @@ class HostProcess:
                                          start_new_session=True)
 
     async def ready(self, timeout: float = 30) -> None:
+        """Until ``/readyz`` answers 200: recovered, and every MQTT subscription
+        acknowledged (a request sent before that could reach no host)."""
         end = time.monotonic() + timeout
-        while await asyncio.to_thread(scrape, self.metrics_port) is None:
+        while not await asyncio.to_thread(is_ready, self.metrics_port):
             if self.proc.poll() is not None or time.monotonic() > end:
                 raise AssertionError(f"host {self.name} did not start:\n{self.tail()}")
             await asyncio.sleep(0.05)

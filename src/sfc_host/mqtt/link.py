@@ -124,6 +124,14 @@ class MqttLink:
         # False until ``open_subscriptions``: a host connects to publish first and takes
         # messages only once it is ready (a host failing its start-up takes none)
         self.subscribing = True
+        # every registered filter acknowledged by the broker on the live connection:
+        # until then a request sent to a shared subscription may reach no host at all
+        self._acked = False
+
+    @property
+    def listening(self) -> bool:
+        """Connected, and the broker acknowledged every subscription (``/readyz``)."""
+        return self._acked and self.connected.is_set()
 
     # ---- setup
 
@@ -215,6 +223,7 @@ class MqttLink:
         try:
             for as_ in dict.fromkeys(s[1] for s in self._subs):
                 await self._subscribe(conn, as_)
+            self._acked = self._live is conn
         except (MqttError, TimeoutError) as e:
             log.warning("MQTT subscribe failed (%s); the reconnect subscribes again", e)
 
@@ -414,6 +423,7 @@ class MqttLink:
                 if self.subscribing:
                     for as_ in dict.fromkeys(s[1] for s in self._subs):
                         await self._subscribe(conn, as_)
+                    self._acked = True
                 self.connects += 1
                 if fails or self.connects > 1:
                     log.info("MQTT connected again to %s:%d", self.host, self.port)
@@ -455,6 +465,7 @@ class MqttLink:
         """The connection is over: what was not acknowledged goes back to the front of
         the queue, in the order it was sent, marked DUP."""
         self._live = None
+        self._acked = False
         self.connected.clear()
         if self._unacked:
             for m in self._unacked.values():
