@@ -561,11 +561,21 @@ cdef int _push_list(I32Vec* v, list xs) except -1:
     return 0
 
 
+cdef int _push_bytes(I32Vec* v, bytes b) except -1:
+    """Append the native int32 values held in b."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(b) // 4, k
+    cdef const int32_t* p = <const int32_t*>PyBytes_AS_STRING(b)
+    for k in range(n):
+        i32_push(v, p[k])
+    return 0
+
+
 cdef class _Compiler:
     cdef int minor
     cdef list problems
     cdef list strings
     cdef dict string_ids
+    cdef object next_id     # the int of the next string id, or None until needed
     cdef I32Vec t[N_I32]
     cdef I64Vec t64[N_I64]
     # what _v110 found for the action at hand
@@ -594,13 +604,17 @@ cdef class _Compiler:
         self.problems.append(Problem(code, path, message))
 
     cdef int sid(self, str s) except -2:
-        # one hash lookup: insert the next id unless s has one (the dict grows)
+        # one hash lookup: insert the next id unless s has one (the dict grows); the
+        # next id's int is made once, not on every lookup
         cdef Py_ssize_t n = PyList_GET_SIZE(self.strings)
-        cdef PyObject* found = PyDict_SetDefault(self.string_ids, s, n)
+        if self.next_id is None:
+            self.next_id = n
+        cdef PyObject* found = PyDict_SetDefault(self.string_ids, s, self.next_id)
         if found == NULL:
             return -2
         if PyDict_GET_SIZE(self.string_ids) > n:
             self.strings.append(s)
+            self.next_id = None
             return <int>n
         return <int><object>found
 
@@ -1143,8 +1157,9 @@ cdef class _Compiler:
             i32_push(&t[X_CONST_TEXT], self.sid(name))
         _push_list(&t[X_STEP_PATH], step_path)
         _push_list(&t[X_B_PATH_OFF], br_path_off)
-        _push_list(&t[X_COND_OFF], cb.offsets)
-        _push_list(&t[X_CODE], cb.code)
+        code, offsets = cb.tables()
+        _push_bytes(&t[X_COND_OFF], offsets)
+        _push_bytes(&t[X_CODE], code)
 
         # UTF-8 offsets of the strings; the bytes are copied by _pack
         cdef Py_ssize_t size, total = 0
