@@ -11,7 +11,7 @@ a recipe author: there is no ``eval`` and no attribute access.
 from libc.stdint cimport int32_t
 from cpython.object cimport PyObject_IsTrue
 from cpython.list cimport PyList_GET_SIZE
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_GetItemWithError
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from libc.stdlib cimport free, realloc
@@ -272,7 +272,7 @@ cdef class CondBuilder:
         stripped = text.strip()     # text itself when there is nothing to strip
         if len(stripped) <= 6 and stripped in TRIVIALLY_TRUE:
             return -1
-        cdef PyObject* cached = PyDict_GetItem(self._cache, stripped)
+        cdef PyObject* cached = PyDict_GetItemWithError(self._cache, stripped)
         if cached != NULL:
             return <object>cached
         self._tokenize(stripped)
@@ -738,7 +738,7 @@ cdef class CondBuilder:
     cdef int _ref(self, str path, Py_ssize_t pos) except -1:
         # A reference's text decides its (kind, action, segments) and, the actions having
         # distinct indices, the other way round: the text is the key of its index.
-        cdef PyObject* found = PyDict_GetItem(self._ref_ids, path)
+        cdef PyObject* found = PyDict_GetItemWithError(self._ref_ids, path)
         if found != NULL:
             return <int><object>found
         key = self._ref_key(path, pos)
@@ -762,7 +762,13 @@ cdef class CondBuilder:
             k += 1
         if k == n:
             # the usual two segments, without a split into a list
-            segs = [path[:dot], path[dot + 1:]]
+            head = path[:dot]
+            if dot + 1 < n and PyUnicode_READ(kind, d, dot + 1) != u'_' and head != "job":
+                # action.field: no reserved segment to check
+                found = PyDict_GetItemWithError(self._actions, head)
+                if found != NULL:
+                    return (REF_RESULT, <object>found, (path[dot + 1:],))
+            segs = [head, path[dot + 1:]]
         else:
             segs = path.split(".")
         n = PyList_GET_SIZE(segs)

@@ -9,10 +9,10 @@ The graph is one immutable bytes blob with int32/int64 tables inside; the
 
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset, strlen
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_GetItem, PyDict_Next
+from cpython.dict cimport PyDict_GetItem, PyDict_GetItemWithError, PyDict_Next
 from cpython.set cimport PySet_Contains
 from cpython.list cimport PyList_GET_SIZE
 from cpython.object cimport PyObject
@@ -280,6 +280,7 @@ def canonical_json(obj) -> bytes:
 from sfc_fast._text cimport PyUnicode_DATA, PyUnicode_IS_ASCII, PyUnicode_New
 
 cdef extern from "Python.h":
+    PyObject* PyDict_SetDefault(object d, object key, object default) except NULL
     char* PyOS_double_to_string(double val, char format_code, int precision, int flags,
                                 int* ptype) except NULL
     int Py_DTSF_ADD_DOT_0
@@ -577,20 +578,48 @@ cdef str _at(str base, Py_ssize_t i, str suffix):
     return f"{base}[{i}]{suffix}"
 
 
-cdef bint _bad_name_char(str s) noexcept:
-    # The same characters as the regex [\s\x00-\x1f\x7f]: Unicode whitespace
-    # (str.isspace, which is what re's \s matches for str) and ASCII controls.
+cdef int _name_flaw(str s) noexcept:
+    """1: s holds a ':'; 2: whitespace or a control character (the regex
+    [\s\x00-\x1f\x7f]: str.isspace, which re's \s matches for str, and ASCII controls);
+    0: neither. One pass."""
     cdef Py_UCS4 c
+    cdef bint bad = False
     for c in s:
+        if c == u':':
+            return 1
         if c < 0x20 or c == 0x7f or Py_UNICODE_ISSPACE(c):
-            return True
-    return False
+            bad = True
+    return 2 if bad else 0
+
+
+cdef inline bint _insert_new(dict d, object key, object value) except -1:
+    """d[key] = value unless key is in d; whether it was (one lookup)."""
+    cdef Py_ssize_t n = len(d)
+    PyDict_SetDefault(d, key, value)
+    return len(d) > n
+
+
+cdef inline object _lookup(dict d, object key):
+    """d.get(key) for a hashable key, without the method call."""
+    cdef PyObject* v = PyDict_GetItemWithError(d, key)
+    return None if v == NULL else <object>v
 
 
 cdef int _push_list(I32Vec* v, list xs) except -1:
     cdef object x
     for x in xs:
         i32_push(v, x)
+    return 0
+
+
+cdef int _reserve(I32Vec* v, Py_ssize_t n) except -1:
+    cdef int32_t* p
+    if n > v.cap:
+        p = <int32_t*>realloc(v.data, n * sizeof(int32_t))
+        if p == NULL:
+            raise MemoryError()
+        v.data = p
+        v.cap = n
     return 0
 
 
@@ -812,7 +841,7 @@ cdef class _Compiler:
             self.err("SFC013", _at("$.Transitions", ti, "." + key),
                      f"{key} is required (a step or branch name)")
             return -1
-        cdef PyObject* node = PyDict_GetItem(node_of, v)
+        cdef PyObject* node = PyDict_GetItemWithError(node_of, v)
         if node == NULL:
             self.err("SFC003", _at("$.Transitions", ti, "." + key),
                      f"unknown step or branch {v!r}")
@@ -841,6 +870,14 @@ cdef class _Compiler:
         cdef I32Vec* t = self.t
         cdef I64Vec* t64 = self.t64
         cdef Py_ssize_t i, k, ai, ti, bi, pi, lo, hi, n
+        # the int32 tables of one entry per step, action or transition at their size at
+        # once rather than grown by copies
+        for k in range(X_A_NAME, X_A_RESET + 1):
+            _reserve(&t[k], len(acts_in))
+        for k in range(X_TR_SRC, X_TR_TEXT + 1):
+            _reserve(&t[k], len(trans_in))
+        for k in (X_STEP_NAME, X_STEP_FLAGS, X_STEP_PATH):
+            _reserve(&t[k], len(steps_in))
         cdef int32_t x, j
         cdef object st, br, a, tr, name
 
@@ -863,12 +900,8 @@ cdef class _Compiler:
             if not isinstance(ini, bool):
                 self.err("SFC013", _at("$.Steps", i, ".Initial"), "Initial must be true or false")
                 ini = False
-            if name is not None:
-                if name in node_of:
-                    self.err("SFC002", _at("$.Steps", i, ".Name"),
-                             f"duplicate step name {name!r}")
-                else:
-                    node_of[name] = len(step_names)
+            if name is not None and not _insert_new(node_of, name, len(step_names)):
+                self.err("SFC002", _at("$.Steps", i, ".Name"), f"duplicate step name {name!r}")
             step_names.append(name)
             i32_push(&t[X_STEP_FLAGS], SF_INITIAL if ini else 0)
             if ini:
@@ -1011,14 +1044,15 @@ cdef class _Compiler:
                                   "$.Actions", ai, f, keep)
             name = self._name(_val(f[F_NAME]), "$.Actions", ai, "an action")
             if name is not None:
-                if ":" in name:
+                flaw = _name_flaw(name)
+                if flaw == 1:
                     self.err("SFC004", _at("$.Actions", ai, ".Name"),
                              f"action name {name!r} contains ':'; command ids and markers "
                              f"use ':' as a separator")
                 elif name in RESERVED_ACTION_NAMES:
                     self.err("SFC004", _at("$.Actions", ai, ".Name"),
                              f"action name {name!r} is reserved (job.* names job parameters)")
-                elif _bad_name_char(name):
+                elif flaw == 2:
                     self.err("SFC004", _at("$.Actions", ai, ".Name"),
                              f"action name {name!r} contains whitespace or control characters")
             step = _val(f[F_STEP])
@@ -1026,13 +1060,13 @@ cdef class _Compiler:
             if not _is_str(step):
                 self.err("SFC013", _at("$.Actions", ai, ".Step"), "Step is required (a step name)")
             else:
-                found = node_of.get(step)
+                found = _lookup(node_of, step)
                 if found is None or found >= S:
                     self.err("SFC003", _at("$.Actions", ai, ".Step"), f"unknown step {step!r}")
                 else:
                     sidx = found
             q = _val(f[F_QUALIFIER])
-            found = _QUAL.get(q) if _is_str(q) else None
+            found = _lookup(_QUAL, q) if _is_str(q) else None
             if found is None:
                 self.err("SFC006", _at("$.Actions", ai, ".Qualifier"),
                          f"unknown qualifier {str(q)[:40]!r}; use one of "
@@ -1041,7 +1075,7 @@ cdef class _Compiler:
             else:
                 qc = found
             inter = _val(f[F_INTERACTION])
-            found = _INTER.get(inter) if _is_str(inter) else None
+            found = _lookup(_INTER, inter) if _is_str(inter) else None
             if found is None:
                 self.err("SFC007", _at("$.Actions", ai, ".Interaction"),
                          f"unknown interaction {str(inter)[:40]!r}; use push_command or "
@@ -1075,12 +1109,9 @@ cdef class _Compiler:
                                      f"limit is {MAX_PARAMS_CHARS}")
                             ptext = None
             self._v110(a, ai, qc, ic, timeout, n_v110)
-            if qc >= 0 and qc != Q_R and name is not None:
-                if name in stored:
-                    self.err("SFC002", _at("$.Actions", ai, ".Name"),
-                             f"duplicate action name {name!r}")
-                else:
-                    stored[name] = ai
+            if qc >= 0 and qc != Q_R and name is not None \
+                    and not _insert_new(stored, name, ai):
+                self.err("SFC002", _at("$.Actions", ai, ".Name"), f"duplicate action name {name!r}")
             a_names.append(name)
             a_params.append(ptext)
             a_hold.append(self.v_hold)
