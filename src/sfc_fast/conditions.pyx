@@ -763,7 +763,8 @@ cdef class CondBuilder:
         if k == n:
             # the usual two segments, without a split into a list
             head = path[:dot]
-            if dot + 1 < n and PyUnicode_READ(kind, d, dot + 1) != u'_' and head != "job":
+            if dot + 1 < n and PyUnicode_READ(kind, d, dot + 1) != u'_' \
+                    and not (dot == 3 and head == "job"):
                 # action.field: no reserved segment to check
                 found = PyDict_GetItemWithError(self._actions, head)
                 if found != NULL:

@@ -277,7 +277,7 @@ def canonical_json(obj) -> bytes:
 
 # ---------------------------------------------------------------- flat canonical JSON
 
-from sfc_fast._text cimport PyUnicode_DATA, PyUnicode_IS_ASCII, PyUnicode_New
+from sfc_fast._text cimport PyUnicode_DATA, PyUnicode_IS_ASCII, PyUnicode_New, utf8_view
 
 cdef extern from "Python.h":
     PyObject* PyDict_SetDefault(object d, object key, object default) except NULL
@@ -1299,10 +1299,11 @@ cdef class _Compiler:
 
         # UTF-8 offsets of the strings; the bytes are copied by _pack
         cdef Py_ssize_t size, total = 0
+        _reserve(&t[X_STR_OFF], len(self.strings) + 1)
         i32_push(&t[X_STR_OFF], 0)
         try:
             for name in self.strings:
-                PyUnicode_AsUTF8AndSize(name, &size)
+                utf8_view(name, &size)
                 total += size
                 i32_push(&t[X_STR_OFF], <int32_t>total)   # wraps only past the limit
         except UnicodeEncodeError as e:
@@ -1354,7 +1355,7 @@ cdef class _Compiler:
                 w += A * sizeof(int64_t)
         cdef const char* u
         for name in self.strings:
-            u = PyUnicode_AsUTF8AndSize(name, &n)
+            u = utf8_view(name, &n)
             memcpy(w, u, n)
             w += n
         # The fingerprint is taken over the canonical encoding itself: every field that
