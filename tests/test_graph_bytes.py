@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
 import json
 import pickle
@@ -11,9 +12,10 @@ import pytest
 from conftest import load_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from recipes import V100, V110, generated, linear
+from recipes import V100, V110, chain, generated, linear
 
 from sfc_fast import Graph, GraphFormatError, compile_recipe
+from sfc_fast.conditions import CondBuilder
 
 
 def _reorder_keys(obj):
@@ -133,3 +135,30 @@ def test_corrupted_bytes_never_crash() -> None:
 def test_random_bytes_are_refused(data: bytes) -> None:
     with pytest.raises(GraphFormatError):
         Graph.from_bytes(b"SFCG\x01\x00" + data)
+
+
+def test_string_ids_stay_right_past_the_first_table_size() -> None:
+    """A small recipe whose conditions name thousands of distinct fields: the compiler's
+    string table outgrows the size it started with and rehashes; every reference still
+    reads its own field, and JSON text (other key objects) gives the same bytes."""
+    n = 3000
+    r = chain(3)
+    r["Transitions"][1]["Condition"] = " and ".join(f"a1.f{k} == {k}" for k in range(n))
+    g = compile_recipe(r, V110)
+    fields = {f"f{k}": k for k in range(n)}
+    assert g.evaluate(1, results={"a1": fields})
+    assert not g.evaluate(1, results={"a1": {**fields, f"f{n - 1}": -1}})
+    # each string once: 2 condition texts, 3 each of action names, type ids, parameters
+    # and step names, the segments ok and f0.., the constants false and 0..
+    assert g.n_strings == 2 + 4 * 3 + 1 + n + 1 + n
+    assert compile_recipe(json.dumps(r), V110).to_bytes() == g.to_bytes()
+
+
+def test_condition_tables_hold_the_code_and_offsets() -> None:
+    b = CondBuilder({"a0": 0, "a1": 1})
+    assert [b.add(c) for c in ("a0.ok != false", "a1.x > 1 or job.m == 'x'",
+                               "a0.ok != false", "always")] == [0, 1, 0, -1]
+    code, offsets = b.tables()
+    assert list(array.array("i", code)) == b.code
+    assert list(array.array("i", offsets)) == b.offsets == [0, 6, len(b.code)]
+    assert b.refs == [(0, 0, ("ok",)), (0, 1, ("x",)), (3, -1, ("m",))]

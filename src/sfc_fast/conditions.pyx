@@ -11,10 +11,13 @@ a recipe author: there is no ``eval`` and no attribute access.
 from libc.stdint cimport int32_t
 from cpython.object cimport PyObject_IsTrue
 from cpython.list cimport PyList_GET_SIZE
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_GetItemWithError
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from libc.stdlib cimport free, realloc
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+from sfc_fast._vec cimport I32Vec, i32_free, i32_push
 
 import json
 
@@ -173,6 +176,18 @@ cdef int _keyword(int kind, void* d, Py_ssize_t i, Py_ssize_t j) noexcept:
     return 0
 
 
+cdef bint _has_dunder(int kind, void* d, Py_ssize_t i, Py_ssize_t j) noexcept:
+    """A segment of the dotted path text[i:j] starts with '__'."""
+    cdef Py_ssize_t k
+    cdef bint seg_start = True
+    for k in range(i, j - 1):
+        if seg_start and PyUnicode_READ(kind, d, k) == u'_' \
+                and PyUnicode_READ(kind, d, k + 1) == u'_':
+            return True
+        seg_start = PyUnicode_READ(kind, d, k) == u'.'
+    return False
+
+
 cdef str _unescape(str text, Py_ssize_t a, Py_ssize_t b):
     """The value of a string literal's body text[a:b] whose escapes were checked."""
     cdef list buf = []
@@ -206,12 +221,14 @@ cdef class CondBuilder:
     ``actions`` maps action names (non-reset associations) to their index.
     Constants and references are shared between conditions.
     """
-    cdef public list code
-    cdef public list offsets     # start of each condition in code; one extra at the end
+    # bytecode of every condition, and the start of each in it (one extra at the end):
+    # C vectors, so emitting makes no Python int (the `code`/`offsets` views do)
+    cdef I32Vec _code
+    cdef I32Vec _offsets
     cdef public list refs        # (kind, action index or -1, segments tuple)
     cdef public list consts      # canonical JSON text of each constant
     cdef dict _actions
-    cdef dict _ref_ids
+    cdef dict _ref_ids           # reference text -> index (a text names one reference)
     cdef dict _const_ids
     cdef dict _cache             # condition text -> condition index
     # tokenizer output
@@ -224,8 +241,7 @@ cdef class CondBuilder:
     cdef list _out
 
     def __init__(self, dict actions):
-        self.code = []
-        self.offsets = [0]
+        i32_push(&self._offsets, 0)
         self.refs = []
         self.consts = []
         self._actions = actions
@@ -235,19 +251,35 @@ cdef class CondBuilder:
 
     def __dealloc__(self):
         free(self._tk)
+        i32_free(&self._code)
+        i32_free(&self._offsets)
+
+    @property
+    def code(self) -> list:
+        return [self._code.data[i] for i in range(self._code.size)]
+
+    @property
+    def offsets(self) -> list:
+        return [self._offsets.data[i] for i in range(self._offsets.size)]
+
+    def tables(self) -> tuple:
+        """(code, offsets) as bytes of native int32, for the recipe compiler to copy."""
+        return (PyBytes_FromStringAndSize(<char*>self._code.data, self._code.size * 4),
+                PyBytes_FromStringAndSize(<char*>self._offsets.data, self._offsets.size * 4))
 
     def add(self, str text) -> int:
         """Compile ``text``; return its condition index, or -1 for a trivially true one."""
-        stripped = text.strip()
-        if stripped in TRIVIALLY_TRUE:
+        stripped = text.strip()     # text itself when there is nothing to strip
+        if len(stripped) <= 6 and stripped in TRIVIALLY_TRUE:
             return -1
-        cached = self._cache.get(stripped)
-        if cached is not None:
-            return cached
+        cdef PyObject* cached = PyDict_GetItemWithError(self._cache, stripped)
+        if cached != NULL:
+            return <object>cached
         self._tokenize(stripped)
         self._p = 0
-        self._out = []
         cdef Tok* tk = self._tk
+        cdef Py_ssize_t i
+        cdef int32_t ref, cid
         # (a constant third token has a fourth after it, EOF at least)
         if tk[0].kind == T_NAME and tk[1].kind == T_OP and (
                 tk[2].kind == T_NUM or tk[2].kind == T_STR or (tk[2].kind == T_KW and (
@@ -255,20 +287,28 @@ cdef class CondBuilder:
                 and tk[3].kind == T_EOF:
             # the usual shape, `ref <op> constant`: the code the parser would emit for
             # it, without the descent through every precedence level
-            self._out += (OP_LOAD, self._ref(stripped[tk[0].pos:tk[0].end], tk[0].pos),
-                          OP_CONST, self._const_id(self._tokconst(&tk[2])), tk[1].sub)
+            ref = self._ref(stripped[tk[0].pos:tk[0].end], tk[0].pos)
+            cid = self._const_id(self._tokconst(&tk[2]))
+            i32_push(&self._code, OP_LOAD)
+            i32_push(&self._code, ref)
+            i32_push(&self._code, OP_CONST)
+            i32_push(&self._code, cid)
+            i32_push(&self._code, tk[1].sub)
             self._p = 3
         else:
+            self._out = []
             kind = self._expr(0)
             if kind is not None:
                 self._emit_const(kind)
+            if self._tk[self._p].kind == T_EOF:
+                for i in range(len(self._out)):
+                    i32_push(&self._code, self._out[i])
         cdef Tok* tok = &self._tk[self._p]
         if tok.kind != T_EOF:
             raise ConditionSyntaxError(f"unexpected {self._tokval(tok)!r}", tok.pos)
-        self._out.append(OP_END)
-        self.code.extend(self._out)
-        self.offsets.append(len(self.code))
-        index = len(self.offsets) - 2
+        i32_push(&self._code, OP_END)
+        i32_push(&self._offsets, <int32_t>self._code.size)
+        index = self._offsets.size - 2
         self._cache[stripped] = index
         return index
 
@@ -292,7 +332,8 @@ cdef class CondBuilder:
             self._tk_cap = n + 1
         tk = self._tk
         self._text = text
-        self._vals = []
+        if self._vals is None or PyList_GET_SIZE(self._vals):
+            self._vals = []
         while i < n:
             c = PyUnicode_READ(kind, d, i)
             if c == u' ' or c == u'\t' or c == u'\n' or c == u'\r':
@@ -311,7 +352,7 @@ cdef class CondBuilder:
                         continue
                     break
                 kw = _keyword(kind, d, i, j)
-                if not kw and (text.startswith(u'__', i) or u'.__' in text[i:j]):
+                if not kw and _has_dunder(kind, d, i, j):
                     _dunder(text[i:j], i)
                 tk[t].kind = T_KW if kw else T_NAME
                 tk[t].sub = kw
@@ -695,13 +736,45 @@ cdef class CondBuilder:
         return None
 
     cdef int _ref(self, str path, Py_ssize_t pos) except -1:
-        cdef list segs = path.split(".")
-        cdef Py_ssize_t n = PyList_GET_SIZE(segs), k
+        # A reference's text decides its (kind, action, segments) and, the actions having
+        # distinct indices, the other way round: the text is the key of its index.
+        cdef PyObject* found = PyDict_GetItemWithError(self._ref_ids, path)
+        if found != NULL:
+            return <int><object>found
+        key = self._ref_key(path, pos)
+        rid = len(self.refs)
+        self.refs.append(key)
+        self._ref_ids[path] = rid
+        return rid
+
+    cdef tuple _ref_key(self, str path, Py_ssize_t pos):
+        cdef int kind = PyUnicode_KIND(path)
+        cdef void* d = PyUnicode_DATA(path)
+        cdef Py_ssize_t n = len(path), dot = 0, k
         cdef PyObject* found
+        cdef list segs
+        while dot < n and PyUnicode_READ(kind, d, dot) != u'.':
+            dot += 1
+        if dot == n:
+            return (REF_BARE, -1, (path,))
+        k = dot + 1
+        while k < n and PyUnicode_READ(kind, d, k) != u'.':
+            k += 1
+        if k == n:
+            # the usual two segments, without a split into a list
+            head = path[:dot]
+            if dot + 1 < n and PyUnicode_READ(kind, d, dot + 1) != u'_' \
+                    and not (dot == 3 and head == "job"):
+                # action.field: no reserved segment to check
+                found = PyDict_GetItemWithError(self._actions, head)
+                if found != NULL:
+                    return (REF_RESULT, <object>found, (path[dot + 1:],))
+            segs = [head, path[dot + 1:]]
+        else:
+            segs = path.split(".")
+        n = PyList_GET_SIZE(segs)
         head = segs[0]
-        if n == 1:
-            key = (REF_BARE, -1, (head,))
-        elif head == "job":
+        if head == "job":
             for k in range(1, n):
                 if _reserved(segs[k]):
                     raise ConditionSyntaxError(f"unknown reserved field {segs[k]!r}", pos)
@@ -723,13 +796,7 @@ cdef class CondBuilder:
                     if _reserved(segs[k]):
                         raise ConditionSyntaxError(f"unknown reserved field {segs[k]!r}", pos)
                 key = (REF_RESULT, act, tuple(segs[1:]))
-        found = PyDict_GetItem(self._ref_ids, key)
-        if found != NULL:
-            return <int><object>found
-        rid = len(self.refs)
-        self.refs.append(key)
-        self._ref_ids[key] = rid
-        return rid
+        return key
 
 
 cdef inline bint _reserved(str seg):

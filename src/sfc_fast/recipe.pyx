@@ -8,11 +8,11 @@ The graph is one immutable bytes blob with int32/int64 tables inside; the
 """
 
 cimport cython
-from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
-from libc.stdlib cimport free, malloc
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset, strlen
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_GetItem, PyDict_Next
+from cpython.dict cimport PyDict_GetItem, PyDict_GetItemWithError, PyDict_Next
 from cpython.set cimport PySet_Contains
 from cpython.list cimport PyList_GET_SIZE
 from cpython.object cimport PyObject
@@ -64,6 +64,29 @@ _ACTION_KEYS = frozenset(("Name", "Step", "Qualifier", "Interaction", "TypeId",
                           "TimeoutSeconds", "Parameters", "Description") + V110_FIELDS)
 _ACTION_V100_KEYS = _ACTION_KEYS - frozenset(V110_FIELDS)
 _MATCH_KEYS = frozenset(("Subject", "CorrelationId"))
+# The fields compile reads of each element, in one walk of it (_Compiler._fields):
+# Description first, the v1.1.0 ones of an action last.
+cdef tuple _STEP_FIELDS = ("Description", "Name", "Initial")
+cdef tuple _TRANSITION_FIELDS = ("Description", "Source", "Target", "Condition", "Priority")
+cdef tuple _ACTION_FIELDS = ("Description", "Name", "Step", "Qualifier", "Interaction",
+                             "TypeId", "TimeoutSeconds", "Parameters") + V110_FIELDS
+cdef enum:
+    F_DESC = 0
+    F_NAME = 1
+    F_INITIAL = 2
+    F_SOURCE = 1
+    F_TARGET = 2
+    F_CONDITION = 3
+    F_PRIORITY = 4
+    F_STEP = 2
+    F_QUALIFIER = 3
+    F_INTERACTION = 4
+    F_TYPE_ID = 5
+    F_TIMEOUT = 6
+    F_PARAMETERS = 7
+    F_N_V100 = 8        # the action fields before the v1.1.0 ones
+    F_MAX = 16
+_ABSENT = object()
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 PLACEHOLDERS = frozenset(("job", "scope", "action"))
 RESERVED_ACTION_NAMES = frozenset(("job",))
@@ -164,6 +187,28 @@ cdef inline object _get(object d, str key, object default=None):
     return d.get(key, default)
 
 
+cdef inline object _val(PyObject* p):
+    return None if p == NULL else <object>p
+
+
+cdef extern from "Python.h":
+    PyObject* _tuple_item "PyTuple_GET_ITEM"(object t, Py_ssize_t i)
+
+
+cdef inline Py_ssize_t _field_index(tuple fields, Py_ssize_t n, PyObject* key) noexcept:
+    """The index of key in fields, -1 if absent: the same object (literal and interned
+    keys), else an equal str (keys of parsed JSON)."""
+    cdef Py_ssize_t k
+    for k in range(n):
+        if _tuple_item(fields, k) == key:
+            return k
+    if type(<object>key) is str:
+        for k in range(n):
+            if <str><object>_tuple_item(fields, k) == <str><object>key:
+                return k
+    return -1
+
+
 cdef inline bint _blank(object v):
     """not v.strip(), without the method call for a plain str."""
     cdef Py_UCS4 c
@@ -232,21 +277,10 @@ def canonical_json(obj) -> bytes:
 
 # ---------------------------------------------------------------- flat canonical JSON
 
-cdef extern from *:
-    """
-    #if PY_VERSION_HEX < 0x030d0000 && defined(CYTHON_COMPILING_IN_CPYTHON) && CYTHON_COMPILING_IN_CPYTHON
-    #define sfc_dict_presized(n) _PyDict_NewPresized(n)
-    #else
-    #define sfc_dict_presized(n) PyDict_New()
-    #endif
-    """
-    dict sfc_dict_presized(Py_ssize_t n)
-
-from sfc_fast._text cimport PyUnicode_DATA, PyUnicode_IS_ASCII, PyUnicode_New
+from sfc_fast._text cimport PyUnicode_DATA, PyUnicode_IS_ASCII, PyUnicode_New, utf8_view
 
 cdef extern from "Python.h":
-    PyObject* PyDict_SetDefault(object d, object key, object default)
-    Py_ssize_t PyDict_GET_SIZE(object d)
+    PyObject* PyDict_SetDefault(object d, object key, object default) except NULL
     char* PyOS_double_to_string(double val, char format_code, int precision, int flags,
                                 int* ptype) except NULL
     int Py_DTSF_ADD_DOT_0
@@ -544,14 +578,31 @@ cdef str _at(str base, Py_ssize_t i, str suffix):
     return f"{base}[{i}]{suffix}"
 
 
-cdef bint _bad_name_char(str s) noexcept:
-    # The same characters as the regex [\s\x00-\x1f\x7f]: Unicode whitespace
-    # (str.isspace, which is what re's \s matches for str) and ASCII controls.
+cdef int _name_flaw(str s) noexcept:
+    """1: s holds a ':'; 2: whitespace or a control character (the regex
+    [\s\x00-\x1f\x7f]: str.isspace, which re's \s matches for str, and ASCII controls);
+    0: neither. One pass."""
     cdef Py_UCS4 c
+    cdef bint bad = False
     for c in s:
+        if c == u':':
+            return 1
         if c < 0x20 or c == 0x7f or Py_UNICODE_ISSPACE(c):
-            return True
-    return False
+            bad = True
+    return 2 if bad else 0
+
+
+cdef inline bint _insert_new(dict d, object key, object value) except -1:
+    """d[key] = value unless key is in d; whether it was (one lookup)."""
+    cdef Py_ssize_t n = len(d)
+    PyDict_SetDefault(d, key, value)
+    return len(d) > n
+
+
+cdef inline object _lookup(dict d, object key):
+    """d.get(key) for a hashable key, without the method call."""
+    cdef PyObject* v = PyDict_GetItemWithError(d, key)
+    return None if v == NULL else <object>v
 
 
 cdef int _push_list(I32Vec* v, list xs) except -1:
@@ -561,11 +612,40 @@ cdef int _push_list(I32Vec* v, list xs) except -1:
     return 0
 
 
+cdef int _reserve(I32Vec* v, Py_ssize_t n) except -1:
+    cdef int32_t* p
+    if n > v.cap:
+        p = <int32_t*>realloc(v.data, n * sizeof(int32_t))
+        if p == NULL:
+            raise MemoryError()
+        v.data = p
+        v.cap = n
+    return 0
+
+
+cdef int _push_bytes(I32Vec* v, bytes b) except -1:
+    """Append the native int32 values held in b."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(b) // 4, k
+    cdef const int32_t* p = <const int32_t*>PyBytes_AS_STRING(b)
+    for k in range(n):
+        i32_push(v, p[k])
+    return 0
+
+
+cdef struct _Slot:
+    PyObject* s
+    uint32_t h      # the low bits of the str's hash: most mismatches end here
+    int32_t id
+
+
 cdef class _Compiler:
     cdef int minor
     cdef list problems
-    cdef list strings
-    cdef dict string_ids
+    cdef list strings       # by id; holds the references the table borrows
+    # string -> id: open addressing over (hash, borrowed str, id), a C probe per lookup
+    # rather than a dict operation and an int object per string
+    cdef _Slot* tab
+    cdef Py_ssize_t tab_mask
     cdef I32Vec t[N_I32]
     cdef I64Vec t64[N_I64]
     # what _v110 found for the action at hand
@@ -581,10 +661,10 @@ cdef class _Compiler:
         self.minor = minor
         self.problems = []
         self.strings = []
-        self.string_ids = {}
 
     def __dealloc__(self):
         cdef int k
+        free(self.tab)
         for k in range(N_I32):
             i32_free(&self.t[k])
         for k in range(N_I64):
@@ -593,16 +673,46 @@ cdef class _Compiler:
     cdef void err(self, str code, str path, str message):
         self.problems.append(Problem(code, path, message))
 
+    cdef int _table(self, Py_ssize_t cap) except -1:
+        """A string table of cap (a power of two) slots holding the current entries."""
+        cdef _Slot* old = self.tab
+        cdef Py_ssize_t k, i, old_cap = self.tab_mask + 1 if old != NULL else 0
+        self.tab = <_Slot*>calloc(cap, sizeof(_Slot))
+        if self.tab == NULL:
+            self.tab = old
+            raise MemoryError()
+        self.tab_mask = cap - 1
+        for k in range(old_cap):
+            if old[k].s != NULL:
+                i = <Py_ssize_t>(old[k].h & self.tab_mask)
+                while self.tab[i].s != NULL:
+                    i = (i + 1) & self.tab_mask
+                self.tab[i] = old[k]
+        free(old)
+        return 0
+
     cdef int sid(self, str s) except -2:
-        # one hash lookup: insert the next id unless s has one (the dict grows)
-        cdef Py_ssize_t n = PyList_GET_SIZE(self.strings)
-        cdef PyObject* found = PyDict_SetDefault(self.string_ids, s, n)
-        if found == NULL:
-            return -2
-        if PyDict_GET_SIZE(self.string_ids) > n:
-            self.strings.append(s)
-            return <int>n
-        return <int><object>found
+        """The id of s in the string table, the next one if s is new."""
+        cdef uint32_t h = <uint32_t>hash(s)
+        cdef Py_ssize_t n = PyList_GET_SIZE(self.strings), i
+        cdef _Slot* slot
+        if self.tab == NULL:
+            self._table(1024)
+        i = <Py_ssize_t>(h & self.tab_mask)
+        while True:
+            slot = &self.tab[i]
+            if slot.s == NULL:
+                break
+            if slot.h == h and (slot.s == <PyObject*>s or <object>slot.s == s):
+                return slot.id
+            i = (i + 1) & self.tab_mask
+        self.strings.append(s)
+        slot.s = <PyObject*>s
+        slot.h = h
+        slot.id = <int32_t>n
+        if 3 * (n + 1) > 2 * self.tab_mask:
+            self._table(2 * (self.tab_mask + 1))     # two thirds full: twice the room
+        return <int>n
 
     cdef list _list(self, dict obj, str key, str path, bint required):
         v = obj.get(key)
@@ -619,14 +729,48 @@ cdef class _Compiler:
             return []
         return v
 
+    cdef void _description(self, object d, str base, Py_ssize_t idx):
+        if d is not None and (not _is_str(d) or len(d) > MAX_FIELD_CHARS):
+            self.err("SFC013", _at(base, idx, ".Description"),
+                     f"Description must be text of at most {MAX_FIELD_CHARS} characters")
+
+    cdef int _fields(self, dict obj, tuple fields, Py_ssize_t n_allowed, frozenset allowed,
+                     str base, Py_ssize_t idx, PyObject** out, list keep) except -1:
+        """out[k] = obj's value of fields[k] (NULL: absent), its Description checked and
+        its unknown fields reported; returns how many of fields[n_allowed:] (v1.1.0
+        fields) it has, as _unknown_keys does. Values are borrowed from obj, or held
+        by keep."""
+        cdef Py_ssize_t n = len(fields), k, pos = 0
+        cdef PyObject* kp
+        cdef PyObject* vp
+        cdef int n_v110 = 0
+        for k in range(n):
+            out[k] = NULL
+        if type(obj) is dict:
+            # the common case: one walk, every key one of fields
+            while PyDict_Next(obj, &pos, &kp, &vp):
+                k = _field_index(fields, n, kp)
+                if k < 0:
+                    break
+                out[k] = vp
+                if k >= n_allowed:
+                    n_v110 += 1
+            else:
+                self._description(_val(out[F_DESC]), base, idx)
+                return n_v110
+        n_v110 = self._unknown_keys(obj, allowed, base, idx)
+        for k in range(n):
+            v = obj.get(fields[k], _ABSENT)
+            if v is not _ABSENT:
+                keep.append(v)
+                out[k] = <PyObject*>v
+        return n_v110
+
     cdef int _unknown_keys(self, dict obj, frozenset allowed, str base,
                            Py_ssize_t idx) except -1:
         """Report unknown fields; return how many v1.1.0 fields obj has beyond allowed."""
         cdef int n_v110 = 0
-        d = obj.get("Description")
-        if d is not None and (not _is_str(d) or len(d) > MAX_FIELD_CHARS):
-            self.err("SFC013", _at(base, idx, ".Description"),
-                     f"Description must be text of at most {MAX_FIELD_CHARS} characters")
+        self._description(obj.get("Description"), base, idx)
         path = None
         cdef Py_ssize_t pos = 0
         cdef PyObject* kp
@@ -649,8 +793,7 @@ cdef class _Compiler:
                          f"unknown field {str(k)[:80]!r}")
         return n_v110
 
-    cdef object _name(self, dict obj, str base, Py_ssize_t idx, str what):
-        v = obj.get("Name")
+    cdef object _name(self, object v, str base, Py_ssize_t idx, str what):
         if not _is_str(v) or _blank(v):
             self.err("SFC013", _at(base, idx, ".Name"), f"{what} needs a non-empty Name (text)")
             return None
@@ -671,9 +814,8 @@ cdef class _Compiler:
             return None
         return v
 
-    cdef object _seconds(self, dict a, str key, str base, Py_ssize_t idx, str code,
+    cdef object _seconds(self, object v, str key, str base, Py_ssize_t idx, str code,
                          bint allow_float):
-        v = a.get(key)
         if allow_float:
             ok = (_is_int(v) or type(v) is float) and v == v
         else:
@@ -693,14 +835,13 @@ cdef class _Compiler:
             return v * 1000
         return int(round(v * 1000))
 
-    cdef int _end(self, dict t, str key, Py_ssize_t ti, dict node_of) except -2:
+    cdef int _end(self, object v, str key, Py_ssize_t ti, dict node_of) except -2:
         """The node a transition's Source or Target names, or -1 after reporting."""
-        v = t.get(key)
         if not _is_str(v):
             self.err("SFC013", _at("$.Transitions", ti, "." + key),
                      f"{key} is required (a step or branch name)")
             return -1
-        cdef PyObject* node = PyDict_GetItem(node_of, v)
+        cdef PyObject* node = PyDict_GetItemWithError(node_of, v)
         if node == NULL:
             self.err("SFC003", _at("$.Transitions", ti, "." + key),
                      f"unknown step or branch {v!r}")
@@ -720,17 +861,29 @@ cdef class _Compiler:
         cdef list brs_in = self._list(obj, "Branches", "$", False)
         # room for the strings of a recipe this size (names, type ids, parameters,
         # conditions), so the id table is not rehashed as it grows
-        if not self.string_ids:
-            self.string_ids = sfc_dict_presized(
-                min(3 * len(acts_in) + len(steps_in) + len(brs_in) + len(trans_in) + 64,
-                    1 << 20))
+        cdef Py_ssize_t cap = 1024, want = min(
+            3 * len(acts_in) + len(steps_in) + len(brs_in) + len(trans_in) + 64, 1 << 20)
+        while 2 * cap < 3 * want:
+            cap *= 2
+        if self.tab == NULL:
+            self._table(cap)
         cdef I32Vec* t = self.t
         cdef I64Vec* t64 = self.t64
         cdef Py_ssize_t i, k, ai, ti, bi, pi, lo, hi, n
+        # the int32 tables of one entry per step, action or transition at their size at
+        # once rather than grown by copies
+        for k in range(X_A_NAME, X_A_RESET + 1):
+            _reserve(&t[k], len(acts_in))
+        for k in range(X_TR_SRC, X_TR_TEXT + 1):
+            _reserve(&t[k], len(trans_in))
+        for k in (X_STEP_NAME, X_STEP_FLAGS, X_STEP_PATH):
+            _reserve(&t[k], len(steps_in))
         cdef int32_t x, j
         cdef object st, br, a, tr, name
 
         # ---- steps
+        cdef PyObject* f[F_MAX]         # the fields of the element at hand
+        cdef list keep = []
         cdef dict node_of = {}          # name -> node id
         cdef list step_names = []
         cdef list initial = []
@@ -741,18 +894,14 @@ cdef class _Compiler:
                 step_names.append(None)
                 i32_push(&t[X_STEP_FLAGS], 0)
                 continue
-            self._unknown_keys(st, _STEP_KEYS, "$.Steps", i)
-            name = self._name(st, "$.Steps", i, "a step")
-            ini = _get(st, "Initial", False)
+            self._fields(st, _STEP_FIELDS, 3, _STEP_KEYS, "$.Steps", i, f, keep)
+            name = self._name(_val(f[F_NAME]), "$.Steps", i, "a step")
+            ini = False if f[F_INITIAL] == NULL else <object>f[F_INITIAL]
             if not isinstance(ini, bool):
                 self.err("SFC013", _at("$.Steps", i, ".Initial"), "Initial must be true or false")
                 ini = False
-            if name is not None:
-                if name in node_of:
-                    self.err("SFC002", _at("$.Steps", i, ".Name"),
-                             f"duplicate step name {name!r}")
-                else:
-                    node_of[name] = len(step_names)
+            if name is not None and not _insert_new(node_of, name, len(step_names)):
+                self.err("SFC002", _at("$.Steps", i, ".Name"), f"duplicate step name {name!r}")
             step_names.append(name)
             i32_push(&t[X_STEP_FLAGS], SF_INITIAL if ini else 0)
             if ini:
@@ -784,7 +933,7 @@ cdef class _Compiler:
                          "a branch is an object with Name, Type and Branches")
             else:
                 self._unknown_keys(br, _BRANCH_KEYS, "$.Branches", bi)
-                name = self._name(br, "$.Branches", bi, "a branch")
+                name = self._name(_get(br, "Name"), "$.Branches", bi, "a branch")
                 btype = _get(br, "Type")
                 if not _is_str(btype) or btype not in BRANCH_TYPES:
                     self.err("SFC020", _at("$.Branches", bi, ".Type"),
@@ -891,31 +1040,33 @@ cdef class _Compiler:
                 continue
             # Checked against the v1.0.0 fields: the count of v1.1.0 ones tells
             # _v110 whether it has anything to look at.
-            n_v110 = self._unknown_keys(a, _ACTION_V100_KEYS, "$.Actions", ai)
-            name = self._name(a, "$.Actions", ai, "an action")
+            n_v110 = self._fields(a, _ACTION_FIELDS, F_N_V100, _ACTION_V100_KEYS,
+                                  "$.Actions", ai, f, keep)
+            name = self._name(_val(f[F_NAME]), "$.Actions", ai, "an action")
             if name is not None:
-                if ":" in name:
+                flaw = _name_flaw(name)
+                if flaw == 1:
                     self.err("SFC004", _at("$.Actions", ai, ".Name"),
                              f"action name {name!r} contains ':'; command ids and markers "
                              f"use ':' as a separator")
                 elif name in RESERVED_ACTION_NAMES:
                     self.err("SFC004", _at("$.Actions", ai, ".Name"),
                              f"action name {name!r} is reserved (job.* names job parameters)")
-                elif _bad_name_char(name):
+                elif flaw == 2:
                     self.err("SFC004", _at("$.Actions", ai, ".Name"),
                              f"action name {name!r} contains whitespace or control characters")
-            step = _get(a, "Step")
+            step = _val(f[F_STEP])
             sidx = -1
             if not _is_str(step):
                 self.err("SFC013", _at("$.Actions", ai, ".Step"), "Step is required (a step name)")
             else:
-                found = node_of.get(step)
+                found = _lookup(node_of, step)
                 if found is None or found >= S:
                     self.err("SFC003", _at("$.Actions", ai, ".Step"), f"unknown step {step!r}")
                 else:
                     sidx = found
-            q = _get(a, "Qualifier")
-            found = _QUAL.get(q) if _is_str(q) else None
+            q = _val(f[F_QUALIFIER])
+            found = _lookup(_QUAL, q) if _is_str(q) else None
             if found is None:
                 self.err("SFC006", _at("$.Actions", ai, ".Qualifier"),
                          f"unknown qualifier {str(q)[:40]!r}; use one of "
@@ -923,8 +1074,8 @@ cdef class _Compiler:
                 qc = -1
             else:
                 qc = found
-            inter = _get(a, "Interaction")
-            found = _INTER.get(inter) if _is_str(inter) else None
+            inter = _val(f[F_INTERACTION])
+            found = _lookup(_INTER, inter) if _is_str(inter) else None
             if found is None:
                 self.err("SFC007", _at("$.Actions", ai, ".Interaction"),
                          f"unknown interaction {str(inter)[:40]!r}; use push_command or "
@@ -932,10 +1083,11 @@ cdef class _Compiler:
                 ic = -1
             else:
                 ic = found
-            a_types.append(self._text(_get(a, "TypeId"), "$.Actions", ai, ".TypeId", "TypeId"))
-            found = self._seconds(a, "TimeoutSeconds", "$.Actions", ai, "SFC005", False)
+            a_types.append(self._text(_val(f[F_TYPE_ID]), "$.Actions", ai, ".TypeId", "TypeId"))
+            found = self._seconds(_val(f[F_TIMEOUT]), "TimeoutSeconds", "$.Actions", ai,
+                                  "SFC005", False)
             timeout = 0 if found is None else found
-            params = _get(a, "Parameters")
+            params = _val(f[F_PARAMETERS])
             ptext = None
             if params is not None:
                 if not isinstance(params, dict):
@@ -957,12 +1109,9 @@ cdef class _Compiler:
                                      f"limit is {MAX_PARAMS_CHARS}")
                             ptext = None
             self._v110(a, ai, qc, ic, timeout, n_v110)
-            if qc >= 0 and qc != Q_R and name is not None:
-                if name in stored:
-                    self.err("SFC002", _at("$.Actions", ai, ".Name"),
-                             f"duplicate action name {name!r}")
-                else:
-                    stored[name] = ai
+            if qc >= 0 and qc != Q_R and name is not None \
+                    and not _insert_new(stored, name, ai):
+                self.err("SFC002", _at("$.Actions", ai, ".Name"), f"duplicate action name {name!r}")
             a_names.append(name)
             a_params.append(ptext)
             a_hold.append(self.v_hold)
@@ -1010,10 +1159,11 @@ cdef class _Compiler:
                 self.err("SFC013", _at("$.Transitions", ti, ""),
                          "a transition is an object with Source, Target, Condition")
                 continue
-            self._unknown_keys(tr, _TRANSITION_KEYS, "$.Transitions", ti)
-            src = self._end(tr, "Source", ti, node_of)
-            dst = self._end(tr, "Target", ti, node_of)
-            cond_text = _get(tr, "Condition")
+            self._fields(tr, _TRANSITION_FIELDS, 5, _TRANSITION_KEYS, "$.Transitions", ti,
+                         f, keep)
+            src = self._end(_val(f[F_SOURCE]), "Source", ti, node_of)
+            dst = self._end(_val(f[F_TARGET]), "Target", ti, node_of)
+            cond_text = _val(f[F_CONDITION])
             cidx = -1
             if not _is_str(cond_text):
                 self.err("SFC013", _at("$.Transitions", ti, ".Condition"),
@@ -1030,7 +1180,7 @@ cdef class _Compiler:
                 except ConditionSyntaxError as e:
                     self.err("SFC011", _at("$.Transitions", ti, ".Condition"),
                              f"{e.message} at position {e.position} in {cond_text[:200]!r}")
-            prio = _get(tr, "Priority", 0)
+            prio = 0 if f[F_PRIORITY] == NULL else <object>f[F_PRIORITY]
             if not _is_int(prio) or not (-1_000_000 <= prio <= 1_000_000):
                 self.err("SFC013", _at("$.Transitions", ti, ".Priority"),
                          "Priority must be a whole number between -1000000 and 1000000")
@@ -1143,15 +1293,17 @@ cdef class _Compiler:
             i32_push(&t[X_CONST_TEXT], self.sid(name))
         _push_list(&t[X_STEP_PATH], step_path)
         _push_list(&t[X_B_PATH_OFF], br_path_off)
-        _push_list(&t[X_COND_OFF], cb.offsets)
-        _push_list(&t[X_CODE], cb.code)
+        code, offsets = cb.tables()
+        _push_bytes(&t[X_COND_OFF], offsets)
+        _push_bytes(&t[X_CODE], code)
 
         # UTF-8 offsets of the strings; the bytes are copied by _pack
         cdef Py_ssize_t size, total = 0
+        _reserve(&t[X_STR_OFF], len(self.strings) + 1)
         i32_push(&t[X_STR_OFF], 0)
         try:
             for name in self.strings:
-                PyUnicode_AsUTF8AndSize(name, &size)
+                utf8_view(name, &size)
                 total += size
                 i32_push(&t[X_STR_OFF], <int32_t>total)   # wraps only past the limit
         except UnicodeEncodeError as e:
@@ -1203,7 +1355,7 @@ cdef class _Compiler:
                 w += A * sizeof(int64_t)
         cdef const char* u
         for name in self.strings:
-            u = PyUnicode_AsUTF8AndSize(name, &n)
+            u = utf8_view(name, &n)
             memcpy(w, u, n)
             w += n
         # The fingerprint is taken over the canonical encoding itself: every field that
@@ -1306,7 +1458,8 @@ cdef class _Compiler:
                 self.err("SFC010", _at("$.Actions", ai, ".HoldTimeoutSeconds"),
                          "HoldTimeoutSeconds needs HoldTypeId")
             else:
-                v = self._seconds(a, "HoldTimeoutSeconds", "$.Actions", ai, "SFC005", False)
+                v = self._seconds(a.get("HoldTimeoutSeconds"), "HoldTimeoutSeconds",
+                                  "$.Actions", ai, "SFC005", False)
                 self.v_hold_timeout = 0 if v is None else v
         elif self.v_hold is not None:
             self.v_hold_timeout = timeout
@@ -1325,7 +1478,8 @@ cdef class _Compiler:
                 self.err("SFC017", _at("$.Actions", ai, ".DurationSeconds"),
                          "only qualifiers D and L take DurationSeconds")
             else:
-                v = self._seconds(a, "DurationSeconds", "$.Actions", ai, "SFC017", True)
+                v = self._seconds(a.get("DurationSeconds"), "DurationSeconds", "$.Actions",
+                                  ai, "SFC017", True)
                 if v is not None:
                     self.v_duration = v
         elif qual == Q_D or qual == Q_L:
