@@ -327,10 +327,14 @@ class Store:
             row.state = row.live + row.archive
         row.offset = offset
 
-    async def read_archive(self, scope: str, job: str) -> tuple[bytes, bytes]:
-        """A job's version and archive records as stored (for a row from the cache)."""
-        h = await self.client.hgetall(self.keys(scope).job(job))
-        return h.get(b"v", b"0"), archive_of(h)
+    async def read_archives(self, jobs: Sequence[tuple[str, str]]
+                            ) -> list[tuple[bytes, bytes]]:
+        """Jobs' versions and archive records as stored (for rows from the cache), in
+        one pipeline."""
+        pipe = self.client.pipeline(transaction=False)
+        for scope, job in jobs:
+            pipe.hgetall(self.keys(scope).job(job))
+        return [(h.get(b"v", b"0"), archive_of(h)) for h in await pipe.execute()]
 
     async def graph(self, scope: str, fp: str) -> Graph | None:
         g = self.graphs.get(fp)
