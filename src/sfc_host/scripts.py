@@ -2,7 +2,7 @@
 
 Names and values always travel as KEYS and ARGV, never inside the code. A batch of
 calls goes out as one pipeline; calls refused with ``NOSCRIPT`` (a ``SCRIPT FLUSH``,
-a restarted or failed-over Redis) are loaded again and retried once.
+a restarted or failed-over Redis) are loaded again and retried (``RELOAD_ROUNDS``).
 
 On Redis Cluster the same code runs: ``SCRIPT LOAD`` goes to every primary (redis-py
 routes it so), a pipeline groups its calls by the node owning each call's slot (all
@@ -27,6 +27,9 @@ from redis.exceptions import NoScriptError
 log = logging.getLogger("sfc_host.scripts")
 
 LUA_DIR = Path(__file__).parent / "lua"
+# Reloads before a NOSCRIPT is given up: a cache lost again while another task's reload
+# was under way (a second flush or failover meanwhile) is loaded again, not reported.
+RELOAD_ROUNDS = 3
 
 
 class Script:
@@ -66,13 +69,14 @@ class Scripts:
                 raise RuntimeError(f"script {s.name}: server SHA {sha} != {s.sha}")
 
     async def call(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        try:
-            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            self.reloads += 1
-            log.info("script %s missing on the server: loading it again", script.name)
-            await self.load()
-            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        for _ in range(RELOAD_ROUNDS):
+            try:
+                return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                self.reloads += 1
+                log.info("script %s missing on the server: loading it again", script.name)
+                await self.load()
+        return await self.client.evalsha(script.sha, len(keys), *keys, *args)
 
     async def run(self, calls: Sequence[Call]) -> list[Any]:
         """Run many calls in one pipeline; results in order (an exception in place of
@@ -86,8 +90,10 @@ class Scripts:
             except Exception as e:
                 return [e]
         results = await self._pipe(calls)
-        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-        if missing:
+        for _ in range(RELOAD_ROUNDS):
+            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if not missing:
+                break
             self.reloads += 1
             log.info("%d script calls found no script: loading the scripts again", len(missing))
             await self.load()
