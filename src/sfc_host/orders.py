@@ -179,7 +179,7 @@ class Orders:
     async def _write(self, scope: str, job: str, expected: str, state: str,
                      entries: list[str], **kw: Any) -> int:
         script, keys, args = self._call(scope, job, expected, state, entries, **kw)
-        v = int(await self.scripts.call(script, keys, args))
+        v = int(await self.scripts.call_together(script, keys, args))
         if v > 0 and entries and self.on_work is not None:
             self.on_work(scope)
         return v

@@ -16,6 +16,7 @@ which the cluster pipeline routes by its keys; on one Redis this is exactly what
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -53,6 +54,10 @@ class Scripts:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.reloads = 0
+        # calls of ``call_together`` waiting for the end of this loop pass, and the
+        # pipelines under way that will answer them
+        self._queued: list[tuple[Call, asyncio.Future[Any]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
         self.by_name: dict[str, Script] = {}
         for path in sorted(LUA_DIR.glob("*.lua")):
             s = Script(path.stem, path.read_text())
@@ -77,6 +82,44 @@ class Scripts:
                 log.info("script %s missing on the server: loading it again", script.name)
                 await self.load()
         return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def call_together(self, script: Script, keys: Sequence[Any],
+                            args: Sequence[Any]) -> Any:
+        """``call``, sent with every other ``call_together`` of this loop pass in one
+        pipeline: many requests at once (an MES storing a burst of orders) cost one
+        round trip and one parse, not one each. Results and errors are each call's own."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._queued.append(((script, keys, args), fut))
+        if len(self._queued) == 1:
+            loop.call_soon(self._send_queued)
+        return await fut
+
+    def _send_queued(self) -> None:
+        queued, self._queued = self._queued, []
+        task = asyncio.get_running_loop().create_task(self._run_queued(queued))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _run_queued(self, queued: list[tuple[Call, asyncio.Future[Any]]]) -> None:
+        try:
+            results = await self.run([c for c, _ in queued])
+        except asyncio.CancelledError:   # the loop is closing
+            for _, fut in queued:
+                fut.cancel()
+            raise
+        except Exception as e:           # the connection failed: every caller hears it
+            for _, fut in queued:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        for (_, fut), r in zip(queued, results, strict=True):
+            if fut.done():           # its caller was cancelled
+                continue
+            if isinstance(r, Exception):
+                fut.set_exception(r)
+            else:
+                fut.set_result(r)
 
     async def run(self, calls: Sequence[Call]) -> list[Any]:
         """Run many calls in one pipeline; results in order (an exception in place of
