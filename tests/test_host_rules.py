@@ -266,6 +266,44 @@ def test_scripts_are_loaded_again_after_script_flush(redis_url: str) -> None:
     run(main())
 
 
+def test_order_writes_of_one_loop_pass_go_out_together(redis_url: str) -> None:
+    """A burst of order stores (an MES storing many at once) costs one pipeline of
+    order-script calls; each keeps its own result, and a refused one is refused alone."""
+    from sfc_host.orders import UNABLE_TO_ACCEPT_JOB_ORDER, OrderError
+
+    async def main() -> None:
+        ended: list = []
+        host = await _host(redis_url, Station(torque_ok), ended)
+        batches: list[int] = []
+        run_calls = host.scripts.run
+
+        async def counted(calls: Any) -> list[Any]:
+            batches.append(len(calls))
+            return await run_calls(calls)
+        host.scripts.run = counted  # type: ignore[method-assign]
+        try:
+            async def store(job: str, wm: str) -> str | OrderError:
+                try:
+                    return await host.orders.store_order(
+                        S, {"JobOrderID": job, "WorkMasterID": [{"ID": wm}]}, start=True)
+                except OrderError as e:
+                    return e
+            jobs = [f"B{i}" for i in range(20)]
+            got = await asyncio.gather(*(store(j, "wm1") for j in jobs),
+                                       store("BAD", "no-such-wm"))
+            assert got[:-1] == ["AllowedToStart_Ready"] * 20
+            assert isinstance(got[-1], OrderError)
+            assert got[-1].status == UNABLE_TO_ACCEPT_JOB_ORDER
+            assert 21 in batches          # the 21 order writes were one pipeline
+            assert await host.orders.get(S, "BAD") is None
+            await wait_until(lambda: len(ended) == 20, what="every job of the burst ends")
+            assert sorted(j for j, status, _ in ended if status == "completed") == sorted(jobs)
+        finally:
+            host.scripts.run = run_calls  # type: ignore[method-assign]
+            await host.aclose()
+    run(main())
+
+
 async def _one_job_sent(redis_url: str) -> Host:
     """A host with job J1 started, its first command sent and never answered."""
     st = Station(lambda c: False)

@@ -131,6 +131,28 @@ def job_response(graph: Graph, state: bytes, now_ms: int, status: str = "complet
     return _ENCODE.encode(out)
 
 
+class _Plan:
+    """One job's evolved events in a round, before its write is built (``record``: a
+    putback's write, made at once)."""
+
+    __slots__ = ("archived", "decisions", "graph", "its", "now", "record", "reset", "row",
+                 "scope", "start_graph")
+
+    def __init__(self, scope: str, now: int, its: list[Item], row: JobRow, graph: Graph,
+                 decisions: list, reset: bool, start_graph: Graph | None, archived: bytes,
+                 record: Record | None = None) -> None:
+        self.scope = scope
+        self.now = now
+        self.its = its
+        self.row = row
+        self.graph = graph
+        self.decisions = decisions
+        self.reset = reset
+        self.start_graph = start_graph
+        self.archived = archived
+        self.record = record
+
+
 class Settler:
     """Evolves and stores jobs in batches.
 
@@ -198,8 +220,7 @@ class Settler:
             for s, (now, got) in loaded.items():
                 rows[s][1].update(got)
                 rows[s] = (now, rows[s][1])
-        batches: dict[str, list[Record]] = {}
-        plans: dict[str, list[tuple[list[Item], Record, Graph, list]]] = {}
+        evolved: list[_Plan] = []
         stale: list[Item] = []
         decided = 0          # the oldest server time a decision of this round was made at
         for s, jobs in wanted.items():
@@ -210,17 +231,41 @@ class Settler:
             decided = min(decided or now, now)
             loaded_now = set(to_load.get(s, ()))
             for job, its in jobs.items():
-                planned = await self._plan(s, now, byjob[job], its)
+                p = await self._plan(s, now, byjob[job], its)
                 # Nothing applied: only a state just read proves that; one from the
                 # cache may be behind, so the job is read and evolved again.
-                if ((planned is None or planned[0].state is None) and first
+                if ((p is None or not p.decisions) and first
                         and job not in loaded_now and all(it.outcome != ERROR for it in its)):
                     stale.extend(its)
                     continue
-                if planned is not None:
-                    rec, graph, decisions = planned
-                    batches.setdefault(s, []).append(rec)
-                    plans.setdefault(s, []).append((its, rec, graph, decisions))
+                if p is not None:
+                    evolved.append(p)
+        # The job response of an ending job lists every result: the archives of cached
+        # rows are read in one call for the whole round (one round trip, not one per
+        # ending job); a row behind its hash (another host wrote since) is read again
+        # and evolved anew.
+        ending = [p for p in evolved if p.decisions and p.decisions[-1].status in TERMINAL
+                  and not p.reset and not p.row.archive_known]
+        if ending:
+            got_archives = await self.store.read_archives([(p.scope, p.row.job)
+                                                           for p in ending])
+            behind: set[int] = set()
+            for p, (version, archive) in zip(ending, got_archives, strict=True):
+                if version != p.row.version:
+                    behind.add(id(p))
+                    stale.extend(p.its)
+                else:
+                    p.row.archive, p.row.archive_known = archive, True
+            if behind:
+                evolved = [p for p in evolved if id(p) not in behind]
+        batches: dict[str, list[Record]] = {}
+        plans: dict[str, list[tuple[list[Item], Record, Graph, list]]] = {}
+        for p in evolved:
+            rec = p.record if p.record is not None else self._record(
+                p.scope, p.now, p.row, p.graph, p.decisions, p.reset, p.start_graph,
+                p.archived)
+            batches.setdefault(p.scope, []).append(rec)
+            plans.setdefault(p.scope, []).append((p.its, rec, p.graph, p.decisions))
         if self._evolve_n:
             # each call of the batch counts once, at the batch's mean time per call
             n, self._evolve_n = self._evolve_n, 0
@@ -309,7 +354,7 @@ class Settler:
             out.append(Fresh(scope, rec.job, cmd, eid, m1 or None, m2 or None, started))
 
     async def _plan(self, scope: str, now: int, row: JobRow,
-                    its: list[Item]) -> tuple[Record, Graph, list] | None:
+                    its: list[Item]) -> _Plan | None:
         start_graph = next((it.graph for it in its if it.graph is not None), None)
         state = row.live
         archived = row.unsaved      # archive records to append with this write
@@ -366,17 +411,10 @@ class Settler:
             self._evolve_n += calls
         if not decisions:
             if any(it.putback for it in its):
-                return self._putback(row, its), graph, []
+                return _Plan(scope, now, its, row, graph, [], reset, start_graph, archived,
+                             self._putback(row, its))
             return None
-        if decisions[-1].status in TERMINAL and not reset and not row.archive_known:
-            # the job response lists every result: the archive of a cached row is read;
-            # a row behind it (another host wrote since) is read again and evolved anew
-            version, row.archive = await self.store.read_archive(scope, row.job)
-            if version != row.version:
-                return None
-            row.archive_known = True
-        return self._record(scope, now, row, graph, decisions, reset, start_graph,
-                            archived), graph, decisions
+        return _Plan(scope, now, its, row, graph, decisions, reset, start_graph, archived)
 
     async def _replaced(self, scope: str, row: JobRow,
                         its: list[Item]) -> tuple[bytes | None, bool]:

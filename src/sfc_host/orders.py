@@ -179,7 +179,7 @@ class Orders:
     async def _write(self, scope: str, job: str, expected: str, state: str,
                      entries: list[str], **kw: Any) -> int:
         script, keys, args = self._call(scope, job, expected, state, entries, **kw)
-        v = int(await self.scripts.call(script, keys, args))
+        v = int(await self.scripts.call_together(script, keys, args))
         if v > 0 and entries and self.on_work is not None:
             self.on_work(scope)
         return v
@@ -314,13 +314,16 @@ class Orders:
         a race: call ``recipe_transition`` for it)."""
         calls = []
         out: list[str | bool | None] = []
+        # the times written are the ones the hook reports (taken once per item)
+        extras: list[dict[str, str]] = []
         for scope, job, transition, reason, cur in items:
             new = self.next_for_recipe(cur, transition)
             out.append(new)
+            extras.append(times_for(new) if new is not None else {})
             if new is not None:
                 assert cur is not None
                 calls.append(self._call(scope, job, cur["v"], new, [], reason=reason,
-                                        extra=times_for(new)))
+                                        extra=extras[-1]))
         results = iter(await self.scripts.run(calls))
         hooks = []
         for i, new in enumerate(out):
@@ -331,7 +334,7 @@ class Orders:
                 if int(r) and self.on_change is not None:
                     scope, job, _, reason, cur = items[i]
                     hooks.append(self._changed(scope, job, cur, new, int(r), reason=reason,
-                                               extra=times_for(new)))
+                                               extra=extras[i]))
                 if not int(r) or (items[i][2] == "Complete" and new == "Running"):
                     out[i] = False   # lost a race, or half done: one by one
         if hooks:

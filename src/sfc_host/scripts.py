@@ -2,7 +2,7 @@
 
 Names and values always travel as KEYS and ARGV, never inside the code. A batch of
 calls goes out as one pipeline; calls refused with ``NOSCRIPT`` (a ``SCRIPT FLUSH``,
-a restarted or failed-over Redis) are loaded again and retried once.
+a restarted or failed-over Redis) are loaded again and retried (``RELOAD_ROUNDS``).
 
 On Redis Cluster the same code runs: ``SCRIPT LOAD`` goes to every primary (redis-py
 routes it so), a pipeline groups its calls by the node owning each call's slot (all
@@ -16,6 +16,7 @@ which the cluster pipeline routes by its keys; on one Redis this is exactly what
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -27,6 +28,9 @@ from redis.exceptions import NoScriptError
 log = logging.getLogger("sfc_host.scripts")
 
 LUA_DIR = Path(__file__).parent / "lua"
+# Reloads before a NOSCRIPT is given up: a cache lost again while another task's reload
+# was under way (a second flush or failover meanwhile) is loaded again, not reported.
+RELOAD_ROUNDS = 3
 
 
 class Script:
@@ -50,6 +54,10 @@ class Scripts:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.reloads = 0
+        # calls of ``call_together`` waiting for the end of this loop pass, and the
+        # pipelines under way that will answer them
+        self._queued: list[tuple[Call, asyncio.Future[Any]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
         self.by_name: dict[str, Script] = {}
         for path in sorted(LUA_DIR.glob("*.lua")):
             s = Script(path.stem, path.read_text())
@@ -66,13 +74,52 @@ class Scripts:
                 raise RuntimeError(f"script {s.name}: server SHA {sha} != {s.sha}")
 
     async def call(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        for _ in range(RELOAD_ROUNDS):
+            try:
+                return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                self.reloads += 1
+                log.info("script %s missing on the server: loading it again", script.name)
+                await self.load()
+        return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def call_together(self, script: Script, keys: Sequence[Any],
+                            args: Sequence[Any]) -> Any:
+        """``call``, sent with every other ``call_together`` of this loop pass in one
+        pipeline: many requests at once (an MES storing a burst of orders) cost one
+        round trip and one parse, not one each. Results and errors are each call's own."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._queued.append(((script, keys, args), fut))
+        if len(self._queued) == 1:
+            loop.call_soon(self._send_queued)
+        return await fut
+
+    def _send_queued(self) -> None:
+        queued, self._queued = self._queued, []
+        task = asyncio.get_running_loop().create_task(self._run_queued(queued))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _run_queued(self, queued: list[tuple[Call, asyncio.Future[Any]]]) -> None:
         try:
-            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            self.reloads += 1
-            log.info("script %s missing on the server: loading it again", script.name)
-            await self.load()
-            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+            results = await self.run([c for c, _ in queued])
+        except asyncio.CancelledError:   # the loop is closing
+            for _, fut in queued:
+                fut.cancel()
+            raise
+        except Exception as e:           # the connection failed: every caller hears it
+            for _, fut in queued:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        for (_, fut), r in zip(queued, results, strict=True):
+            if fut.done():           # its caller was cancelled
+                continue
+            if isinstance(r, Exception):
+                fut.set_exception(r)
+            else:
+                fut.set_result(r)
 
     async def run(self, calls: Sequence[Call]) -> list[Any]:
         """Run many calls in one pipeline; results in order (an exception in place of
@@ -86,8 +133,10 @@ class Scripts:
             except Exception as e:
                 return [e]
         results = await self._pipe(calls)
-        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-        if missing:
+        for _ in range(RELOAD_ROUNDS):
+            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if not missing:
+                break
             self.reloads += 1
             log.info("%d script calls found no script: loading the scripts again", len(missing))
             await self.load()
