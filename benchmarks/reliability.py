@@ -31,7 +31,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "faults")]
 
-from fault_harness import RECONNECT_S, SCENARIOS, WINDOW_S, Outcome  # noqa: E402
+from fault_harness import (  # noqa: E402
+    KILL_TAIL_S,
+    RECONNECT_S,
+    SCENARIOS,
+    WINDOW_S,
+    Outcome,
+)
 
 RUN_TIMEOUT_S = 180
 HOST_KILLS = ("kill9", "kill9_patient")   # run with --seeds, the others --other-seeds
@@ -133,8 +139,10 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
         f"arrived at most {WINDOW_S:g} s before the fault began or while it lasted (the "
         "documented window between a command being sent and its sent marker, or a "
         "QoS 1 message sent again after a reconnect: for a restart, until "
-        f"{RECONNECT_S:g} s after the server is back, the hosts' reconnect backoff) and "
-        "the id came exactly twice;",
+        f"{RECONNECT_S:g} s after the server is back, the hosts' reconnect backoff; for "
+        f"a `kill -9`, until {KILL_TAIL_S:g} s after it, since the broker still reads "
+        "and forwards what the dead host wrote to its socket) and the id came exactly "
+        "twice;",
         "- **left**: work entries pending or dead, jobs still on the due index or the "
         "active set.",
         "",

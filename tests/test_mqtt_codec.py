@@ -371,6 +371,50 @@ def test_unacknowledged_messages_go_out_again_marked_dup_after_a_reconnect() -> 
     asyncio.run(main())
 
 
+def test_a_command_sent_again_while_its_first_copy_waits_goes_out_once() -> None:
+    """The broker goes away before acknowledging a command; its entry sends it again
+    (same id) while the link still holds the first copy: after the reconnect the
+    broker gets one copy (DUP), and both senders see it acknowledged."""
+    seen: list[tuple[int, bytes]] = []
+    gone = asyncio.Event()
+
+    async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            p = await read_packet(r)
+            if p[0] >> 4 != 3:
+                continue
+            seen.append((n, p))
+            if n == 1:
+                await gone.wait()
+                return                                        # gone, nothing acknowledged
+            w.write(b"\x40\x02" + p[5:7])                     # topic "q", then the id
+
+    async def main() -> None:
+        async with Misbehaving(script) as broker:
+            cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=broker.url,
+                             consumer="join")
+            metrics = Metrics()
+            async with MqttLink(cfg, metrics) as link:
+                await link.wait_connected()
+                loop = asyncio.get_running_loop()
+                first, again, other = (loop.create_future() for _ in range(3))
+                assert link.publish_nowait("q", b"J1:a#1", acked=first, key="J1:a#1")
+                for _ in range(100):
+                    if seen:
+                        break
+                    await asyncio.sleep(0.01)
+                assert link.publish_nowait("q", b"J1:a#1", acked=again, key="J1:a#1")
+                assert link.publish_nowait("q", b"J2:a#1", acked=other, key="J2:a#1")
+                gone.set()
+                await asyncio.wait_for(asyncio.gather(first, again, other), 10)
+            assert metrics["mqtt_repeats_joined"] == 1 and metrics["mqtt_sent"] == 2
+        # J2 was written on the first connection too (read by no one there): both go out
+        # again after the reconnect, marked DUP; the repeat of J1 adds no copy
+        assert [(n, p[0], p[-6:]) for n, p in seen] == [
+            (1, 0x32, b"J1:a#1"), (2, 0x3A, b"J1:a#1"), (2, 0x3A, b"J2:a#1")]
+    asyncio.run(main())
+
+
 def test_a_host_listens_only_once_the_broker_acknowledged_its_subscriptions() -> None:
     """``/readyz`` must not say ready while a SUBSCRIBE is unanswered: an MES request
     published then to the shared subscription reaches no host and is lost."""

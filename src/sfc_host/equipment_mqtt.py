@@ -94,7 +94,8 @@ class MqttSink:
         for c in commands:
             topic, payload, props = self.message(c)
             fut: asyncio.Future[None] = loop.create_future()
-            acks.append(fut if self.link.publish_nowait(topic, payload, props, acked=fut)
+            acks.append(fut if self.link.publish_nowait(topic, payload, props, acked=fut,
+                                                         key=c.command_id)
                         else None)
             t = arrived.pop(c.job, None)
             if t is not None:

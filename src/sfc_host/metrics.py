@@ -74,6 +74,8 @@ HELP: dict[str, str] = {
     "mqtt_malformed": "MQTT packets from the broker that broke the protocol (the connection "
                       "was closed and made again).",
     "mqtt_oversized": "MQTT messages larger than mqtt_max_payload, passed over unread.",
+    "mqtt_repeats_joined": "Commands sent again while their first copy was still queued or "
+                           "unacknowledged in the MQTT link; joined to that copy, not sent twice.",
     "mqtt_unsendable": "MQTT messages not published because they could not be encoded.",
     "mqtt_subscribe_refused": "MQTT subscriptions the broker refused.",
     "mqtt_status_dropped": "MES status events and retained state not sent because the "

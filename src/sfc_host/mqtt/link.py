@@ -65,6 +65,22 @@ class MqttRefused(ConnectionError):
     """The broker refused the credentials before the link was ever connected."""
 
 
+def _follow(m: Outgoing, acked: asyncio.Future[None]) -> None:
+    """``acked`` ends as ``m``'s acknowledgement does."""
+    if m.acked is None:
+        m.acked = acked
+        return
+
+    def done(f: asyncio.Future[None]) -> None:
+        if acked.done():
+            return
+        if f.cancelled():
+            acked.cancel()
+        else:
+            acked.set_result(None)
+    m.acked.add_done_callback(done)
+
+
 @dataclass(slots=True)
 class Outgoing:
     topic: str
@@ -74,6 +90,7 @@ class Outgoing:
     retain: bool
     acked: asyncio.Future[None] | None = None   # done once the broker has it
     dup: bool = False                           # sent before, not acknowledged
+    key: str | None = None                      # a command's id: one copy in the link
 
 
 class MqttLink:
@@ -94,6 +111,10 @@ class MqttLink:
         self.max_packet = max_packet or config.mqtt_max_payload + PACKET_HEADROOM
         self._queue: deque[Outgoing] = deque()
         self._unacked: dict[int, Outgoing] = {}      # packet id -> message in flight
+        # key -> its message while queued or in flight: a command sent again by its entry
+        # (its first send not acknowledged in time, e.g. the broker away) joins the copy
+        # the link still holds, which goes out again (DUP) on the reconnect anyway
+        self._keyed: dict[str, Outgoing] = {}
         self._window = IN_FLIGHT
         self._server_max_packet = 0                 # the broker's limit (MQTT 5), 0: none
         self._server_max_qos = 2
@@ -276,25 +297,36 @@ class MqttLink:
     def publish_nowait(self, topic: str, payload: bytes, properties: Properties | None = None,
                        *, qos: int | None = None, retain: bool = False,
                        status: bool = False,
-                       acked: asyncio.Future[None] | None = None) -> bool:
+                       acked: asyncio.Future[None] | None = None,
+                       key: str | None = None) -> bool:
         """Queue a message; False (counted) when the queue is full. A ``status`` message
         (MES status events and retained state) is refused from 80 % of the queue on, so
         a burst of them never crowds out equipment commands and replies. ``acked`` is
         set once the broker has the message (QoS 1: its PUBACK; QoS 0: written), and
-        cancelled when the broker refuses it (a PUBACK with an error code)."""
+        cancelled when the broker refuses it (a PUBACK with an error code). A ``key``
+        already queued or in flight is not queued again: ``acked`` follows that copy."""
         if not topic or "+" in topic or "#" in topic or len(topic) > 16_000:
             # a reply to a request's response topic, say: refused here, never on the wire
             self.metrics.inc("mqtt_bad_topic")
             log.warning("not published: %r is no topic to publish to", topic[:200])
             return False
+        if key is not None:
+            held = self._keyed.get(key)
+            if held is not None and held.topic == topic:
+                self.metrics.inc("mqtt_repeats_joined")
+                if acked is not None:
+                    _follow(held, acked)
+                return True
         n = len(self._queue)
         size = self.config.mqtt_queue_size
         if n >= size or (status and n >= size * 4 // 5):
             self.metrics.inc("mqtt_status_dropped" if status else "mqtt_queue_full")
             return False
-        self._queue.append(Outgoing(topic, payload, properties,
-                                    self.config.mqtt_qos if qos is None else qos, retain,
-                                    acked))
+        m = Outgoing(topic, payload, properties, self.config.mqtt_qos if qos is None else qos,
+                     retain, acked, key=key)
+        self._queue.append(m)
+        if key is not None:
+            self._keyed[key] = m
         if not self._pump_soon and self._live is not None:
             self._pump_soon = True
             asyncio.get_running_loop().call_soon(self._pump)
@@ -341,6 +373,7 @@ class MqttLink:
             except (ValueError, TypeError) as e:
                 metrics.inc("mqtt_unsendable")
                 log.warning("not published on %s: %s", m.topic[:200], e)
+                self._release(m)
                 if m.acked is not None:
                     m.acked.cancel()
                 continue
@@ -348,6 +381,7 @@ class MqttLink:
                 unacked[mid] = m
             else:
                 metrics.inc("mqtt_sent")
+                self._release(m)
                 if m.acked is not None and not m.acked.done():
                     m.acked.set_result(None)
             if len(out) >= WRITE_CHUNK:
@@ -360,6 +394,7 @@ class MqttLink:
         m = self._unacked.pop(mid, None)
         if m is None:
             return
+        self._release(m)
         if code >= 0x80:
             # refused (quota, not authorized, ...): not sent; a command's sender sees it
             # as unacknowledged and its deadline sends it again
@@ -375,6 +410,10 @@ class MqttLink:
         if self._queue and not self._pump_soon:
             self._pump_soon = True
             asyncio.get_running_loop().call_soon(self._pump)
+
+    def _release(self, m: Outgoing) -> None:
+        if m.key is not None and self._keyed.get(m.key) is m:
+            del self._keyed[m.key]
 
     # ---- the connection
 
