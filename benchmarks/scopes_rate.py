@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import cProfile  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -77,6 +78,19 @@ async def _counting(url: str) -> int:
 
 
 host_throughput.commands = _counting  # type: ignore[assignment]
+GC = {"s": 0.0, "n": 0, "t0": 0.0}
+
+
+def _gc_timer(phase: str, info: dict[str, int]) -> None:
+    """Time the collector's passes (the host's objects per scope are its work)."""
+    if phase == "start":
+        GC["t0"] = time.perf_counter()
+    elif len(SNAPS) == 1:
+        GC["s"] += time.perf_counter() - GC["t0"]
+        GC["n"] += 1
+
+
+gc.callbacks.append(_gc_timer)
 
 
 async def main() -> None:
@@ -101,6 +115,7 @@ async def main() -> None:
         "redis_commands": round(r["server_commands"], 2),
         "host_us": round((h1 - h0) * 1e6 / done, 1), "redis_us": round((r1 - r0) * 1e6 / done, 1),
         "cpu_us": round(((h1 - h0) + (r1 - r0)) * 1e6 / done, 1),
+        "gc_us": round(GC["s"] * 1e6 / done, 2), "gc_passes": GC["n"],
         "by_command": dict(sorted(by_cmd.items(), key=lambda kv: -kv[1])),
         "us_by_command": dict(sorted(us_cmd.items(), key=lambda kv: -kv[1]))}), flush=True)
     if PROFILE is not None:

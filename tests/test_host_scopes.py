@@ -12,9 +12,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from hosts import Station, flush, one_step, quick_config, quiet, wait_until
+from recipes import V110, linear
 
+from sfc_fast import compile_recipe
+from sfc_fast.events import Completed, Start
 from sfc_host.config import HostConfig
+from sfc_host.equipment import InProcessSink
 from sfc_host.host import Host
+from sfc_host.jobs import APPLIED, Item
 from sfc_host.keys import SCOPES, ScopeKeys
 from sfc_host.schedule import Schedule
 
@@ -106,6 +111,89 @@ def test_idle_scopes_cost_no_command_per_pass(redis_url: str) -> None:
             # the stream is looked at only on the looks for orphans (every 8-10 s here)
             assert diff.get("xinfo|groups", 0) <= n * dt / 8 + 5, diff
             assert sum(diff.values()) < 10 * n * sweeps_per_scope, diff
+        finally:
+            await c.aclose()
+            await host.aclose()
+    run(main())
+
+
+async def one_job_a_scope(redis_url: str, n: int) -> tuple[Host, InProcessSink, list[Any]]:
+    """A host without its loops serving ``n`` scopes, one job each with its first
+    command out (and the commands)."""
+    sink = InProcessSink()
+    host = Host(quick_config(redis_url), sink, loops=False)
+    for s in scopes(n):
+        await host.add_scope(s)
+    await host.start()
+    graph = host.store.graphs.put(compile_recipe(linear(3), V110))   # no recipe read later
+    await host.settler.settle([Item(s, f"j{i}", [Start(f"j{i}", s)], graph=graph)
+                               for i, s in enumerate(scopes(n))])
+    while await host.consume_once(block_ms=0):    # the entries besides the commands
+        pass
+    firsts = [sink.queue.get_nowait() for _ in range(sink.queue.qsize())]
+    assert sorted(c.scope for c in firsts) == sorted(scopes(n))
+    return host, sink, firsts
+
+
+def test_answers_in_many_scopes_cost_a_bounded_number_of_commands(redis_url: str) -> None:
+    """A batch of answers, each in a scope of its own, is settled by one compare-and-set
+    call and one marker call on a single Redis: one read of every scope's offset, one
+    XREADGROUP that delivers the new entries of every scope (each pending on this host
+    until its command went out), then one XACK per stream (XACK cannot span streams).
+    The next commands go out at once and every entry is acked."""
+    async def main() -> None:
+        await flush(redis_url)
+        n = 300
+        host, sink, firsts = await one_job_a_scope(redis_url, n)
+        c = aioredis.Redis.from_url(redis_url)
+        try:
+            before = await calls(c)
+            items = await host.settle_answers([(cmd.scope, Completed(cmd.command_id))
+                                               for cmd in firsts])
+            diff = {k: v - before.get(k, 0) for k, v in (await calls(c)).items()}
+            assert [it.outcome for it in items] == [APPLIED] * n
+            nexts = [sink.queue.get_nowait() for _ in range(sink.queue.qsize())]
+            assert sorted((cmd.scope, cmd.action) for cmd in nexts) == \
+                sorted((s, "a1") for s in scopes(n))
+            assert diff.get("evalsha") == 2, diff      # the compare-and-set, the markers
+            assert diff.get("mget") == 1 and diff.get("get", 0) == 0, diff   # offsets
+            assert diff.get("xreadgroup") == 1, diff
+            assert diff.get("xadd") == n and diff.get("xack") == n, diff
+            while await host.consume_once(block_ms=0):
+                pass
+            pipe = c.pipeline(transaction=False)
+            for s in scopes(n):
+                pipe.xpending(ScopeKeys(s).work, "sfc-host")
+            assert sum(p["pending"] for p in await pipe.execute()) == 0
+        finally:
+            await c.aclose()
+            await host.aclose()
+    run(main())
+
+
+def test_a_scope_whose_group_is_gone_does_not_stop_the_others_deliveries(
+        redis_url: str) -> None:
+    """One read delivers the entries of every scope of a compare-and-set call, and a
+    missing group fails the whole read: then each stream is read alone, so the other
+    scopes' commands still go out at once, and the scope without its group is read
+    (its group made again) by the consumer."""
+    async def main() -> None:
+        await flush(redis_url)
+        n = 20
+        host, sink, firsts = await one_job_a_scope(redis_url, n)
+        c = aioredis.Redis.from_url(redis_url)
+        try:
+            await c.xgroup_destroy(ScopeKeys("s3").work, "sfc-host")
+            items = await host.settle_answers([(cmd.scope, Completed(cmd.command_id))
+                                               for cmd in firsts])
+            assert [it.outcome for it in items] == [APPLIED] * n
+            nexts = [sink.queue.get_nowait() for _ in range(sink.queue.qsize())]
+            assert sorted(cmd.scope for cmd in nexts) == sorted(set(scopes(n)) - {"s3"})
+            host.streams.mark("s3")
+            for _ in range(3):       # NOGROUP: the group is made again, then read
+                await host.consume_once(block_ms=0)
+            late = [sink.queue.get_nowait() for _ in range(sink.queue.qsize())]
+            assert [(cmd.scope, cmd.action) for cmd in late] == [("s3", "a1")]
         finally:
             await c.aclose()
             await host.aclose()
