@@ -7,7 +7,9 @@ orphaned entries are claimed, several hosts share the scopes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -117,22 +119,34 @@ def test_idle_scopes_cost_no_command_per_pass(redis_url: str) -> None:
     run(main())
 
 
-async def one_job_a_scope(redis_url: str, n: int) -> tuple[Host, InProcessSink, list[Any]]:
+def drain(sink: InProcessSink) -> list[Any]:
+    return [sink.queue.get_nowait() for _ in range(sink.queue.qsize())]
+
+
+@contextlib.asynccontextmanager
+async def one_job_a_scope(redis_url: str, n: int
+                          ) -> AsyncIterator[tuple[Host, InProcessSink, list[Any], Any]]:
     """A host without its loops serving ``n`` scopes, one job each with its first
-    command out (and the commands)."""
+    command out: the host, its sink, those commands and a client of the test's own."""
+    await flush(redis_url)
     sink = InProcessSink()
     host = Host(quick_config(redis_url), sink, loops=False)
-    for s in scopes(n):
-        await host.add_scope(s)
-    await host.start()
-    graph = host.store.graphs.put(compile_recipe(linear(3), V110))   # no recipe read later
-    await host.settler.settle([Item(s, f"j{i}", [Start(f"j{i}", s)], graph=graph)
-                               for i, s in enumerate(scopes(n))])
-    while await host.consume_once(block_ms=0):    # the entries besides the commands
-        pass
-    firsts = [sink.queue.get_nowait() for _ in range(sink.queue.qsize())]
-    assert sorted(c.scope for c in firsts) == sorted(scopes(n))
-    return host, sink, firsts
+    c = aioredis.Redis.from_url(redis_url)
+    try:
+        for s in scopes(n):
+            await host.add_scope(s)
+        await host.start()
+        graph = host.store.graphs.put(compile_recipe(linear(3), V110))   # no recipe read
+        await host.settler.settle([Item(s, f"j{i}", [Start(f"j{i}", s)], graph=graph)
+                                   for i, s in enumerate(scopes(n))])
+        while await host.consume_once(block_ms=0):    # the entries besides the commands
+            pass
+        firsts = drain(sink)
+        assert sorted(cmd.scope for cmd in firsts) == sorted(scopes(n))
+        yield host, sink, firsts, c
+    finally:
+        await c.aclose()
+        await host.aclose()
 
 
 def test_answers_in_many_scopes_cost_a_bounded_number_of_commands(redis_url: str) -> None:
@@ -142,18 +156,14 @@ def test_answers_in_many_scopes_cost_a_bounded_number_of_commands(redis_url: str
     until its command went out), then one XACK per stream (XACK cannot span streams).
     The next commands go out at once and every entry is acked."""
     async def main() -> None:
-        await flush(redis_url)
         n = 300
-        host, sink, firsts = await one_job_a_scope(redis_url, n)
-        c = aioredis.Redis.from_url(redis_url)
-        try:
+        async with one_job_a_scope(redis_url, n) as (host, sink, firsts, c):
             before = await calls(c)
             items = await host.settle_answers([(cmd.scope, Completed(cmd.command_id))
                                                for cmd in firsts])
             diff = {k: v - before.get(k, 0) for k, v in (await calls(c)).items()}
             assert [it.outcome for it in items] == [APPLIED] * n
-            nexts = [sink.queue.get_nowait() for _ in range(sink.queue.qsize())]
-            assert sorted((cmd.scope, cmd.action) for cmd in nexts) == \
+            assert sorted((cmd.scope, cmd.action) for cmd in drain(sink)) == \
                 sorted((s, "a1") for s in scopes(n))
             assert diff.get("evalsha") == 2, diff      # the compare-and-set, the markers
             assert diff.get("mget") == 1 and diff.get("get", 0) == 0, diff   # offsets
@@ -165,9 +175,6 @@ def test_answers_in_many_scopes_cost_a_bounded_number_of_commands(redis_url: str
             for s in scopes(n):
                 pipe.xpending(ScopeKeys(s).work, "sfc-host")
             assert sum(p["pending"] for p in await pipe.execute()) == 0
-        finally:
-            await c.aclose()
-            await host.aclose()
     run(main())
 
 
@@ -178,25 +185,18 @@ def test_a_scope_whose_group_is_gone_does_not_stop_the_others_deliveries(
     scopes' commands still go out at once, and the scope without its group is read
     (its group made again) by the consumer."""
     async def main() -> None:
-        await flush(redis_url)
         n = 20
-        host, sink, firsts = await one_job_a_scope(redis_url, n)
-        c = aioredis.Redis.from_url(redis_url)
-        try:
+        async with one_job_a_scope(redis_url, n) as (host, sink, firsts, c):
             await c.xgroup_destroy(ScopeKeys("s3").work, "sfc-host")
             items = await host.settle_answers([(cmd.scope, Completed(cmd.command_id))
                                                for cmd in firsts])
             assert [it.outcome for it in items] == [APPLIED] * n
-            nexts = [sink.queue.get_nowait() for _ in range(sink.queue.qsize())]
-            assert sorted(cmd.scope for cmd in nexts) == sorted(set(scopes(n)) - {"s3"})
+            assert sorted(cmd.scope for cmd in drain(sink)) == \
+                sorted(set(scopes(n)) - {"s3"})
             host.streams.mark("s3")
             for _ in range(3):       # NOGROUP: the group is made again, then read
                 await host.consume_once(block_ms=0)
-            late = [sink.queue.get_nowait() for _ in range(sink.queue.qsize())]
-            assert [(cmd.scope, cmd.action) for cmd in late] == [("s3", "a1")]
-        finally:
-            await c.aclose()
-            await host.aclose()
+            assert [(cmd.scope, cmd.action) for cmd in drain(sink)] == [("s3", "a1")]
     run(main())
 
 
