@@ -332,8 +332,7 @@ class Settler:
             # Commands whose entries this call delivered to us go out now; any other
             # entry it delivered is handled like one read from the stream. (The usual
             # case, checked first: it delivered exactly the entries just written.)
-            if len(made) == len(delivered) and all(
-                    f.entry_id == e[0] for f, e in zip(made, delivered, strict=True)):
+            if [f.entry_id for f in made] == [e[0] for e in delivered]:
                 fresh.extend(made)
                 continue
             got = {eid for eid, _ in delivered}

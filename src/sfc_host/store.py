@@ -466,16 +466,18 @@ class Store:
         exists), then ack ``acks`` entries of the scopes' work streams, in that order
         (a marker is never behind its entry's ack); one call per slot group."""
         acks = acks or {}
-        scopes = sorted(set(marks) | set(acks))
+        scopes = list(dict.fromkeys([*marks, *acks]))    # in any order: no sort
         calls: list[Call] = []
         for group in self._calls_by_slot(scopes):
             keys: list[Any] = []
             fv: list[Any] = []
             for s in group:
-                k = self.keys(s)
-                for j, f, v in marks.get(s, ()):
-                    keys.append(k.job(j))
-                    fv += (f, v)
+                got = marks.get(s)
+                if got:
+                    prefix = self.keys(s).base + "job:"     # ScopeKeys.job's names
+                    for j, f, v in got:
+                        keys.append(prefix + j)
+                        fv += (f, v)
             n = len(keys)
             tail: list[Any] = [self.group]
             for s in group:
