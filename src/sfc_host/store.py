@@ -217,7 +217,6 @@ class Committed:
     delivered: list[tuple[bytes, list[bytes]]]   # entry id, its fields and values
 
 
-
 class GraphCache:
     """Compiled recipes by fingerprint (LRU), read from the scope when missing.
 
