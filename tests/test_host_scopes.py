@@ -7,14 +7,21 @@ orphaned entries are claimed, several hosts share the scopes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
 from hosts import Station, flush, one_step, quick_config, quiet, wait_until
+from recipes import V110, linear
 
+from sfc_fast import compile_recipe
+from sfc_fast.events import Completed, Start
 from sfc_host.config import HostConfig
+from sfc_host.equipment import InProcessSink
 from sfc_host.host import Host
+from sfc_host.jobs import APPLIED, Item
 from sfc_host.keys import SCOPES, ScopeKeys
 from sfc_host.schedule import Schedule
 
@@ -109,6 +116,87 @@ def test_idle_scopes_cost_no_command_per_pass(redis_url: str) -> None:
         finally:
             await c.aclose()
             await host.aclose()
+    run(main())
+
+
+def drain(sink: InProcessSink) -> list[Any]:
+    return [sink.queue.get_nowait() for _ in range(sink.queue.qsize())]
+
+
+@contextlib.asynccontextmanager
+async def one_job_a_scope(redis_url: str, n: int
+                          ) -> AsyncIterator[tuple[Host, InProcessSink, list[Any], Any]]:
+    """A host without its loops serving ``n`` scopes, one job each with its first
+    command out: the host, its sink, those commands and a client of the test's own."""
+    await flush(redis_url)
+    sink = InProcessSink()
+    host = Host(quick_config(redis_url), sink, loops=False)
+    c = aioredis.Redis.from_url(redis_url)
+    try:
+        for s in scopes(n):
+            await host.add_scope(s)
+        await host.start()
+        graph = host.store.graphs.put(compile_recipe(linear(3), V110))   # no recipe read
+        await host.settler.settle([Item(s, f"j{i}", [Start(f"j{i}", s)], graph=graph)
+                                   for i, s in enumerate(scopes(n))])
+        while await host.consume_once(block_ms=0):    # the entries besides the commands
+            pass
+        firsts = drain(sink)
+        assert sorted(cmd.scope for cmd in firsts) == sorted(scopes(n))
+        yield host, sink, firsts, c
+    finally:
+        await c.aclose()
+        await host.aclose()
+
+
+def test_answers_in_many_scopes_cost_a_bounded_number_of_commands(redis_url: str) -> None:
+    """A batch of answers, each in a scope of its own, is settled by one compare-and-set
+    call and one marker call on a single Redis: one read of every scope's offset, one
+    XREADGROUP that delivers the new entries of every scope (each pending on this host
+    until its command went out), then one XACK per stream (XACK cannot span streams).
+    The next commands go out at once and every entry is acked."""
+    async def main() -> None:
+        n = 300
+        async with one_job_a_scope(redis_url, n) as (host, sink, firsts, c):
+            before = await calls(c)
+            items = await host.settle_answers([(cmd.scope, Completed(cmd.command_id))
+                                               for cmd in firsts])
+            diff = {k: v - before.get(k, 0) for k, v in (await calls(c)).items()}
+            assert [it.outcome for it in items] == [APPLIED] * n
+            assert sorted((cmd.scope, cmd.action) for cmd in drain(sink)) == \
+                sorted((s, "a1") for s in scopes(n))
+            assert diff.get("evalsha") == 2, diff      # the compare-and-set, the markers
+            assert diff.get("mget") == 1 and diff.get("get", 0) == 0, diff   # offsets
+            assert diff.get("xreadgroup") == 1, diff
+            assert diff.get("xadd") == n and diff.get("xack") == n, diff
+            while await host.consume_once(block_ms=0):
+                pass
+            pipe = c.pipeline(transaction=False)
+            for s in scopes(n):
+                pipe.xpending(ScopeKeys(s).work, "sfc-host")
+            assert sum(p["pending"] for p in await pipe.execute()) == 0
+    run(main())
+
+
+def test_a_scope_whose_group_is_gone_does_not_stop_the_others_deliveries(
+        redis_url: str) -> None:
+    """One read delivers the entries of every scope of a compare-and-set call, and a
+    missing group fails the whole read: then each stream is read alone, so the other
+    scopes' commands still go out at once, and the scope without its group is read
+    (its group made again) by the consumer."""
+    async def main() -> None:
+        n = 20
+        async with one_job_a_scope(redis_url, n) as (host, sink, firsts, c):
+            await c.xgroup_destroy(ScopeKeys("s3").work, "sfc-host")
+            items = await host.settle_answers([(cmd.scope, Completed(cmd.command_id))
+                                               for cmd in firsts])
+            assert [it.outcome for it in items] == [APPLIED] * n
+            assert sorted(cmd.scope for cmd in drain(sink)) == \
+                sorted(set(scopes(n)) - {"s3"})
+            host.streams.mark("s3")
+            for _ in range(3):       # NOGROUP: the group is made again, then read
+                await host.consume_once(block_ms=0)
+            assert [(cmd.scope, cmd.action) for cmd in drain(sink)] == [("s3", "a1")]
     run(main())
 
 

@@ -204,6 +204,7 @@ class Settler:
         # Jobs this host wrote last are evolved from the cache on the first round; a
         # stale one loses the compare-and-set and is read on the next.
         cache = self.store.cache
+        # per scope: the server time its rows were read at (0: from the cache), its rows
         rows: dict[str, tuple[int, dict[str, JobRow]]] = {}
         to_load: dict[str, list[str]] = {}
         for s, jobs in wanted.items():
@@ -223,13 +224,17 @@ class Settler:
         evolved: list[_Plan] = []
         stale: list[Item] = []
         decided = 0          # the oldest server time a decision of this round was made at
+        clock = self.store.clock
+        cached_now = 0       # one clock reading for every scope evolved from the cache
         for s, jobs in wanted.items():
             now, byjob = rows[s]
             if not now:
-                now = self.store.clock.now_ms() if self.store.clock.synced else \
-                    await self.store.now_ms()
-            decided = min(decided or now, now)
-            loaded_now = set(to_load.get(s, ()))
+                if not cached_now:
+                    cached_now = clock.now_ms() if clock.synced else await self.store.now_ms()
+                now = cached_now
+            if not decided or now < decided:
+                decided = now
+            loaded_now = to_load.get(s, ())
             for job, its in jobs.items():
                 p = await self._plan(s, now, byjob[job], its)
                 # Nothing applied: only a state just read proves that; one from the
@@ -286,6 +291,8 @@ class Settler:
                                           not_after=decided + c.outage_threshold_ms)
         retry: list[Item] = stale
         fresh: list[Fresh] = []
+        on_due, on_work, on_delivered = self.on_due, self.on_work, self.on_delivered
+        stored = self.store.graphs.stored
         for s, lst in plans.items():
             res = results[s]
             marks = iter(res.marks)
@@ -298,13 +305,14 @@ class Settler:
                     continue
                 if rec.due is not None and (due is None or rec.due < due):
                     due = rec.due
-                wrote = wrote or bool(rec.entries)
+                if rec.entries:
+                    wrote = True
+                    self._fresh(s, rec, graph, decisions, marks, made)
                 if rec.graph is not None:
-                    self.store.graphs.stored.add((s, rec.fingerprint))
+                    stored.add((s, rec.fingerprint))
                 if rec.state is not None:
                     cache.put(s, JobRow(rec.job, str(v).encode(), rec.state, graph.fingerprint,
                                         offset=rec.offset, live=rec.state))
-                self._fresh(s, rec, graph, decisions, marks, made)
                 for it in its:
                     d = it.decision
                     if it.outcome == APPLIED and d.status in TERMINAL:
@@ -312,21 +320,29 @@ class Settler:
                             self.on_end(s, it.job, d)
                         for listener in self.end_listeners:
                             listener(s, it.job, d)
-            if due is not None and self.on_due is not None:
-                self.on_due(s, due)
+            if due is not None and on_due is not None:
+                on_due(s, due)
+            delivered = res.delivered
             # A full delivery may have left entries behind; none is made for a scope
             # this host does not serve (yet).
-            if wrote and self.on_work is not None:
-                self.on_work(s, not self.serves(s) or len(res.delivered) >= c.read_count)
+            if wrote and on_work is not None:
+                on_work(s, not self.serves(s) or len(delivered) >= c.read_count)
+            if not delivered:
+                continue         # commands without a delivered entry are read later
             # Commands whose entries this call delivered to us go out now; any other
-            # entry it delivered is handled like one read from the stream.
-            got = {eid for eid, _ in res.delivered}
+            # entry it delivered is handled like one read from the stream. (The usual
+            # case, checked first: it delivered exactly the entries just written.)
+            if [f.entry_id for f in made] == [e[0] for e in delivered]:
+                fresh.extend(made)
+                continue
+            got = {eid for eid, _ in delivered}
             made = [f for f in made if f.entry_id in got]
             fresh.extend(made)
             ours = {f.entry_id for f in made}
-            rest = [e for e in res.delivered if e[0] not in ours]
-            if rest and self.on_delivered is not None:
-                self.on_delivered(s, rest)
+            rest = [(eid, dict(zip(flat[::2], flat[1::2], strict=True)))
+                    for eid, flat in delivered if eid not in ours]
+            if rest and on_delivered is not None:
+                on_delivered(s, rest)
         if fresh and self.dispatcher is not None:
             await self.dispatcher.send_fresh(fresh)
         return retry

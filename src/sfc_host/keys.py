@@ -42,6 +42,17 @@ def check_job(job: str) -> str:
     return job
 
 
+_WORK_HEAD = len(PREFIX) + 2          # "sfc:{"
+_WORK_TAIL = len("}:work")
+
+
+def scope_of_work(stream: bytes | str) -> str:
+    """The scope of a work stream's key (``sfc:{scope}:work``), as Redis names it in a
+    reply."""
+    name = stream[_WORK_HEAD:-_WORK_TAIL]
+    return name.decode() if isinstance(name, bytes) else name
+
+
 class ScopeKeys:
     """The keys of one scope."""
 

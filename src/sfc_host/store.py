@@ -31,7 +31,7 @@ from typing import Any
 
 from sfc_fast import Graph, StateFormatError, evolve, evolve_live
 from sfc_fast.events import Shift
-from sfc_host.keys import ScopeKeys
+from sfc_host.keys import ScopeKeys, scope_of_work
 from sfc_host.scripts import Call, Scripts
 
 log = logging.getLogger("sfc_host.store")
@@ -214,7 +214,7 @@ class Committed:
 
     versions: list[int]
     marks: list[Any]          # per dispatch entry written: id, sent marker, hold marker
-    delivered: list[tuple[bytes, dict[bytes, bytes]]]
+    delivered: list[tuple[bytes, list[bytes]]]   # entry id, its fields and values
 
 
 class GraphCache:
@@ -375,12 +375,14 @@ class Store:
 
     # ---- writing
 
-    def cas_call(self, groups: Sequence[tuple[str, Sequence[Record],
-                                              tuple[str, str, int] | None]],
-                 not_after: int = 0) -> Call:
-        """One compare-and-set call over ``(scope, records, deliver)`` groups, written
-        only up to the server time ``not_after`` (ms; 0: any time)."""
-        keys: list[Any] = []
+    def cas_call(self, groups: Sequence[tuple[str, Sequence[Record], bool]],
+                 not_after: int = 0, deliver: tuple[str, str, int] | None = None) -> Call:
+        """One compare-and-set call over ``(scope, records, delivers)`` groups, written
+        only up to the server time ``not_after`` (ms; 0: any time); the new entries of
+        the groups that deliver go to ``deliver`` (consumer group, consumer, count)."""
+        # the offsets first (one MGET in the script); a scope's and a job's keys are
+        # each named once a call, so only the keys records may share are looked up
+        keys: list[Any] = [self.keys(s).offset for s, _, _ in groups]
         index: dict[str, int] = {}
 
         def ki(name: str) -> int:
@@ -390,17 +392,17 @@ class Store:
                 i = index[name] = len(keys)
             return i
 
-        args: list[Any] = [len(groups), not_after]
-        for scope, records, deliver in groups:
+        args: list[Any] = [len(groups), not_after, *(deliver or (b"", b"", 0))]
+        for scope, records, delivers in groups:
             k = self.keys(scope)
-            args += (ki(k.due), ki(k.active), ki(k.work), ki(k.offset))
-            if deliver is not None:
-                args += (b"1", *deliver)
-            else:
-                args.append(b"0")
-            args.append(len(records))
+            n = len(keys)
+            keys += (k.due, k.active, k.work)
+            args += (n + 1, n + 2, n + 3, b"1" if delivers and deliver else b"0",
+                     len(records))
+            job_key = k.base + "job:"
             for r in records:
-                args += (ki(k.job(r.job)), r.job, r.expected,
+                keys.append(job_key + r.job)
+                args += (len(keys), r.job, r.expected,
                          b"" if r.state is None else r.state, r.fingerprint)
                 if r.graph is not None:
                     args += (ki(k.graph(r.fingerprint)), r.graph)
@@ -431,25 +433,30 @@ class Store:
         consumer, count) the scope's new entries, now pending on that consumer."""
         scopes = [s for s, recs in batches.items() if recs]
         groups = self._calls_by_slot(scopes)
-        calls = [self.cas_call([
-            (s, batches[s], deliver if deliver and (serves is None or serves(s)) else None)
-            for s in group], not_after) for group in groups]
+        calls = [self.cas_call([(s, batches[s], serves is None or serves(s)) for s in group],
+                               not_after, deliver) for group in groups]
         results = await self.scripts.run(calls)
         out: dict[str, Committed] = {}
-        cache = self.cache
+        drop = self.cache.drop
         for group, res in zip(groups, results, strict=True):
             if isinstance(res, Exception):
                 raise res
-            for s, (versions, marks, delivered) in zip(group, res, strict=True):
-                vs = [int(v) for v in versions]
-                for r, v in zip(batches[s], vs, strict=True):
-                    if v == 0:
-                        cache.drop(s, r.job)
-                entries = []
-                if delivered:
-                    for eid, flat in delivered[0][1]:
-                        entries.append((eid, dict(zip(flat[::2], flat[1::2], strict=True))))
-                out[s] = Committed(vs, marks, entries)
+            versions, marks, counts, raw = res
+            delivered: dict[str, list[tuple[bytes, list[bytes]]]] = {}
+            if raw:
+                for stream, items in raw:
+                    delivered[scope_of_work(stream)] = items
+            vi = mi = 0
+            for s, m in zip(group, counts, strict=True):
+                recs = batches[s]
+                vs = versions[vi:vi + len(recs)]
+                vi += len(recs)
+                if 0 in vs:
+                    for r, v in zip(recs, vs, strict=True):
+                        if v == 0:
+                            drop(s, r.job)
+                out[s] = Committed(vs, marks[mi:mi + 3 * m], delivered.get(s, []))
+                mi += 3 * m
         return out
 
     async def write_markers(self, marks: dict[str, list[tuple[str, str, str]]],
@@ -458,16 +465,18 @@ class Store:
         exists), then ack ``acks`` entries of the scopes' work streams, in that order
         (a marker is never behind its entry's ack); one call per slot group."""
         acks = acks or {}
-        scopes = sorted(set(marks) | set(acks))
+        scopes = list(dict.fromkeys([*marks, *acks]))    # in any order: no sort
         calls: list[Call] = []
         for group in self._calls_by_slot(scopes):
             keys: list[Any] = []
             fv: list[Any] = []
             for s in group:
-                k = self.keys(s)
-                for j, f, v in marks.get(s, ()):
-                    keys.append(k.job(j))
-                    fv += (f, v)
+                got = marks.get(s)
+                if got:
+                    prefix = self.keys(s).base + "job:"     # ScopeKeys.job's names
+                    for j, f, v in got:
+                        keys.append(prefix + j)
+                        fv += (f, v)
             n = len(keys)
             tail: list[Any] = [self.group]
             for s in group:

@@ -1,13 +1,16 @@
 -- Compare-and-set of many jobs, grouped by scope. On Redis Cluster the host sends one
 -- group per call (every key of a scope shares its hash tag, so a call touches one
 -- slot); on a single Redis one call may carry the groups of many scopes.
--- KEYS: every key the groups name, by index.
+-- KEYS: the groups' offset keys first (KEYS[g] is group g's), then every other key the
+-- groups name, by index.
 -- ARGV[1] = number of groups; ARGV[2] = the latest server time (ms) at which these
 -- decisions may still be written ('0': any time): a host frozen between reading a job
 -- and this call decided on a clock from before a possible outage, so nothing is
--- written (every record loses, and the host reads the jobs again); then per group:
---   due index key index, active set key index, work stream key index, offset key index,
---   deliver ('1': then group, consumer, count follow; '0': nothing follows),
+-- written (every record loses, and the host reads the jobs again); ARGV[3], ARGV[4],
+-- ARGV[5] = the consumer group, consumer and count that new entries are delivered to
+-- (ignored when no group delivers); then per group:
+--   due index key index, active set key index, work stream key index,
+--   deliver ('1': its new entries are delivered, '0': not),
 --   number of records, then each record:
 --     job key index, job id, expected version ('0': the job must not exist),
 --     state ('' = keep: an index-only record), fingerprint ('' = keep),
@@ -24,16 +27,20 @@
 --     archive records to append ('' = none; written with a state, appended to the
 --     job's archive chunks h:1, h:2, ... (hn: the last one's number)).
 -- A record whose version does not match writes nothing; the others still apply.
--- With deliver, after its records the group's new entries (those just appended among
--- them) are delivered to that consumer with XREADGROUP: the host that made a command
--- sends it without reading the stream or the job again, and every entry still has
--- exactly one owner.
--- Returns per group {versions, markers, delivered}: per record the new version (0: lost
--- race); per dispatch entry written, in order, the entry id and the current values of
--- the action's markers sent:{action} and sent:{action}:hold (false when unset); the
--- XREADGROUP reply (or false).
-local result = {}
-local p = 3
+-- After every group's records, the new entries of the delivering groups' streams
+-- (those just appended among them) are delivered to that consumer with one
+-- XREADGROUP over all those streams: the host that made a command sends it without
+-- reading the stream or the job again, and every entry still has exactly one owner.
+-- The offsets are read with one MGET: with one job a scope, per-scope commands would
+-- be most of the call's work.
+-- Returns {versions, markers, counts, delivered}, flat over the groups (one reply
+-- array per group would be most of the reply with one job a scope): versions, per
+-- record in order, the new version (0: lost race); markers, per dispatch entry
+-- written, in order, the entry id and the current values of the action's markers
+-- sent:{action} and sent:{action}:hold (false when unset); counts, per group the
+-- number of its dispatch entries in markers; delivered, the XREADGROUP reply
+-- ({stream, entries} per stream with new entries; false when none).
+local versions, marks, counts = {}, {}, {}
 local t = redis.call('TIME')
 local too_late = false
 if tonumber(ARGV[2]) > 0 then
@@ -44,22 +51,23 @@ end
 -- versions it lost are never given out again, so a state a host kept from a lost write
 -- cannot win a compare-and-set. (Below 2^53: exact in Lua's doubles.)
 local clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-for g = 1, tonumber(ARGV[1]) do
+local ngroups = tonumber(ARGV[1])
+local offsets = {}
+for i = 1, ngroups, 500 do   -- unpack has a limit on how many values
+  local got = redis.call('MGET', unpack(KEYS, i, math.min(i + 499, ngroups)))
+  for j = 1, #got do offsets[i + j - 1] = got[j] or '0' end
+end
+local streams = {}           -- the delivering groups' work streams
+local p = 6
+for g = 1, ngroups do
   local due_key = KEYS[tonumber(ARGV[p])]
   local active_key = KEYS[tonumber(ARGV[p + 1])]
   local work_key = KEYS[tonumber(ARGV[p + 2])]
-  local offset = redis.call('GET', KEYS[tonumber(ARGV[p + 3])]) or '0'
-  local dgroup, dconsumer, dcount = nil, nil, nil
-  if ARGV[p + 4] == '1' then
-    dgroup, dconsumer, dcount = ARGV[p + 5], ARGV[p + 6], tonumber(ARGV[p + 7])
-    p = p + 8
-  else
-    p = p + 5
-  end
-  local n = tonumber(ARGV[p])
-  p = p + 1
-  local out = {}
-  local marks = {}
+  local offset = offsets[g]
+  if ARGV[p + 3] == '1' then streams[#streams + 1] = work_key end
+  local n = tonumber(ARGV[p + 4])
+  p = p + 5
+  local nmarks = #marks
   for r = 1, n do
     local key = KEYS[tonumber(ARGV[p])]
     local job = ARGV[p + 1]
@@ -83,7 +91,7 @@ for g = 1, tonumber(ARGV[1]) do
     p = e + 3 * ne + 4
     local current = redis.call('HGET', key, 'v') or '0'
     if too_late or current ~= expected or (state ~= '' and roffset ~= offset) then
-      out[r] = 0
+      versions[#versions + 1] = 0
     else
       local v = math.max(tonumber(current) + 1, clock_us)
       if state ~= '' then
@@ -144,16 +152,31 @@ for g = 1, tonumber(ARGV[1]) do
         redis.call('SET', KEYS[ridx], rval)
         redis.call('SADD', KEYS[xidx], job)
       end
-      out[r] = v
+      versions[#versions + 1] = v
     end
   end
-  local delivered = false
-  if dgroup ~= nil then
-    -- pcall: a missing group must not turn the writes above into an error reply
-    delivered = redis.pcall('XREADGROUP', 'GROUP', dgroup, dconsumer, 'COUNT', dcount,
-                            'STREAMS', work_key, '>')
-    if type(delivered) == 'table' and delivered['err'] then delivered = false end
-  end
-  result[g] = {out, marks, delivered}
+  counts[g] = (#marks - nmarks) / 3
 end
-return result
+local delivered = false
+local function read(keys)
+  local args = {'GROUP', ARGV[3], ARGV[4], 'COUNT', ARGV[5], 'STREAMS'}
+  for _, k in ipairs(keys) do args[#args + 1] = k end
+  for _ = 1, #keys do args[#args + 1] = '>' end
+  -- pcall: a missing group must not turn the writes above into an error reply
+  local r = redis.pcall('XREADGROUP', unpack(args))
+  if type(r) == 'table' and r['err'] then return nil end
+  return r
+end
+if #streams > 0 then
+  if #streams <= 2000 then delivered = read(streams) end
+  if delivered == nil or #streams > 2000 then
+    -- a stream or group gone (one missing group fails the whole read), or more
+    -- streams than one command should take: each stream read alone
+    delivered = {}
+    for _, k in ipairs(streams) do
+      local r = read({k})
+      if r then delivered[#delivered + 1] = r[1] end
+    end
+  end
+end
+return {versions, marks, counts, delivered}
