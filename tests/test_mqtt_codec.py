@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -293,6 +294,19 @@ class Misbehaving:
             w.close()
 
 
+@contextlib.asynccontextmanager
+async def connected_link(script: Any, consumer: str
+                         ) -> AsyncIterator[tuple[MqttLink, Metrics]]:
+    """A link connected to a ``Misbehaving`` broker playing ``script``."""
+    async with Misbehaving(script) as broker:
+        cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=broker.url,
+                         consumer=consumer)
+        metrics = Metrics()
+        async with MqttLink(cfg, metrics) as link:
+            await link.wait_connected()
+            yield link, metrics
+
+
 async def read_packet(r: asyncio.StreamReader) -> bytes:
     first = await r.readexactly(1)
     n, shift, raw = 0, 0, b""
@@ -353,17 +367,12 @@ def test_unacknowledged_messages_go_out_again_marked_dup_after_a_reconnect() -> 
                 w.write(b"\x40\x02" + mid)
 
     async def main() -> None:
-        async with Misbehaving(script) as broker:
-            cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=broker.url,
-                             consumer="dup")
-            metrics = Metrics()
-            async with MqttLink(cfg, metrics) as link:
-                await link.wait_connected()
-                acks = [asyncio.get_running_loop().create_future() for _ in range(2)]
-                for i, f in enumerate(acks):
-                    link.publish_nowait("q", f"m{i}".encode(), acked=f)
-                await asyncio.wait_for(asyncio.gather(*acks), 10)
-            assert metrics["mqtt_sent"] == 2 and metrics["mqtt_reconnects"] == 1
+        async with connected_link(script, "dup") as (link, metrics):
+            acks = [asyncio.get_running_loop().create_future() for _ in range(2)]
+            for i, f in enumerate(acks):
+                link.publish_nowait("q", f"m{i}".encode(), acked=f)
+            await asyncio.wait_for(asyncio.gather(*acks), 10)
+        assert metrics["mqtt_sent"] == 2 and metrics["mqtt_reconnects"] == 1
         first, again = seen[:2], seen[2:4]
         assert [p[0] for p in first] == [0x32, 0x32]             # QoS 1
         assert [p[0] for p in again] == [0x3A, 0x3A]             # QoS 1, DUP
@@ -390,24 +399,19 @@ def test_a_command_sent_again_while_its_first_copy_waits_goes_out_once() -> None
             w.write(b"\x40\x02" + p[5:7])                     # topic "q", then the id
 
     async def main() -> None:
-        async with Misbehaving(script) as broker:
-            cfg = HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=broker.url,
-                             consumer="join")
-            metrics = Metrics()
-            async with MqttLink(cfg, metrics) as link:
-                await link.wait_connected()
-                loop = asyncio.get_running_loop()
-                first, again, other = (loop.create_future() for _ in range(3))
-                assert link.publish_nowait("q", b"J1:a#1", acked=first, key="J1:a#1")
-                for _ in range(100):
-                    if seen:
-                        break
-                    await asyncio.sleep(0.01)
-                assert link.publish_nowait("q", b"J1:a#1", acked=again, key="J1:a#1")
-                assert link.publish_nowait("q", b"J2:a#1", acked=other, key="J2:a#1")
-                gone.set()
-                await asyncio.wait_for(asyncio.gather(first, again, other), 10)
-            assert metrics["mqtt_repeats_joined"] == 1 and metrics["mqtt_sent"] == 2
+        async with connected_link(script, "join") as (link, metrics):
+            loop = asyncio.get_running_loop()
+            first, again, other = (loop.create_future() for _ in range(3))
+            assert link.publish_nowait("q", b"J1:a#1", acked=first, key="J1:a#1")
+            for _ in range(100):
+                if seen:
+                    break
+                await asyncio.sleep(0.01)
+            assert link.publish_nowait("q", b"J1:a#1", acked=again, key="J1:a#1")
+            assert link.publish_nowait("q", b"J2:a#1", acked=other, key="J2:a#1")
+            gone.set()
+            await asyncio.wait_for(asyncio.gather(first, again, other), 10)
+        assert metrics["mqtt_repeats_joined"] == 1 and metrics["mqtt_sent"] == 2
         # J2 was written on the first connection too (read by no one there): both go out
         # again after the reconnect, marked DUP; the repeat of J1 adds no copy
         assert [(n, p[0], p[-6:]) for n, p in seen] == [
