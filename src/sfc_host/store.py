@@ -380,7 +380,7 @@ class Store:
         """One compare-and-set call over ``(scope, records, delivers)`` groups, written
         only up to the server time ``not_after`` (ms; 0: any time); the new entries of
         the groups that deliver go to ``deliver`` (consumer group, consumer, count)."""
-        # the offsets first (one MGET in the script); a scope's and a job's keys are
+        # the offsets first (read first in the script); a scope's and a job's keys are
         # each named once a call, so only the keys records may share are looked up
         keys: list[Any] = [self.keys(s).offset for s, _, _ in groups]
         index: dict[str, int] = {}
