@@ -259,6 +259,9 @@ class Cluster:
         self.client: Any = None
         self.orders: Host | None = None
         self.windows: list[tuple[float, float]] = []   # (from, to): duplicates allowed
+        # copies a duplicate in a window may have: one redelivery per QoS 1 hop that the
+        # fault can cut (host -> broker always; broker -> station when the broker restarts)
+        self.max_copies = 2
         self.times: list[tuple[str | None, str | None]] = []   # job responses' start, end
         self.cut_jobs: set[str] = set()   # jobs whose acknowledged writes a fault took away
         self.t0 = 0.0
@@ -458,7 +461,7 @@ class Cluster:
                 continue
             out.duplicates += 1
             first = times[0]
-            inside = len(times) == 2 and any(a - WINDOW_S <= first <= b
+            inside = len(times) <= self.max_copies and any(a - WINDOW_S <= first <= b
                                              for a, b in self.windows)
             if inside:
                 out.dups_in_window += 1
@@ -683,6 +686,11 @@ async def broker_restart(seed: int, n_jobs: int = 150) -> Outcome:
     what was not acknowledged again after the reconnect, the station's session keeps
     what the broker held for it."""
     async with Cluster(seed) as c:
+        # Both hops may repeat a command cut by the restart: the broker's persistent
+        # session redelivers what the station received but had not acknowledged, and
+        # the host sends again what the broker had not acknowledged (seed 4 once: one id
+        # at 0.91 s, before the stop took effect, then at 1.57 and 1.82 s).
+        c.max_copies = 3
         return await _restart(Outcome("MQTT broker restart", seed), c, c.broker, n_jobs)
 
 
