@@ -31,7 +31,7 @@ from sfc_fast.events import BaseEvent, Event, Start, Tick
 from sfc_host.config import HostConfig
 from sfc_host.mes.model import state_list
 from sfc_host.metrics import Metrics
-from sfc_host.store import JobRow, Record, Store, started_at
+from sfc_host.store import JobRow, Record, Store, pairs, started_at
 
 log = logging.getLogger("sfc_host.jobs")
 
@@ -339,8 +339,7 @@ class Settler:
             made = [f for f in made if f.entry_id in got]
             fresh.extend(made)
             ours = {f.entry_id for f in made}
-            rest = [(eid, dict(zip(flat[::2], flat[1::2], strict=True)))
-                    for eid, flat in delivered if eid not in ours]
+            rest = [(eid, pairs(flat)) for eid, flat in delivered if eid not in ours]
             if rest and on_delivered is not None:
                 on_delivered(s, rest)
         if fresh and self.dispatcher is not None:

@@ -37,6 +37,11 @@ from sfc_host.scripts import Call, Scripts
 log = logging.getLogger("sfc_host.store")
 
 
+def pairs(flat: Sequence[Any]) -> dict[Any, Any]:
+    """A flat ``[field, value, ...]`` reply (a hash, a stream entry) as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
 @dataclass(slots=True)
 class JobRow:
     """One job hash as read: state, version, graph fingerprint, the sent markers, and
@@ -353,7 +358,7 @@ class Store:
         one call."""
         out = []
         for flat in await self.hashes([(s, self.keys(s).job(j)) for s, j in jobs]):
-            h = dict(zip(flat[::2], flat[1::2], strict=True))
+            h = pairs(flat)
             out.append((h.get(b"v", b"0"), archive_of(h)))
         return out
 
