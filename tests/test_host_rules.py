@@ -261,6 +261,9 @@ def test_scripts_are_loaded_again_after_script_flush(redis_url: str) -> None:
             await wait_until(lambda: ended, what="job end")
             assert ended[0][1] == "completed"
             assert host.scripts.reloads >= 1
+            # the script calls went through the host's pipelined channel
+            assert host.scripts.channel is host.channel and host.channel is not None
+            assert host.channel.writes > 0
         finally:
             await host.aclose()
     run(main())

@@ -419,6 +419,45 @@ def test_a_command_sent_again_while_its_first_copy_waits_goes_out_once() -> None
     asyncio.run(main())
 
 
+def test_acknowledgements_leave_in_one_write_with_the_reply_they_start() -> None:
+    """The PUBACKs of a read wait up to ``ACK_DELAY_S`` for what the messages start: a
+    reply published meanwhile goes out in the same write (one write per answer, not
+    two). With nothing to go with, they still leave at once after that delay."""
+    reads: list[tuple[float, bytes]] = []
+
+    async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        p = await read_packet(r)
+        assert p[0] >> 4 == 8                                 # SUBSCRIBE: granted
+        w.write(b"\x90\x04" + p[2:4] + b"\x00\x01")
+        loop = asyncio.get_running_loop()
+        for topic, first in (("t/ask", 7), ("t/quiet", 9)):
+            t0 = loop.time()
+            w.write(publish(topic, b"a", qos=1, mid=first)
+                    + publish(topic, b"b", qos=1, mid=first + 1))
+            await w.drain()
+            reads.append((loop.time() - t0, await r.read(65536)))
+        await asyncio.sleep(5)
+
+    async def main() -> None:
+        async with connected_link(script, "acks") as (link, _):
+            async def answer(m: Message) -> None:
+                if m.topic == "t/ask":
+                    for _ in range(3):                        # a few loop passes, as
+                        await asyncio.sleep(0)                # a Redis round trip takes
+                    link.publish_nowait("reply", m.payload, qos=0)
+            link.subscribe("t/#", answer, shared=False)
+            for _ in range(200):
+                if len(reads) == 2:
+                    break
+                await asyncio.sleep(0.01)
+        (_, asked), (waited, quiet) = reads
+        acks = b"\x40\x02\x00\x07\x40\x02\x00\x08"
+        assert asked == acks + publish("reply", b"a") + publish("reply", b"b")
+        assert quiet == b"\x40\x02\x00\x09\x40\x02\x00\x0a"
+        assert waited < 0.5
+    asyncio.run(main())
+
+
 def test_a_host_listens_only_once_the_broker_acknowledged_its_subscriptions() -> None:
     """``/readyz`` must not say ready while a SUBSCRIBE is unanswered: an MES request
     published then to the shared subscription reaches no host and is lost."""

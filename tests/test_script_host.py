@@ -55,15 +55,18 @@ report = Variable("report", {})
 
 @mission
 async def orders(api, n, scope):
-    ids = [await api.jobs.submit({"JobOrderID": f"S{i}", "WorkMasterID": [{"ID": "wm"}]},
-                                 scope=scope)
-           for i in range(n)]
+    ids = [await api.jobs.submit({"JobOrderID": "S0", "WorkMasterID": [{"ID": "wm"}]},
+                                 scope=scope)]
     out = {"ids": ids}
+    # at once, while S0 surely runs (an ended order may be stored anew)
     try:
         await api.jobs.submit({"JobOrderID": "S0", "WorkMasterID": [{"ID": "wm"}],
                                "Priority": 9}, scope=scope)
     except ScriptAPIError as e:
         out["again"] = str(e)
+    ids += [await api.jobs.submit({"JobOrderID": f"S{i}", "WorkMasterID": [{"ID": "wm"}]},
+                                  scope=scope)
+            for i in range(1, n)]
     try:
         await api.jobs.pause("nope", scope=scope)
     except ScriptAPIError as e:

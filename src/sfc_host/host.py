@@ -28,6 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sfc_fast import state_to_json
 from sfc_fast.events import BaseEvent
 from sfc_fast.runner import job_of_command
+from sfc_host.channel import RedisChannel
 from sfc_host.client import redis_from_url, tls_options
 from sfc_host.config import HostConfig
 from sfc_host.equipment import CommandSink, Dispatcher, InProcessSink
@@ -77,7 +78,13 @@ class Host:
         self.metrics = metrics if metrics is not None else Metrics()
         self.client = client if client is not None else connect(self.config)
         self._own_client = client is None
-        self.scripts = Scripts(self.client)
+        # script calls (the hot path) pipelined on one connection of our own, on a
+        # standalone Redis the host connects to itself
+        c = self.config
+        self.channel = (RedisChannel(c.redis_url, ca_file=c.redis_ca_file,
+                                     cert_file=c.redis_cert_file, key_file=c.redis_key_file)
+                        if client is None and not c.redis_cluster else None)
+        self.scripts = Scripts(self.client, self.channel)
         self.store = Store(self.client, self.scripts, GraphCache(self.config.graph_cache_size),
                            self.config.state_cache_size, self.config.group,
                            cluster=self.config.redis_cluster)
@@ -219,6 +226,8 @@ class Host:
             gc.unfreeze()
             self._gc_was = None
         if self._own_client:
+            if self.channel is not None:
+                await self.channel.aclose()
             await self.client.aclose()
 
     async def _run(self, name: str, one_pass: Callable[[], Awaitable[None]]) -> None:

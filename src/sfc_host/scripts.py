@@ -25,6 +25,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from sfc_host.channel import RedisChannel
+
 log = logging.getLogger("sfc_host.scripts")
 
 LUA_DIR = Path(__file__).parent / "lua"
@@ -49,10 +51,13 @@ Call = tuple[Script, Sequence[Any], Sequence[Any]]
 
 
 class Scripts:
-    """All scripts of the host, bound to one client (standalone or cluster)."""
+    """All scripts of the host, bound to one client (standalone or cluster). With a
+    ``channel`` (a standalone Redis), the calls go through it; loading stays on the
+    client."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, channel: RedisChannel | None = None) -> None:
         self.client = client
+        self.channel = channel
         self.reloads = 0
         # calls of ``call_together`` waiting for the end of this loop pass, and the
         # pipelines under way that will answer them
@@ -76,12 +81,17 @@ class Scripts:
     async def call(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         for _ in range(RELOAD_ROUNDS):
             try:
-                return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+                return await self._evalsha(script, keys, args)
             except NoScriptError:
                 self.reloads += 1
                 log.info("script %s missing on the server: loading it again", script.name)
                 await self.load()
-        return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        return await self._evalsha(script, keys, args)
+
+    def _evalsha(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        if self.channel is not None:
+            return self.channel.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        return self.client.evalsha(script.sha, len(keys), *keys, *args)
 
     async def call_together(self, script: Script, keys: Sequence[Any],
                             args: Sequence[Any]) -> Any:
@@ -146,6 +156,9 @@ class Scripts:
         return results
 
     async def _pipe(self, calls: Sequence[Call]) -> list[Any]:
+        if self.channel is not None:
+            return await self.channel.execute_many(
+                [("EVALSHA", s.sha, len(k), *k, *a) for s, k, a in calls])
         pipe = self.client.pipeline(transaction=False)
         for s, k, a in calls:
             pipe.execute_command("EVALSHA", s.sha, len(k), *k, *a)

@@ -3,8 +3,9 @@
 
 Packets are framed by the compiled codec (``sfc_fast.mqtt5``): every packet of one
 socket read in one call, each PUBLISH handed to ``on_message`` as the handler's
-``Message``, and the acknowledgements of one read written together. What the link
-sends in one event-loop pass collects in ``out`` and goes out in one write.
+``Message``, and the acknowledgements of one read written together, with the first
+publish that follows within ``ACK_DELAY_S``. What the link sends in one event-loop pass
+collects in ``out`` and goes out in one write.
 
 A malformed packet closes the connection (with its reason code on MQTT 5, as the spec
 demands); it is logged and counted (``mqtt_malformed``) and the link connects again.
@@ -40,6 +41,11 @@ from sfc_fast.mqtt5 import (
 from sfc_host.metrics import Metrics
 
 log = logging.getLogger("sfc_host.mqtt")
+
+# Acknowledgements of a read wait this long for the work they start (a settle, then the
+# next command) to go out in the same write: one write per answer rather than two. The
+# broker's in-flight window to us is far wider than what arrives in this time.
+ACK_DELAY_S = 0.001
 
 # reason codes in words (CONNACK of MQTT 3.1.1: 1-5; MQTT 5: 0x80 on), for the log
 REASONS = {1: "Unacceptable protocol version", 2: "Client identifier rejected",
@@ -91,6 +97,7 @@ class Connection(asyncio.Protocol):
         self.waiters: dict[int, asyncio.Future[list[int]]] = {}   # SUBACK, UNSUBACK
         self.out = bytearray()            # packets of this loop pass, written in one go
         self._flush_soon = False
+        self._ack_timer: asyncio.TimerHandle | None = None
         self.paused = False               # the transport's buffer is full
         self.last_write = loop.time()
         self.ping_sent: float | None = None
@@ -132,9 +139,8 @@ class Connection(asyncio.Protocol):
                     ack_into(out, PUBACK, item.mid)
             else:
                 self._control(item)
-        if out:
-            # with what the handlers' work publishes in this loop pass: one write
-            self.flush_soon()
+        if out and not self._flush_soon and self._ack_timer is None:
+            self._ack_timer = self.loop.call_later(ACK_DELAY_S, self.flush)
 
     def _control(self, item: tuple[Any, ...]) -> None:
         kind = item[0]
@@ -208,6 +214,9 @@ class Connection(asyncio.Protocol):
 
     def flush(self) -> None:
         self._flush_soon = False
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
         out = self.out
         if not out or self.transport is None:
             return
