@@ -163,7 +163,9 @@ async def main(args: argparse.Namespace) -> None:
             actions_s = args.rate or round(5 * n / secs / 2)
             rate = actions_s / 5
             paced_n = int(rate * (2 if args.quick else args.seconds))
-            await run_jobs(app, "paced", paced_n, rate)
+            cpu0 = time.process_time()
+            paced_s = await run_jobs(app, "paced", paced_n, rate)
+            paced_cpu = time.process_time() - cpu0
             m.observe = observe  # type: ignore[method-assign]
             samples.sort()
 
@@ -171,7 +173,9 @@ async def main(args: argparse.Namespace) -> None:
                 return samples[min(len(samples) - 1, int(f * len(samples)))] * 1000
             print(f"paced at {actions_s:,} actions/s ({paced_n} jobs, {len(samples):,} "
                   f"answers): answer to next command p50 {q(0.5):.2f} ms, "
-                  f"p99 {q(0.99):.2f} ms, p99.9 {q(0.999):.2f} ms")
+                  f"p99 {q(0.99):.2f} ms, p99.9 {q(0.999):.2f} ms; host CPU "
+                  f"{paced_cpu / paced_n / 5 * 1e6:,.1f} µs an action "
+                  f"({paced_cpu / paced_s:.0%} of a core)")
             pp = await asyncio.get_running_loop().run_in_executor(
                 None, broker_pingpong, broker.port, actions_s,
                 2 if args.quick else args.seconds)

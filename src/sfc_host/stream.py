@@ -23,6 +23,7 @@ from sfc_host.config import HostConfig
 from sfc_host.keys import ScopeKeys, check_job
 from sfc_host.metrics import Metrics
 from sfc_host.scripts import Scripts
+from sfc_host.store import pairs
 
 log = logging.getLogger("sfc_host.stream")
 
@@ -265,8 +266,7 @@ class Streams:
             res = await self._read_cluster(keys, count)
         else:
             try:
-                res = await self.client.xreadgroup(
-                    self.group, self.consumer, {k.work: ">" for k in keys}, count=count)
+                res = await self._read_standalone(keys, count)
             except ResponseError as e:
                 if "NOGROUP" not in str(e):
                     raise
@@ -279,6 +279,20 @@ class Streams:
                     self.mark(k.scope)
                 return None
         return res or []
+
+    async def _read_standalone(self, keys: list[ScopeKeys], count: int) -> list[Any]:
+        channel = self.scripts.channel
+        if channel is None:
+            res: list[Any] = await self.client.xreadgroup(
+                self.group, self.consumer, {k.work: ">" for k in keys}, count=count)
+            return res
+        # on the host's channel (no BLOCK: it never holds the connection); the reply as
+        # redis-py gives it: [stream, [(id, fields), ...]] per stream
+        raw = await channel.execute("XREADGROUP", "GROUP", self.group, self.consumer,
+                                    "COUNT", count, "STREAMS", *[k.work for k in keys],
+                                    *[">"] * len(keys))
+        return [(stream, [(eid, pairs(flat) if flat else {}) for eid, flat in items])
+                for stream, items in raw or ()]
 
     async def _read_cluster(self, keys: list[ScopeKeys], count: int) -> list[Any]:
         """One XREADGROUP per scope (streams of two scopes may live on two nodes, and
@@ -379,21 +393,31 @@ class Streams:
         pipeline for the whole batch."""
         if not done and not failed:
             return
-        pipe = self.client.pipeline(transaction=False)
+        cmds: list[tuple[Any, ...]] = []
         for scope, ids in done.items():
             if not ids:
                 continue
             k = self.scopes[scope]
-            pipe.xack(k.work, self.group, *ids)   # trimmed by the sweep (sweep.lua)
+            cmds.append(("XACK", k.work, self.group, *ids))  # trimmed by the sweep
             again = [i for i in ids if i in self._redelivered]
             if again:
-                pipe.hdel(k.errors, *again)
+                cmds.append(("HDEL", k.errors, *again))
                 self._redelivered.difference_update(again)
         for scope, errs in failed.items():
             k = self.scopes[scope]
-            mapping = {eid: reason[:2000] for eid, reason in errs}
-            if mapping:
-                pipe.hset(k.errors, mapping=mapping)
-        for r in await pipe.execute(raise_on_error=False):
+            flat = [x for eid, reason in errs for x in (eid, reason[:2000])]
+            if flat:
+                cmds.append(("HSET", k.errors, *flat))
+        if not cmds:
+            return
+        channel = self.scripts.channel
+        if channel is not None:
+            replies = await channel.execute_many(cmds)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for c in cmds:
+                pipe.execute_command(*c)
+            replies = await pipe.execute(raise_on_error=False)
+        for r in replies:
             if isinstance(r, Exception):
                 raise r
