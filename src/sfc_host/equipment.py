@@ -3,9 +3,11 @@ the dispatcher that turns ``dispatch:{action}`` entries into sent commands.
 
 A command goes out only if its id is the action's open one now (``open_command``),
 and not if the sent marker ``sent:{action} = {startedAt}:{commandId}`` already says
-so. The marker is written after the sink has queued the command: a crash in between
-sends that id twice (receivers deduplicate by id), and no command is ever lost. A
-hold command for work that never went out is answered "not held" by the host itself.
+so, nor while this host is sending it already (its send waits for the broker, then
+writes the marker: an entry taken over meanwhile finds no marker yet). The marker is
+written after the sink has queued the command: a crash in between sends that id twice
+(receivers deduplicate by id), and no command is ever lost. A hold command for work
+that never went out is answered "not held" by the host itself.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class Dispatcher:
         # (scope, job) -> when the pull event it is taking arrived (perf_counter), only
         # while that event settles: its command then feeds event_to_command_seconds
         self.event_arrived: dict[tuple[str, str], float] = {}
+        # (scope, command id) of the commands this host is sending: from the sink (which
+        # waits for the broker's acknowledgements of the whole batch) to their markers
+        self._sending: set[tuple[str, str]] = set()
 
     async def send_fresh(self, fresh: Sequence[Fresh]) -> None:
         """Send commands this host just made (their entries are pending on it), then
@@ -134,6 +139,7 @@ class Dispatcher:
         to_send: list[Command] = []
         sent: list[Fresh] = []
         not_held: list[Item] = []
+        sending = self._sending
         for f in items:
             cmd = f.command
             cid = cmd.command_id
@@ -144,25 +150,36 @@ class Dispatcher:
                 not_held.append(Item(f.scope, f.job, [NotHeld(cid)]))
                 self.metrics.inc("hold_answered_not_held")
                 continue
+            if (f.scope, cid) in sending:
+                # Sent by this host now: its entry, idle while the batch waited for the
+                # broker, was taken over and came back here. That send writes the marker
+                # (or leaves the id to its deadline); a second publish would be one more
+                # copy once the broker had acknowledged the first.
+                self.metrics.inc("dispatch_sending")
+                continue
+            sending.add((f.scope, cid))
             to_send.append(cmd)
             sent.append(f)
-        marks: dict[str, list[tuple[str, str, str]]] = {}
-        if to_send:
-            queued = await self.sink.send(to_send)
-            if self.event_arrived:
-                self._event_latency(to_send, queued)
-            n = 0
-            for f, ok in zip(sent, queued, strict=True):
-                if ok:
-                    cmd = f.command
-                    field = f"sent:{cmd.action}:hold" if cmd.hold else f"sent:{cmd.action}"
-                    marks.setdefault(f.scope, []).append(
-                        (f.job, field, f"{f.started}:{cmd.command_id}"))
-                    n += 1
-                else:
-                    self.metrics.inc("queue_full")
-            self.metrics.inc("commands_sent", n)
-        if marks or acks:
-            await self.store.write_markers(marks, acks)
+        try:
+            marks: dict[str, list[tuple[str, str, str]]] = {}
+            if to_send:
+                queued = await self.sink.send(to_send)
+                if self.event_arrived:
+                    self._event_latency(to_send, queued)
+                n = 0
+                for f, ok in zip(sent, queued, strict=True):
+                    if ok:
+                        cmd = f.command
+                        field = f"sent:{cmd.action}:hold" if cmd.hold else f"sent:{cmd.action}"
+                        marks.setdefault(f.scope, []).append(
+                            (f.job, field, f"{f.started}:{cmd.command_id}"))
+                        n += 1
+                    else:
+                        self.metrics.inc("queue_full")
+                self.metrics.inc("commands_sent", n)
+            if marks or acks:
+                await self.store.write_markers(marks, acks)
+        finally:
+            sending.difference_update((f.scope, f.command.command_id) for f in sent)
         if not_held:
             await self.settler.settle(not_held)

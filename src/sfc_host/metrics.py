@@ -29,6 +29,8 @@ HELP: dict[str, str] = {
     "commands_sent": "Equipment commands published.",
     "dispatch_skipped": "Command dispatches skipped (settled, superseded or ended meanwhile).",
     "dispatch_already_sent": "Command dispatches skipped because the command was already sent.",
+    "dispatch_sending": "Command dispatches skipped because this host was sending the "
+                        "command at that moment (its entry taken over while the send waited).",
     "hold_answered_not_held": "Held commands answered not_held (the hold was not in effect).",
     "queue_full": "Commands not sent because the outgoing queue was full.",
     "mqtt_unacked_commands": "Commands the broker had not acknowledged within 2 s of "

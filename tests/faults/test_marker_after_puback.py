@@ -25,10 +25,14 @@ from servers import MosquittoServer, ServerMissing
 from sfc_fast import Command, compile_recipe, evolve
 from sfc_fast.events import Start
 from sfc_host import equipment_mqtt
+from sfc_host.cloudevents import decode
 from sfc_host.config import HostConfig
 from sfc_host.equipment_mqtt import MqttSink
+from sfc_host.host import Host
+from sfc_host.jobs import Fresh
 from sfc_host.metrics import Metrics
-from sfc_host.mqtt import MqttLink
+from sfc_host.mqtt import Message, MqttLink
+from sfc_host.mqtt import link as mqtt_link
 
 
 def command(n: int) -> Command:
@@ -70,3 +74,48 @@ def test_a_command_the_broker_has_not_acknowledged_is_not_sent(
         asyncio.run(asyncio.wait_for(main(), 30))
     finally:
         broker.stop()
+
+
+def test_a_command_this_host_is_sending_is_not_sent_again_when_its_entry_comes_back(
+        redis_url: str, mqtt_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression, found by ``broker_restart`` fault runs (one id four times at the
+    station): a send waits for the PUBACKs of its whole batch, so its entries sit idle
+    and may be taken over, even back by the same host. There the entry found no marker
+    yet and, its command already acknowledged (the link held no copy to join), the
+    command was published again. With one message in flight at a time, the first
+    command is acknowledged while the second still waits: its entry dispatched then
+    adds no copy, and the send under way writes its marker."""
+    monkeypatch.setattr(mqtt_link, "IN_FLIGHT", 1)
+    ids = [f"J{n}:load_part#1" for n in (1, 2)]
+
+    async def main() -> None:
+        got: list[str] = []
+
+        def seen(m: Message) -> None:
+            got.append(decode(m.payload, m.properties).id)
+        cfg = HostConfig(redis_url=redis_url, mqtt_url=mqtt_url, consumer="sending")
+        async with (MqttLink(HostConfig(mqtt_url=mqtt_url, consumer="watch"),
+                             Metrics()) as watch,
+                    MqttLink(cfg, Metrics()) as link):
+            await watch.wait_connected()
+            await watch.subscribed("equipment/+/commands", seen, shared=False)
+            await link.wait_connected()
+            host = Host(cfg, MqttSink(link), loops=False, metrics=link.metrics)
+            try:
+                fresh = [Fresh("sending", c.job, c, b"1-1", None, None, 1)
+                         for c in (command(1), command(2))]
+                first = asyncio.ensure_future(host.dispatcher.send_fresh(fresh))
+                while not link.metrics["mqtt_sent"]:
+                    await asyncio.sleep(0)      # the first acknowledged, the second not yet
+                await host.dispatcher.send_fresh(fresh[:1])    # its entry, back here
+                await first
+                while len(got) < 2:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.3)        # a third copy would have come by now
+            finally:
+                await host.aclose()
+        assert got == ids
+        assert link.metrics["dispatch_sending"] == 1
+        assert link.metrics["mqtt_sent"] == link.metrics["commands_sent"] == 2
+
+    asyncio.run(asyncio.wait_for(main(), 30))
