@@ -260,7 +260,8 @@ class Cluster:
         self.orders: Host | None = None
         self.windows: list[tuple[float, float]] = []   # (from, to): duplicates allowed
         # copies a duplicate in a window may have: one redelivery per QoS 1 hop that the
-        # fault can cut (host -> broker always; broker -> station when the broker restarts)
+        # fault can cut (host -> broker always; broker -> station when the broker
+        # restarts), and a takeover's copy (see broker_restart)
         self.max_copies = 2
         self.times: list[tuple[str | None, str | None]] = []   # job responses' start, end
         self.cut_jobs: set[str] = set()   # jobs whose acknowledged writes a fault took away
