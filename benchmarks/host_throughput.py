@@ -37,6 +37,7 @@ import uvloop
 from redis.asyncio.connection import Connection
 from servers import RedisServer
 
+import sfc_host.channel as channel_mod
 from sfc_fast import compile_recipe
 from sfc_fast.events import Completed, Start
 from sfc_host.client import FastConnection
@@ -76,9 +77,29 @@ def _count_one(self: Any, *args: Any) -> Any:
     return _pack_one(self, *args)
 
 
-# Count what the client sends (commands inside scripts are the server's business).
+_channel_send = channel_mod._Connection.send
+_channel_flush = channel_mod._Connection._flush
+
+
+def _count_channel(self: Any, packed: bytes, n: int) -> Any:
+    global SENT
+    SENT += n or 1
+    return _channel_send(self, packed, n)
+
+
+def _count_channel_write(self: Any) -> None:
+    global ROUND_TRIPS
+    if self.out and self.transport is not None:
+        ROUND_TRIPS += 1
+    _channel_flush(self)
+
+
+# Count what the client sends (commands inside scripts are the server's business):
+# through redis-py's pool and through the host's channel (one write a round trip).
 Connection.send_packed_command = _counting_send  # type: ignore[method-assign]
 FastConnection.pack_command = _count_one  # type: ignore[method-assign]
+channel_mod._Connection.send = _count_channel  # type: ignore[method-assign]
+channel_mod._Connection._flush = _count_channel_write  # type: ignore[method-assign]
 
 
 async def commands(url: str) -> int:

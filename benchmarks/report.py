@@ -1,7 +1,7 @@
 """The performance report: one run on this machine, written to docs/benchmarks-report.md
 with plots under docs/img/.
 
-    python benchmarks/report.py            # the full run (about 15 minutes on 2 cores)
+    python benchmarks/report.py            # the full run (5 to 15 minutes on 2 cores)
     python benchmarks/report.py --quick    # a smoke run (a minute or two, small sizes)
 
 What it measures, in this order, each part in the same run so the figures compare:

@@ -192,13 +192,13 @@ COUNTED = {
     ("jobs.py", "_record"): "job records written",
     ("scripts.py", "_pipe"): "script pipelines",
     ("", "<built-in method hiredis.hiredis.pack_command>"): "Redis commands packed",
-    ("streams.py", "writelines"): "Redis socket writes (asyncio streams)",
+    ("streams.py", "writelines"): "Redis socket writes (redis-py, asyncio streams)",
+    ("channel.py", "_flush"): "Redis socket writes (the host's channel)",
     ("connection.py", "flush"): "MQTT socket writes (sfc_host.mqtt)",
     ("connection.py", "data_received"): "MQTT socket reads (sfc_host.mqtt)",
     ("cloudevents.py", "encode_binary"): "CloudEvents encoded",
     ("cloudevents.py", "decode"): "CloudEvents decoded",
     ("encoder.py", "encode"): "json.dumps-style encodes",
-    ("mes.py", "_publish_retained"): "MES retained publishes (each resume counted)",
 }
 
 
