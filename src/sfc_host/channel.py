@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,11 +26,10 @@ import hiredis
 from redis import exceptions as rx
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
+from sfc_host.client import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRIES
+from sfc_host.tls import client_context
+
 CONNECT_TIMEOUT_S = 10.0
-# tries after a failed connection, and the backoff between them (as client.py's Retry)
-RETRIES = 3
-BACKOFF_BASE_S = 0.05
-BACKOFF_CAP_S = 1.0
 
 # error replies by their first word, as redis-py names them
 _ERRORS: dict[str, type[rx.ResponseError]] = {
@@ -179,7 +176,7 @@ class RedisChannel:
         self.tls = cls is SSLConnection
         self._tls_files = (ca_file, cert_file, key_file)
         self._conn: _Connection | None = None
-        self._connecting: asyncio.Future[_Connection] | None = None
+        self._connecting = asyncio.Lock()     # one connect for every caller that waits
         self._closed = False
         self.connects = 0
 
@@ -224,35 +221,13 @@ class RedisChannel:
                 await asyncio.sleep(min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** failures))
 
     async def _connection(self) -> _Connection:
-        if self._closed:
-            raise rx.ConnectionError("the Redis channel is closed")
-        if self._connecting is None:
-            loop = asyncio.get_running_loop()
-            self._connecting = loop.create_future()
-            try:
-                conn = await self._connect()
-            except BaseException as e:
-                fut, self._connecting = self._connecting, None
-                err = e if isinstance(e, Exception) else rx.ConnectionError(str(e))
-                fut.set_exception(err)
-                fut.exception()
-                raise
-            fut, self._connecting = self._connecting, None
-            old, self._conn = self._conn, conn
-            if old is not None and old.transport is not None:
-                old.transport.close()
-            fut.set_result(conn)
+        async with self._connecting:
+            if self._closed:
+                raise rx.ConnectionError("the Redis channel is closed")
+            conn = self._conn
+            if conn is None or conn.lost is not None:
+                conn = self._conn = await self._connect()
             return conn
-        return await asyncio.shield(self._connecting)
-
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        if not self.tls:
-            return None
-        ca, cert, key = self._tls_files
-        ctx = ssl.create_default_context(cafile=ca or None)
-        if cert:
-            ctx.load_cert_chain(cert, key or None)
-        return ctx
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -263,7 +238,7 @@ class RedisChannel:
                     _, conn = await loop.create_unix_connection(
                         lambda: _Connection(loop), self.path)
                 else:
-                    ctx = self._ssl_context()
+                    ctx = client_context(*self._tls_files) if self.tls else None
                     _, conn = await loop.create_connection(
                         lambda: _Connection(loop), self.host, self.port, ssl=ctx,
                         server_hostname=self.host if ctx else None)
@@ -293,5 +268,4 @@ class RedisChannel:
         conn, self._conn = self._conn, None
         if conn is not None and conn.transport is not None:
             conn.transport.close()
-            with contextlib.suppress(Exception):
-                await asyncio.sleep(0)
+            await asyncio.sleep(0)      # the transport closes on the next loop pass

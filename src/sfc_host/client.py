@@ -24,6 +24,18 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+# A call on a connection a Redis restart closed is tried again on a new one, this many
+# times and this far apart (exponential, capped): the host's writes are compare-and-set
+# scripts, markers and acks, all safe to repeat. The pool, the cluster client and the
+# host's channel (channel.py) all follow it.
+RETRIES = 3
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 1.0
+
+
+def retry() -> Retry:
+    return Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES)
+
 
 def _pack(conn: Any, args: tuple[Any, ...]) -> list[bytes] | None:
     first = args[0]
@@ -82,10 +94,8 @@ def redis_from_url(url: str, max_connections: int = 16,
     """A standalone client with the fast packing connection class for the URL, over a
     blocking pool: a call beyond ``max_connections`` waits for a free connection
     instead of failing. ``tls``: ``tls_options`` for a ``rediss://`` URL."""
-    # A call on a connection a Redis restart closed is tried again on a new one: the
-    # host's writes are compare-and-set scripts, markers and acks, all safe to repeat.
     pool = BlockingConnectionPool.from_url(
         url, connection_class=connection_class(url), max_connections=max_connections,
-        timeout=pool_timeout_s, retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+        timeout=pool_timeout_s, retry=retry(),
         retry_on_error=[RedisConnectionError, RedisTimeoutError], **tls)
     return aioredis.Redis(connection_pool=pool)

@@ -29,7 +29,7 @@ from sfc_fast import state_to_json
 from sfc_fast.events import BaseEvent
 from sfc_fast.runner import job_of_command
 from sfc_host.channel import RedisChannel
-from sfc_host.client import redis_from_url, tls_options
+from sfc_host.client import redis_from_url, retry, tls_options
 from sfc_host.config import HostConfig
 from sfc_host.equipment import CommandSink, Dispatcher, InProcessSink
 from sfc_host.jobs import APPLIED, CONFLICT, ERROR, MISSING, Item, Settler
@@ -50,19 +50,13 @@ ERROR_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 DISCOVER_FULL_EVERY = 30     # discovery passes between two full reads of the registry
 
 
-def _retry() -> Any:
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
-    return Retry(ExponentialBackoff(cap=1.0, base=0.05), 3)
-
-
 def connect(config: HostConfig) -> Any:
     """The shared client (a pool of connections) for a config."""
     tls = tls_options(config.redis_url, config.redis_ca_file, config.redis_cert_file,
                       config.redis_key_file)
     if config.redis_cluster:
         from redis.asyncio.cluster import RedisCluster
-        return RedisCluster.from_url(config.redis_url, retry=_retry(),
+        return RedisCluster.from_url(config.redis_url, retry=retry(),
                                      retry_on_error=[RedisConnectionError, RedisTimeoutError],
                                      **tls)
     return redis_from_url(config.redis_url, max_connections=config.redis_pool_size, **tls)

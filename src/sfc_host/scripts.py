@@ -156,10 +156,16 @@ class Scripts:
         return results
 
     async def _pipe(self, calls: Sequence[Call]) -> list[Any]:
+        return await self.commands([("EVALSHA", s.sha, len(k), *k, *a) for s, k, a in calls])
+
+    async def commands(self, cmds: Sequence[Sequence[Any]]) -> list[Any]:
+        """Commands in one pipeline, on the channel or on the client's pipeline (a
+        cluster's routes each by its keys); the replies in order, an error in place of
+        a failed command's. Only commands whose reply redis-py leaves as the server sent
+        it (scripts, XACK, HSET, GET, …): the two paths then answer alike."""
         if self.channel is not None:
-            return await self.channel.execute_many(
-                [("EVALSHA", s.sha, len(k), *k, *a) for s, k, a in calls])
+            return await self.channel.execute_many(cmds)
         pipe = self.client.pipeline(transaction=False)
-        for s, k, a in calls:
-            pipe.execute_command("EVALSHA", s.sha, len(k), *k, *a)
+        for c in cmds:
+            pipe.execute_command(*c)
         return list(await pipe.execute(raise_on_error=False))

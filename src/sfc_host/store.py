@@ -522,18 +522,12 @@ class Store:
     async def work_masters_many(self, pairs: Sequence[tuple[str, str]]) -> list[bytes | None]:
         if not pairs:
             return []
-        channel = self.scripts.channel
-        if channel is not None:
-            got = await channel.execute_many([("GET", self.keys(scope).work_master(wm_id))
-                                              for scope, wm_id in pairs])
-            for r in got:
-                if isinstance(r, Exception):
-                    raise r
-            return got
-        pipe = self.client.pipeline(transaction=False)
-        for scope, wm_id in pairs:
-            pipe.get(self.keys(scope).work_master(wm_id))
-        return list(await pipe.execute())
+        got = await self.scripts.commands([("GET", self.keys(scope).work_master(wm_id))
+                                           for scope, wm_id in pairs])
+        for r in got:
+            if isinstance(r, Exception):
+                raise r
+        return got
 
     async def order(self, scope: str, job: str) -> dict[str, str] | None:
         raw = await self.client.hgetall(self.keys(scope).order(job))

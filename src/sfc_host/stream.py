@@ -408,16 +408,6 @@ class Streams:
             flat = [x for eid, reason in errs for x in (eid, reason[:2000])]
             if flat:
                 cmds.append(("HSET", k.errors, *flat))
-        if not cmds:
-            return
-        channel = self.scripts.channel
-        if channel is not None:
-            replies = await channel.execute_many(cmds)
-        else:
-            pipe = self.client.pipeline(transaction=False)
-            for c in cmds:
-                pipe.execute_command(*c)
-            replies = await pipe.execute(raise_on_error=False)
-        for r in replies:
+        for r in await self.scripts.commands(cmds):
             if isinstance(r, Exception):
                 raise r

@@ -40,6 +40,7 @@ from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt.connection import Connection, MqttError, reason_text
 from sfc_host.mqtt.topics import topic_matches
+from sfc_host.tls import client_context
 
 log = logging.getLogger("sfc_host.mqtt")
 
@@ -421,10 +422,7 @@ class MqttLink:
         if not self.tls:
             return None
         c = self.config
-        ctx = ssl.create_default_context(cafile=c.mqtt_ca_file or None)
-        if c.mqtt_cert_file:
-            ctx.load_cert_chain(c.mqtt_cert_file, c.mqtt_key_file or None)
-        return ctx
+        return client_context(c.mqtt_ca_file, c.mqtt_cert_file, c.mqtt_key_file)
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
