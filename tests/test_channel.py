@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from redis import exceptions as rx
 
-from sfc_host.channel import RedisChannel
+from sfc_host.channel import LAZY_WAIT_S, RedisChannel
 from sfc_host.client import redis_from_url
 
 
@@ -100,4 +100,26 @@ def test_auth_and_the_database_of_the_url(make_redis) -> None:
         finally:
             await ch.aclose()
             await bad.aclose()
+    asyncio.run(main())
+
+
+def test_a_lazy_request_goes_with_the_next_write_or_after_its_wait(redis_url: str) -> None:
+    async def main() -> None:
+        ch = RedisChannel(redis_url)
+        try:
+            await ch.execute("DEL", "ch:l")
+            before = ch.writes
+            lazy = asyncio.ensure_future(ch.execute("INCR", "ch:l", lazy=True))
+            await asyncio.sleep(0.001)
+            assert not lazy.done() and ch.writes == before      # waiting for company
+            assert await ch.execute("INCR", "ch:l") == 2        # in step: lazy went first
+            assert await lazy == 1
+            assert ch.writes == before + 1                       # one write for both
+            t0 = asyncio.get_running_loop().time()
+            assert await ch.execute_many([("INCR", "ch:l")], lazy=True) == [3]
+            waited = asyncio.get_running_loop().time() - t0     # alone: after its wait
+            assert LAZY_WAIT_S * 0.8 <= waited < LAZY_WAIT_S + 0.5
+            assert ch.writes == before + 2
+        finally:
+            await ch.aclose()
     asyncio.run(main())

@@ -10,6 +10,7 @@ import pytest
 from hosts import Station, flush, quick_config, quiet, torque_ok, wait_until, work_master
 
 from sfc_fast.events import Completed
+from sfc_host import store as store_mod
 from sfc_host.host import Host
 from sfc_host.keys import ScopeKeys
 from sfc_host.store import Record
@@ -63,6 +64,116 @@ def test_job_runs_to_completion_with_response_and_clean_indexes(redis_url: str) 
             view = await host.inspect(S, "J1")
             assert view["status"] == "completed"
             assert view["markers"]["sent:tighten"].endswith(":J1:tighten#2")
+        finally:
+            await host.aclose()
+    run(main())
+
+
+@pytest.mark.parametrize("cached_max", [None, 0])
+def test_a_job_s_end_builds_its_response_from_the_archive_it_wrote(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch, cached_max: int | None) -> None:
+    """The host that wrote every event of a job keeps its archive in the cache, so the
+    end writes the job response without reading the job first; an archive too long to
+    keep (``CACHED_ARCHIVE_MAX``, 0 here) is read then. The response is the same."""
+    if cached_max is not None:
+        monkeypatch.setattr(store_mod, "CACHED_ARCHIVE_MAX", cached_max)
+
+    async def main() -> None:
+        ended: list = []
+        host = await _host(redis_url, Station(torque_ok), ended)
+        reads: list[int] = []
+        read_archives = host.store.read_archives
+
+        async def counted(jobs: Any) -> Any:
+            reads.append(len(jobs))
+            return await read_archives(jobs)
+        host.store.read_archives = counted  # type: ignore[method-assign]
+        try:
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
+            await wait_until(lambda: ended, what="job end")
+            resp = json.loads(await wait_until(lambda: host.client.get(K.response("J1")),
+                                               what="response"))
+            assert resp["JobResponseData"] == [{"ID": "tighten.torque", "Value": 85}]
+            assert reads == ([] if cached_max is None else [1])
+        finally:
+            await host.aclose()
+    run(main())
+
+
+def test_a_start_reads_its_job_with_its_order(redis_url: str) -> None:
+    """A start entry's job is read in the same write as its order, and the settle takes
+    that row instead of reading the job again: one read of the job from entry to
+    first command."""
+    async def main() -> None:
+        st = Station(lambda c: False)
+        host = await _host(redis_url, st)
+        seen: list[str] = []
+        load, orders_many = host.store.load, host.store.orders_many
+
+        async def loading(wanted: Any) -> Any:
+            seen.append(f"load {sorted(j for js in wanted.values() for j in js)}")
+            try:
+                return await load(wanted)
+            finally:
+                seen.append("load done")
+
+        async def reading(jobs: Any) -> Any:
+            seen.append("orders")
+            try:
+                return await orders_many(jobs)
+            finally:
+                seen.append("orders done")
+        host.store.load = loading  # type: ignore[method-assign]
+        host.store.orders_many = reading  # type: ignore[method-assign]
+        try:
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
+            await wait_until(lambda: st.commands, what="first command")
+            assert st.ids() == ["J1:load_part#1"]
+            # both sent before either answer came; no second read of the job
+            assert seen[:2] == ["orders", "load ['J1']"], seen
+            assert seen.count("load ['J1']") == 1, seen
+        finally:
+            await host.aclose()
+    run(main())
+
+
+@pytest.mark.parametrize("written_elsewhere", [False, True])
+def test_the_recipe_s_order_transitions_use_the_order_this_host_wrote(
+        redis_url: str, written_elsewhere: bool) -> None:
+    """Run and Complete take the order as this host read it at the start or wrote it
+    since, with no read of their own; when the order was written elsewhere meanwhile
+    (its version moved), the transition loses the version check, reads the order and
+    is made all the same."""
+    async def main() -> None:
+        ended: list = []
+        hold = asyncio.Event()
+        st = Station(lambda c: False if c.action == "unload_part" and not hold.is_set()
+                     else torque_ok(c))
+        host = await _host(redis_url, st, ended)
+        reads: list[list[str]] = []
+        orders_many = host.store.orders_many
+
+        async def reading(jobs: Any) -> Any:
+            if jobs:
+                reads.append([j for _, j in jobs])
+            return await orders_many(jobs)
+        host.store.orders_many = reading  # type: ignore[method-assign]
+        try:
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
+            await wait_until(lambda: len(st.commands) == 3, what="the last command")
+            assert await wait_until(lambda: _is(host, "J1", "Running"), what="Running")
+            if written_elsewhere:
+                await host.client.hincrby(K.order("J1"), "v", 1)
+            hold.set()
+            host.answer(S, Completed(st.commands[-1].command_id))
+            await wait_until(lambda: ended, what="job end")
+            assert await wait_until(lambda: _is(host, "J1", "Ended_Completed"),
+                                    what="Ended_Completed")
+            assert reads == [["J1"]]        # the start's read, and no other
+            assert host.orders.known(S, "J1") is None       # ended: forgotten
         finally:
             await host.aclose()
     run(main())

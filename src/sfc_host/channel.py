@@ -30,6 +30,10 @@ from sfc_host.client import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRIES
 from sfc_host.tls import client_context
 
 CONNECT_TIMEOUT_S = 10.0
+# A lazy request (``lazy=True``: the sent markers) waits this long for another request
+# to share its write; at a few hundred actions a second the next compare-and-set comes
+# first, so the marker costs no write, no read and no wakeup of its own.
+LAZY_WAIT_S = 0.005
 
 # error replies by their first word, as redis-py names them
 _ERRORS: dict[str, type[rx.ResponseError]] = {
@@ -78,6 +82,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.lost: Exception | None = None
         self._flush_soon = False
+        self._lazy_timer: asyncio.TimerHandle | None = None
         self.writes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -121,6 +126,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
         self._fail(rx.ConnectionError(
             f"Connection to Redis lost: {exc}" if exc else "Connection closed by server."))
 
@@ -133,7 +141,7 @@ class _Connection(asyncio.Protocol):
                 fut.set_exception(err)
                 fut.exception()       # retrieved: its caller may be gone already
 
-    def send(self, packed: bytes, n: int) -> asyncio.Future[Any]:
+    def send(self, packed: bytes, n: int, lazy: bool = False) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.loop.create_future()
         if self.lost is not None:
             fut.set_exception(self.lost)
@@ -141,12 +149,18 @@ class _Connection(asyncio.Protocol):
         self.pending.append(_Pending(fut, n))
         self.out.append(packed)
         if not self._flush_soon:
-            self._flush_soon = True
-            self.loop.call_soon(self._flush)
+            if not lazy:
+                self._flush_soon = True
+                self.loop.call_soon(self._flush)
+            elif self._lazy_timer is None:
+                self._lazy_timer = self.loop.call_later(LAZY_WAIT_S, self._flush)
         return fut
 
     def _flush(self) -> None:
         self._flush_soon = False
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
         if self.transport is None or not self.out:
             return
         data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
@@ -161,7 +175,8 @@ class RedisChannel:
     ``execute`` sends one command and returns its reply (an error reply raises);
     ``execute_many`` sends several at once and returns their replies in order, an
     error reply in place of its result (as a redis-py pipeline with
-    ``raise_on_error=False``)."""
+    ``raise_on_error=False``). A ``lazy`` request starts no write of its own: it goes
+    with the next request's, or after ``LAZY_WAIT_S``."""
 
     def __init__(self, url: str, *, ca_file: str = "", cert_file: str = "",
                  key_file: str = "") -> None:
@@ -189,16 +204,17 @@ class RedisChannel:
         """Writes on the current connection (tests see requests share them)."""
         return self._conn.writes if self._conn is not None else 0
 
-    async def execute(self, *args: Any) -> Any:
-        return await self._send(_pack(args), 0)
+    async def execute(self, *args: Any, lazy: bool = False) -> Any:
+        return await self._send(_pack(args), 0, lazy)
 
-    async def execute_many(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    async def execute_many(self, commands: Sequence[Sequence[Any]],
+                           lazy: bool = False) -> list[Any]:
         if not commands:
             return []
         packed = b"".join([_pack(tuple(c)) for c in commands])
-        return await self._send(packed, len(commands))  # type: ignore[no-any-return]
+        return await self._send(packed, len(commands), lazy)  # type: ignore[no-any-return]
 
-    async def _send(self, packed: bytes, n: int) -> Any:
+    async def _send(self, packed: bytes, n: int, lazy: bool = False) -> Any:
         # As redis-py's Retry(ExponentialBackoff(cap=1.0, base=0.05), 3) of client.py:
         # a short outage (a restart) is bridged, not reported to every caller.
         failures = 0
@@ -207,7 +223,7 @@ class RedisChannel:
                 conn = self._conn
                 if conn is None or conn.lost is not None:
                     conn = await self._connection()
-                got = await conn.send(packed, n)
+                got = await conn.send(packed, n, lazy)
                 if n:
                     # a batch is one request: a server still loading refuses it whole
                     busy = next((r for r in got if isinstance(r, rx.ConnectionError)), None)

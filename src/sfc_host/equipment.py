@@ -8,6 +8,10 @@ writes the marker: an entry taken over meanwhile finds no marker yet). The marke
 written after the sink has queued the command: a crash in between sends that id twice
 (receivers deduplicate by id), and no command is ever lost. A hold command for work
 that never went out is answered "not held" by the host itself.
+
+Markers (with the acks of their entries) are written by ``MarkerWriter``, off the
+sending path: the settle that made a command returns once the broker has it, and the
+markers of many sends go to Redis together, riding the channel's next write.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from sfc_fast import Command, open_command
@@ -67,6 +71,66 @@ class InProcessSink:
         return out
 
 
+Marks = dict[str, list[tuple[str, str, str]]]
+
+
+class MarkerWriter:
+    """Writes sent markers and entry acks in the background, one call at a time, each
+    with everything handed over since the last (``Store.write_markers``, lazy: it goes
+    out with the channel's next request). A batch's commands stay this host's
+    "sending" ones until their markers are written, so a sweep or an entry taken over
+    meanwhile does not send them again. A failed write is logged and counted
+    (``marker_errors``): its commands then count as unsent (their deadlines or a
+    takeover send the same ids again), its entries stay pending; nothing is lost."""
+
+    def __init__(self, store: Store, metrics: Metrics,
+                 release: Callable[[Iterable[tuple[str, str]]], None]) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.release = release
+        self._marks: Marks = {}
+        self._acks: dict[str, list[bytes]] = {}
+        self._held: list[tuple[str, str]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, marks: Marks, acks: dict[str, list[bytes]],
+            held: Iterable[tuple[str, str]]) -> None:
+        for s, lst in marks.items():
+            self._marks.setdefault(s, []).extend(lst)
+        for s, ids in acks.items():
+            self._acks.setdefault(s, []).extend(ids)
+        self._held.extend(held)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    @property
+    def pending(self) -> bool:
+        return self._task is not None
+
+    async def drain(self) -> None:
+        """Until everything handed over is written (or failed): tests, and closing."""
+        while self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def _run(self) -> None:
+        try:
+            while self._marks or self._acks or self._held:
+                marks, acks, held = self._marks, self._acks, self._held
+                self._marks, self._acks, self._held = {}, {}, []
+                try:
+                    if marks or acks:
+                        await self.store.write_markers(marks, acks, lazy=True)
+                except Exception as e:   # counted; the deadlines send them again
+                    n = sum(len(v) for v in marks.values())
+                    self.metrics.inc("marker_errors")
+                    log.warning("%d sent markers not written (%s): their commands count "
+                                "as unsent", n, e)
+                finally:
+                    self.release(held)
+        finally:
+            self._task = None
+
+
 class Dispatcher:
     def __init__(self, store: Store, settler: Settler, sink: CommandSink,
                  metrics: Metrics) -> None:
@@ -80,6 +144,7 @@ class Dispatcher:
         # (scope, command id) of the commands this host is sending: from the sink (which
         # waits for the broker's acknowledgements of the whole batch) to their markers
         self._sending: set[tuple[str, str]] = set()
+        self.markers = MarkerWriter(store, metrics, self._sending.difference_update)
 
     async def send_fresh(self, fresh: Sequence[Fresh]) -> None:
         """Send commands this host just made (their entries are pending on it), then
@@ -134,8 +199,8 @@ class Dispatcher:
 
     async def _send(self, items: Sequence[Fresh], acks: dict[str, list[bytes]]) -> None:
         """The one sending path: skip what the marker says went out, answer a hold of
-        work that never went out as not held, queue the rest, then write the markers of
-        what was queued (and ack ``acks``)."""
+        work that never went out as not held, queue the rest, then hand the markers of
+        what was queued (and ``acks``) to the marker writer."""
         to_send: list[Command] = []
         sent: list[Fresh] = []
         not_held: list[Item] = []
@@ -160,8 +225,9 @@ class Dispatcher:
             sending.add((f.scope, cid))
             to_send.append(cmd)
             sent.append(f)
+        handed = False
         try:
-            marks: dict[str, list[tuple[str, str, str]]] = {}
+            marks: Marks = {}
             if to_send:
                 queued = await self.sink.send(to_send)
                 if self.event_arrived:
@@ -178,8 +244,11 @@ class Dispatcher:
                         self.metrics.inc("queue_full")
                 self.metrics.inc("commands_sent", n)
             if marks or acks:
-                await self.store.write_markers(marks, acks)
+                self.markers.add(marks, acks,
+                                 [(f.scope, f.command.command_id) for f in sent])
+                handed = True
         finally:
-            sending.difference_update((f.scope, f.command.command_id) for f in sent)
+            if not handed:
+                sending.difference_update((f.scope, f.command.command_id) for f in sent)
         if not_held:
             await self.settler.settle(not_held)

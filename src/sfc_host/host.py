@@ -46,6 +46,7 @@ from sfc_host.work import WorkHandler
 log = logging.getLogger("sfc_host")
 
 GC_THRESHOLDS = (50_000, 20, 100)
+CLOSE_MARKERS_S = 5.0      # closing waits this long for the last sent markers
 ERROR_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 DISCOVER_FULL_EVERY = 30     # discovery passes between two full reads of the registry
 
@@ -215,6 +216,9 @@ class Host:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        # the markers of the last commands sent, before their connection goes
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.dispatcher.markers.drain(), CLOSE_MARKERS_S)
         if self._gc_was is not None:
             gc.set_threshold(*self._gc_was)
             gc.unfreeze()

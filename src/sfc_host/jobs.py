@@ -54,17 +54,20 @@ class Item:
     """Events for one job, settled in order; the outcome is set by ``Settler.settle``."""
 
     __slots__ = ("decision", "error", "events", "fresh", "graph", "job", "outcome", "putback",
-                 "scope")
+                 "read", "scope")
 
     def __init__(self, scope: str, job: str, events: Sequence[BaseEvent] | EventsFn,
                  *, graph: Graph | None = None, putback: bool = False,
-                 fresh: bool = False) -> None:
+                 fresh: bool = False, read: tuple[int, JobRow] | None = None) -> None:
         self.scope = scope
         self.job = job
         self.events = events
         self.graph = graph          # a Start brings the recipe it pins
         self.putback = putback      # a tick that writes nothing puts the job back
         self.fresh = fresh          # read the job from Redis (markers needed), not the cache
+        # the job as its caller read it just now (server ms, row): no read of its own on
+        # the first round (a start's job is read with its order, in one round trip)
+        self.read = read
         self.outcome: str | None = None
         self.error: str | None = None
         self.decision: Any = None   # the last Decision of this item
@@ -207,15 +210,24 @@ class Settler:
         # per scope: the server time its rows were read at (0: from the cache), its rows
         rows: dict[str, tuple[int, dict[str, JobRow]]] = {}
         to_load: dict[str, list[str]] = {}
+        just_read: set[tuple[str, str]] = set()     # rows their items brought
         for s, jobs in wanted.items():
             got: dict[str, JobRow] = {}
+            read_at = 0
             for job, its in jobs.items():
+                if first:
+                    pre = next((it.read for it in its if it.read is not None), None)
+                    if pre is not None and not any(it.fresh for it in its):
+                        read_at = max(read_at, pre[0])
+                        got[job] = pre[1]
+                        just_read.add((s, job))
+                        continue
                 r = cache.get(s, job) if first else None
                 if r is None or any(it.fresh for it in its):
                     to_load.setdefault(s, []).append(job)
                 else:
                     got[job] = r
-            rows[s] = (0, got)
+            rows[s] = (read_at, got)
         if to_load:
             loaded = await self.store.load(to_load)
             for s, (now, got) in loaded.items():
@@ -239,8 +251,9 @@ class Settler:
                 p = await self._plan(s, now, byjob[job], its)
                 # Nothing applied: only a state just read proves that; one from the
                 # cache may be behind, so the job is read and evolved again.
-                if ((p is None or not p.decisions) and first
-                        and job not in loaded_now and all(it.outcome != ERROR for it in its)):
+                if ((p is None or not p.decisions) and first and job not in loaded_now
+                        and (s, job) not in just_read
+                        and all(it.outcome != ERROR for it in its)):
                     stale.extend(its)
                     continue
                 if p is not None:
@@ -264,13 +277,13 @@ class Settler:
             if behind:
                 evolved = [p for p in evolved if id(p) not in behind]
         batches: dict[str, list[Record]] = {}
-        plans: dict[str, list[tuple[list[Item], Record, Graph, list]]] = {}
+        plans: dict[str, list[tuple[list[Item], Record, Graph, list, JobRow]]] = {}
         for p in evolved:
             rec = p.record if p.record is not None else self._record(
                 p.scope, p.now, p.row, p.graph, p.decisions, p.reset, p.start_graph,
                 p.archived)
             batches.setdefault(p.scope, []).append(rec)
-            plans.setdefault(p.scope, []).append((p.its, rec, p.graph, p.decisions))
+            plans.setdefault(p.scope, []).append((p.its, rec, p.graph, p.decisions, p.row))
         if self._evolve_n:
             # each call of the batch counts once, at the batch's mean time per call
             n, self._evolve_n = self._evolve_n, 0
@@ -299,7 +312,7 @@ class Settler:
             made: list[Fresh] = []
             due: int | None = None
             wrote = False
-            for (its, rec, graph, decisions), v in zip(lst, res.versions, strict=True):
+            for (its, rec, graph, decisions, row), v in zip(lst, res.versions, strict=True):
                 if v == 0:
                     retry.extend(its)
                     continue
@@ -311,8 +324,14 @@ class Settler:
                 if rec.graph is not None:
                     stored.add((s, rec.fingerprint))
                 if rec.state is not None:
+                    # the archive as stored now, when this host knows all of it
+                    known = rec.reset or row.archive_known
+                    before = b"" if rec.reset or not known else \
+                        row.archive[:len(row.archive) - len(row.unsaved)]
                     cache.put(s, JobRow(rec.job, str(v).encode(), rec.state, graph.fingerprint,
-                                        offset=rec.offset, live=rec.state))
+                                        offset=rec.offset, live=rec.state,
+                                        archive=before + rec.archive if known else b"",
+                                        archive_known=known))
                 for it in its:
                     d = it.decision
                     if it.outcome == APPLIED and d.status in TERMINAL:

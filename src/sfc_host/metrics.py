@@ -31,6 +31,8 @@ HELP: dict[str, str] = {
     "dispatch_already_sent": "Command dispatches skipped because the command was already sent.",
     "dispatch_sending": "Command dispatches skipped because this host was sending the "
                         "command at that moment (its entry taken over while the send waited).",
+    "marker_errors": "Sent-marker writes that failed (Redis away past the retries): their "
+                     "commands count as unsent, their deadlines send them again.",
     "hold_answered_not_held": "Held commands answered not_held (the hold was not in effect).",
     "queue_full": "Commands not sent because the outgoing queue was full.",
     "mqtt_unacked_commands": "Commands the broker had not acknowledged within 2 s of "

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -79,6 +80,7 @@ def top_state(state: str) -> str:
 
 
 _top = top_state
+_DONE = frozenset(("Ended", "Aborted", "EndState"))
 
 
 def implied_entries(trigger: str, old: str, new: str) -> list[str]:
@@ -108,6 +110,25 @@ def index_entry(job: str, state: str) -> bytes:
             + b',"has_result":')
 
 
+# live orders whose hash this host read or wrote last, kept for the recipe's next
+# transition (the order's version check catches one another host changed since)
+KNOWN_MAX = 10_000
+
+
+def written(cur: dict[str, str] | None, new: str, v: int, *, order: str = "",
+            reason: str = "", extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The order hash as ``order.lua`` leaves it after writing ``new`` over ``cur``."""
+    h = dict(cur or {})
+    h.update(state=new, v=str(v))
+    if order:
+        h["order"] = order
+    if reason:
+        h["reason"] = reason
+    if extra:
+        h.update(extra)
+    return h
+
+
 class Orders:
     def __init__(self, store: Store, scripts: Scripts, metrics: Metrics, *,
                  ended_retention_s: int = 0) -> None:
@@ -119,6 +140,23 @@ class Orders:
         # a write appended work entries to the scope's stream (the host reads it next)
         self.on_work: Callable[[str], None] | None = None
         self._registered: set[str] = set()
+        self._known: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
+
+    def known(self, scope: str, job: str) -> dict[str, str] | None:
+        """The live order as this host last read or wrote it (maybe stale), or None."""
+        return self._known.get((scope, job))
+
+    def remember(self, scope: str, job: str, order: dict[str, str] | None) -> None:
+        """Keep a live order just read or written; an ended or missing one goes."""
+        key = (scope, job)
+        known = self._known
+        if order is None or _top(order.get("state", "")) in _DONE:
+            known.pop(key, None)
+            return
+        known[key] = order
+        known.move_to_end(key)
+        if len(known) > KNOWN_MAX:
+            known.popitem(last=False)
 
     async def _changed(self, scope: str, job: str, cur: dict[str, str] | None, new: str,
                        v: int, *, order: str = "", reason: str = "",
@@ -128,14 +166,7 @@ class Orders:
         hook = self.on_change
         if hook is None:
             return
-        h = dict(cur or {})
-        h.update(state=new, v=str(v))
-        if order:
-            h["order"] = order
-        if reason:
-            h["reason"] = reason
-        if extra:
-            h.update(extra)
+        h = written(cur, new, v, order=order, reason=reason, extra=extra)
         old = (cur or {}).get("state") or "InitialState"
         try:
             res = hook(scope, job, old, new, h, cause)
@@ -179,6 +210,7 @@ class Orders:
     async def _write(self, scope: str, job: str, expected: str, state: str,
                      entries: list[str], **kw: Any) -> int:
         script, keys, args = self._call(scope, job, expected, state, entries, **kw)
+        self._known.pop((scope, job), None)     # changed here or elsewhere: read it next
         v = int(await self.scripts.call_together(script, keys, args))
         if v > 0 and entries and self.on_work is not None:
             self.on_work(scope)
@@ -331,8 +363,10 @@ class Orders:
                 r = next(results)
                 if isinstance(r, Exception):
                     raise r
+                scope, job, _, reason, cur = items[i]
+                self.remember(scope, job, written(cur, new, int(r), reason=reason,
+                                                  extra=extras[i]) if int(r) else None)
                 if int(r) and self.on_change is not None:
-                    scope, job, _, reason, cur = items[i]
                     hooks.append(self._changed(scope, job, cur, new, int(r), reason=reason,
                                                extra=extras[i]))
                 if not int(r) or (items[i][2] == "Complete" and new == "Running"):

@@ -78,19 +78,24 @@ class Scripts:
             if sha != s.sha:  # pragma: no cover - would mean a different SHA-1
                 raise RuntimeError(f"script {s.name}: server SHA {sha} != {s.sha}")
 
-    async def call(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    async def call(self, script: Script, keys: Sequence[Any], args: Sequence[Any],
+                   lazy: bool = False) -> Any:
+        """One script call; ``lazy``: it may wait for the channel's next write
+        (``RedisChannel``), which it then shares."""
         for _ in range(RELOAD_ROUNDS):
             try:
-                return await self._evalsha(script, keys, args)
+                return await self._evalsha(script, keys, args, lazy)
             except NoScriptError:
                 self.reloads += 1
                 log.info("script %s missing on the server: loading it again", script.name)
                 await self.load()
-        return await self._evalsha(script, keys, args)
+        return await self._evalsha(script, keys, args, lazy)
 
-    def _evalsha(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    def _evalsha(self, script: Script, keys: Sequence[Any], args: Sequence[Any],
+                 lazy: bool = False) -> Any:
         if self.channel is not None:
-            return self.channel.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return self.channel.execute("EVALSHA", script.sha, len(keys), *keys, *args,
+                                        lazy=lazy)
         return self.client.evalsha(script.sha, len(keys), *keys, *args)
 
     async def call_together(self, script: Script, keys: Sequence[Any],
@@ -131,18 +136,18 @@ class Scripts:
             else:
                 fut.set_result(r)
 
-    async def run(self, calls: Sequence[Call]) -> list[Any]:
+    async def run(self, calls: Sequence[Call], lazy: bool = False) -> list[Any]:
         """Run many calls in one pipeline; results in order (an exception in place of
-        a failed call's result)."""
+        a failed call's result). ``lazy`` as ``call``'s."""
         if not calls:
             return []
         if len(calls) == 1:
             s, k, a = calls[0]
             try:
-                return [await self.call(s, k, a)]
+                return [await self.call(s, k, a, lazy)]
             except Exception as e:
                 return [e]
-        results = await self._pipe(calls)
+        results = await self._pipe(calls, lazy)
         for _ in range(RELOAD_ROUNDS):
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
             if not missing:
@@ -155,16 +160,17 @@ class Scripts:
                 results[i] = r
         return results
 
-    async def _pipe(self, calls: Sequence[Call]) -> list[Any]:
-        return await self.commands([("EVALSHA", s.sha, len(k), *k, *a) for s, k, a in calls])
+    async def _pipe(self, calls: Sequence[Call], lazy: bool = False) -> list[Any]:
+        return await self.commands([("EVALSHA", s.sha, len(k), *k, *a) for s, k, a in calls],
+                                   lazy)
 
-    async def commands(self, cmds: Sequence[Sequence[Any]]) -> list[Any]:
+    async def commands(self, cmds: Sequence[Sequence[Any]], lazy: bool = False) -> list[Any]:
         """Commands in one pipeline, on the channel or on the client's pipeline (a
         cluster's routes each by its keys); the replies in order, an error in place of
         a failed command's. Only commands whose reply redis-py leaves as the server sent
         it (scripts, XACK, HSET, GET, …): the two paths then answer alike."""
         if self.channel is not None:
-            return await self.channel.execute_many(cmds)
+            return await self.channel.execute_many(cmds, lazy)
         pipe = self.client.pipeline(transaction=False)
         for c in cmds:
             pipe.execute_command(*c)

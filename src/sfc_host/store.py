@@ -170,6 +170,11 @@ class ServerClock:
         return self._server_ms + int((time.monotonic() - self._mono) * 1000)
 
 
+# A cached job keeps its archive up to this size: the records of its settled actions,
+# which only its end reads (for the job response); a longer one is read then.
+CACHED_ARCHIVE_MAX = 16_384
+
+
 class StateCache:
     """The states this host wrote or read last, so that an answer can be evolved without
     reading its job first. A stale entry is harmless: the compare-and-set refuses it
@@ -181,7 +186,8 @@ class StateCache:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._rows: OrderedDict[tuple[str, str], tuple[bytes, bytes, str | None, int]] = \
+        self._rows: OrderedDict[tuple[str, str],
+                                tuple[bytes, bytes, str | None, int, bytes | None]] = \
             OrderedDict()
         self.hits = 0
 
@@ -190,11 +196,15 @@ class StateCache:
         if r is None:
             return None
         self.hits += 1
-        return JobRow(job, r[0], r[1], r[2], _NO_MARKERS, r[3], live=r[1])
+        archive = r[4]
+        return JobRow(job, r[0], r[1], r[2], _NO_MARKERS, r[3], live=r[1],
+                      archive=archive or b"", archive_known=archive is not None)
 
     def put(self, scope: str, row: JobRow) -> None:
-        """Keep the row's live part (what the settler evolves). A row with archive
-        records not yet written is not kept: evolved from the cache, they would be lost."""
+        """Keep the row's live part (what the settler evolves), and its archive when
+        known and at most ``CACHED_ARCHIVE_MAX`` bytes (a job's end then builds its
+        response without reading it). A row with archive records not yet written is
+        not kept: evolved from the cache, they would be lost."""
         key = (scope, row.job)
         rows = self._rows
         if self.size <= 0 or row.live is None or row.unsaved:
@@ -202,7 +212,9 @@ class StateCache:
             return
         if key in rows:
             rows.move_to_end(key)
-        rows[key] = (row.version, row.live, row.fingerprint, row.offset)
+        archive = row.archive if row.archive_known and \
+            len(row.archive) <= CACHED_ARCHIVE_MAX else None
+        rows[key] = (row.version, row.live, row.fingerprint, row.offset, archive)
         if len(rows) > self.size:
             rows.popitem(last=False)
 
@@ -465,10 +477,12 @@ class Store:
         return out
 
     async def write_markers(self, marks: dict[str, list[tuple[str, str, str]]],
-                            acks: dict[str, list[bytes]] | None = None) -> None:
+                            acks: dict[str, list[bytes]] | None = None,
+                            lazy: bool = False) -> None:
         """Write sent markers ``(job, field, value)`` per scope (only while a state
         exists), then ack ``acks`` entries of the scopes' work streams, in that order
-        (a marker is never behind its entry's ack); one call per slot group."""
+        (a marker is never behind its entry's ack); one call per slot group. ``lazy``:
+        the call may wait a moment for another request to go with (``Scripts.call``)."""
         acks = acks or {}
         scopes = list(dict.fromkeys([*marks, *acks]))    # in any order: no sort
         calls: list[Call] = []
@@ -492,7 +506,7 @@ class Store:
             if len(keys) == 0:
                 continue
             calls.append((self.scripts["marker"], keys, [n, *fv, *tail]))
-        for res in await self.scripts.run(calls):
+        for res in await self.scripts.run(calls, lazy):
             if isinstance(res, Exception):
                 raise res
 

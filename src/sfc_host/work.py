@@ -4,6 +4,7 @@ against the states just written."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -22,7 +23,7 @@ from sfc_host.mes.model import JobOrderData, parameters
 from sfc_host.metrics import Metrics
 from sfc_host.orders import Orders
 from sfc_host.orders import top_state as _top
-from sfc_host.store import Store
+from sfc_host.store import JobRow, Store
 from sfc_host.stream import Entry, InvalidEntry, Raw, parse_entry
 from sfc_host.stream import log_fields as _fields
 from sfc_host.workmaster import resolve_schema
@@ -140,14 +141,39 @@ class WorkHandler:
                 done.setdefault(scope, []).append(eid)
         self.metrics.inc("entries", len(entries))
 
-        # One pipeline reads the orders of every start, cancel and job entry, one more
-        # the Work Masters of the starts: a batch costs the same round trips at any size.
+        # One pipeline reads the orders of every start, cancel and job entry (and, in the
+        # same write, the starts' jobs), one more the Work Masters of the starts: a batch
+        # costs the same round trips at any size.
         need = [e for e in entries if e.kind in ("start", "cancel", "job")]
         orders: dict[int, dict[str, str] | None] = {}
+        # A job entry (the recipe's Run, Complete, Abort) tries the order as this host
+        # last read or wrote it: its write checks the version, and a stale one is read.
+        known: set[int] = set()
+        for e in need:
+            if e.kind == "job":
+                o = self.orders.known(e.scope, e.job)
+                if o is not None:
+                    orders[id(e)] = o
+                    known.add(id(e))
+        if known:
+            need = [e for e in need if id(e) not in known]
         wms: dict[int, bytes | None] = {}
+        starting: dict[str, list[str]] = {}
+        for e in need:
+            if e.kind == "start" and e.job not in starting.setdefault(e.scope, []):
+                starting[e.scope].append(e.job)
+        read: dict[str, tuple[int, dict[str, JobRow]]] = {}
         try:
-            got = await self.store.orders_many([(e.scope, e.job) for e in need])
-            orders = {id(e): o for e, o in zip(need, got, strict=True)}
+            if starting:
+                got, read = await asyncio.gather(
+                    self.store.orders_many([(e.scope, e.job) for e in need]),
+                    self.store.load(starting))
+            else:
+                got = await self.store.orders_many([(e.scope, e.job) for e in need])
+            orders.update({id(e): o for e, o in zip(need, got, strict=True)})
+            for e in need:
+                if e.kind == "start":
+                    self.orders.remember(e.scope, e.job, orders[id(e)])
             starts = [(e, _wm_id(orders[id(e)])) for e in need if e.kind == "start"]
             starts = [(e, w) for e, w in starts if w]
             raw = await self.store.work_masters_many([(e.scope, w) for e, w in starts])
@@ -158,7 +184,8 @@ class WorkHandler:
                 fail(e, f"{type(ex).__name__}: {ex}")
             entries = [e for e in entries if e not in need]
             need = []
-        jobs_done = await self._jobs([e for e in need if e.kind == "job"], orders, fail)
+        jobs_done = await self._jobs([e for e in entries if e.kind == "job"
+                                      and id(e) in orders], orders, fail, known)
         for e in jobs_done:
             ok(e)
 
@@ -178,6 +205,10 @@ class WorkHandler:
                     if it is None:
                         ok(e)
                     else:
+                        now, rows = read.get(e.scope, (0, {}))
+                        row = rows.get(e.job)
+                        if row is not None:
+                            it.read = (now, row)
                         batch.append((e, it))
                 elif e.kind == "cancel":
                     it = self._cancel_item(e, orders[id(e)])
@@ -302,8 +333,9 @@ class WorkHandler:
     # ---- the recipe's job order transitions
 
     async def _jobs(self, entries: list[Entry], orders: dict[int, dict[str, str] | None],
-                    fail: Any) -> list[Entry]:
-        """Job entries in one pipeline; the ones that lost a race go one by one."""
+                    fail: Any, known: set[int]) -> list[Entry]:
+        """Job entries in one pipeline; the ones that lost a race go one by one, as do
+        those whose remembered order (``known``) did not take the transition."""
         if not entries:
             return []
         done: list[Entry] = []
@@ -317,7 +349,7 @@ class WorkHandler:
             return []
         for e, new in zip(entries, res, strict=True):
             try:
-                if new is False:
+                if new is False or (new is None and id(e) in known):
                     await self._job(e)
                 elif new is None and e.action == "Run" and orders.get(id(e)) is not None:
                     await self._orphan_run(e)

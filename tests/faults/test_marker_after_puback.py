@@ -27,6 +27,7 @@ from sfc_fast.events import Start
 from sfc_host import equipment_mqtt
 from sfc_host.cloudevents import decode
 from sfc_host.config import HostConfig
+from sfc_host.equipment import InProcessSink
 from sfc_host.equipment_mqtt import MqttSink
 from sfc_host.host import Host
 from sfc_host.jobs import Fresh
@@ -117,5 +118,45 @@ def test_a_command_this_host_is_sending_is_not_sent_again_when_its_entry_comes_b
         assert got == ids
         assert link.metrics["dispatch_sending"] == 1
         assert link.metrics["mqtt_sent"] == link.metrics["commands_sent"] == 2
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_markers_are_written_off_the_sending_path_and_hold_their_commands_till_then(
+        redis_url: str) -> None:
+    """The settle that sent a command does not wait for its marker: the marker writer
+    writes it in the background, and until then the command counts as this host's
+    "sending" one (a second dispatch adds no copy). A write that fails is counted and
+    lets the command go: its deadline sends it again."""
+    async def main() -> None:
+        sink = InProcessSink()
+        host = Host(HostConfig(redis_url=redis_url, consumer="mk"), sink, loops=False)
+        try:
+            r = host.client
+            base = host.store.keys("mk").base
+            await r.delete(base + "job:J1", base + "job:J2")
+            await r.hset(base + "job:J1", "s", "x")         # a job whose state exists
+            c = command(1)
+            f = Fresh("mk", "J1", c, b"", None, None, 7)
+            d = host.dispatcher
+            await d._send([f], {})
+            assert sink.sent == 1 and d.markers.pending
+            assert ("mk", c.command_id) in d._sending
+            await d._send([f], {})                          # its marker not written yet
+            assert sink.sent == 1 and host.metrics["dispatch_sending"] == 1
+            await d.markers.drain()
+            assert await r.hget(base + "job:J1", f"sent:{c.action}") == \
+                f"7:{c.command_id}".encode()
+            assert not d._sending and not d.markers.pending
+
+            await r.set(base + "job:J2", "not a hash")      # the marker script fails
+            c2 = command(2)
+            await d._send([Fresh("mk", "J2", c2, b"", None, None, 7)], {})
+            await d.markers.drain()
+            assert host.metrics["marker_errors"] == 1 and not d._sending
+            await d._send([Fresh("mk", "J2", c2, b"", None, None, 7)], {})
+            assert sink.sent == 3                           # sent again: no marker
+        finally:
+            await host.aclose()
 
     asyncio.run(asyncio.wait_for(main(), 30))
