@@ -141,6 +141,7 @@ async def one_job_a_scope(redis_url: str, n: int
                                    for i, s in enumerate(scopes(n))])
         while await host.consume_once(block_ms=0):    # the entries besides the commands
             pass
+        await host.dispatcher.markers.drain()          # their acks, in the background
         firsts = drain(sink)
         assert sorted(cmd.scope for cmd in firsts) == sorted(scopes(n))
         yield host, sink, firsts, c

@@ -293,9 +293,20 @@ class Host:
             raws, self._local = self._local[:self.config.read_count * 4], \
                 self._local[self.config.read_count * 4:]
             done, failed = await self.work.handle(raws)
-            await self.streams.ack(done, failed)
+            await self._ack(done, failed)
             n += len(raws)
         return n
+
+    async def _ack(self, done: dict[str, list[bytes]],
+                   failed: dict[str, list[tuple[bytes, str]]]) -> None:
+        """Ack handled entries: plain acks go to the marker writer (in the background,
+        riding the channel's next request: the pass reads on at once); failure notes,
+        and the acks that clear an earlier failure's note, are written now."""
+        if not failed and not self.streams.noted(done):
+            if done:
+                self.dispatcher.markers.add({}, done, ())
+            return
+        await self.streams.ack(done, failed)
 
     async def _local_pass(self) -> None:
         await self._local_ready.wait()
@@ -320,7 +331,7 @@ class Host:
         if not raws:
             return 0
         done, failed = await self.work.handle(raws)
-        await self.streams.ack(done, failed)
+        await self._ack(done, failed)
         return len(raws)
 
     # ---- answers from equipment (the MQTT path calls these)

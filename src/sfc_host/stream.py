@@ -387,6 +387,12 @@ class Streams:
                       (reason or b"unknown").decode(errors="replace"),
                       extra=_raw_fields(scope, eid, fields))
 
+    def noted(self, done: dict[str, list[bytes]]) -> bool:
+        """Whether some of these entries came back after a failure whose reason is
+        stored (their ack clears it: ``ack``)."""
+        again = self._redelivered
+        return bool(again) and any(i in again for ids in done.values() for i in ids)
+
     async def ack(self, done: dict[str, list[bytes]],
                   failed: dict[str, list[tuple[bytes, str]]]) -> None:
         """Ack (and delete) the handled entries, and note why the others failed; one
