@@ -102,38 +102,30 @@ def test_a_job_s_end_builds_its_response_from_the_archive_it_wrote(
 
 
 def test_a_start_reads_its_job_with_its_order(redis_url: str) -> None:
-    """A start entry's job is read in the same write as its order, and the settle takes
-    that row instead of reading the job again: one read of the job from entry to
-    first command."""
+    """A start entry's job is read in the same pipeline as its order, and the settle
+    takes that row instead of reading the job again: one round trip for both, and no
+    second read of the job from entry to first command."""
     async def main() -> None:
         st = Station(lambda c: False)
         host = await _host(redis_url, st)
         seen: list[str] = []
-        load, orders_many = host.store.load, host.store.orders_many
+        load, both = host.store.load, host.store.orders_and_jobs
 
         async def loading(wanted: Any) -> Any:
             seen.append(f"load {sorted(j for js in wanted.values() for j in js)}")
-            try:
-                return await load(wanted)
-            finally:
-                seen.append("load done")
+            return await load(wanted)
 
-        async def reading(jobs: Any) -> Any:
-            seen.append("orders")
-            try:
-                return await orders_many(jobs)
-            finally:
-                seen.append("orders done")
+        async def reading(pairs: Any, wanted: Any) -> Any:
+            seen.append(f"orders {[j for _, j in pairs]} and jobs {dict(wanted)}")
+            return await both(pairs, wanted)
         host.store.load = loading  # type: ignore[method-assign]
-        host.store.orders_many = reading  # type: ignore[method-assign]
+        host.store.orders_and_jobs = reading  # type: ignore[method-assign]
         try:
             await host.orders.store_order(S, {"JobOrderID": "J1",
                                               "WorkMasterID": [{"ID": "wm1"}]}, start=True)
             await wait_until(lambda: st.commands, what="first command")
             assert st.ids() == ["J1:load_part#1"]
-            # both sent before either answer came; no second read of the job
-            assert seen[:2] == ["orders", "load ['J1']"], seen
-            assert seen.count("load ['J1']") == 1, seen
+            assert seen == [f"orders ['J1'] and jobs {{'{S}': ['J1']}}"], seen
         finally:
             await host.aclose()
     run(main())
@@ -172,7 +164,7 @@ def test_the_recipe_s_order_transitions_use_the_order_this_host_wrote(
             await wait_until(lambda: ended, what="job end")
             assert await wait_until(lambda: _is(host, "J1", "Ended_Completed"),
                                     what="Ended_Completed")
-            assert reads == [["J1"]]        # the start's read, and no other
+            assert reads == []      # the start's order came with its job; no other read
             assert host.orders.known(S, "J1") is None       # ended: forgotten
         finally:
             await host.aclose()

@@ -292,6 +292,24 @@ class Store:
     async def load(self, wanted: dict[str, Sequence[str]]
                    ) -> dict[str, tuple[int, dict[str, JobRow]]]:
         """Read jobs of several scopes: ``{scope: (server now ms, {job: row})}``."""
+        groups, calls = self._load_calls(wanted)
+        return await self._loaded(wanted, groups, await self.scripts.run(calls))
+
+    async def orders_and_jobs(self, pairs: Sequence[tuple[str, str]],
+                              wanted: dict[str, Sequence[str]]
+                              ) -> tuple[list[dict[str, str] | None],
+                                         dict[str, tuple[int, dict[str, JobRow]]]]:
+        """``orders_many(pairs)`` and ``load(wanted)`` in one pipeline (starts read
+        their orders and their jobs in one round trip)."""
+        hgroups, hcalls = self._hashes_calls([(s, self.keys(s).order(j)) for s, j in pairs])
+        lgroups, lcalls = self._load_calls(wanted)
+        results = await self.scripts.run(hcalls + lcalls)
+        flats = self._hashes_read(len(pairs), hgroups, results[:len(hcalls)])
+        return ([_order(f) for f in flats],
+                await self._loaded(wanted, lgroups, results[len(hcalls):]))
+
+    def _load_calls(self, wanted: dict[str, Sequence[str]]
+                    ) -> tuple[list[list[str]], list[Call]]:
         scopes = [s for s, jobs in wanted.items() if jobs]
         groups = self._calls_by_slot(scopes)
         calls: list[Call] = []
@@ -301,7 +319,10 @@ class Store:
                 k = self.keys(s)
                 keys += [k.job(j) for j in wanted[s]]
             calls.append((self.scripts["load"], keys, (len(group),)))
-        results = await self.scripts.run(calls)
+        return groups, calls
+
+    async def _loaded(self, wanted: dict[str, Sequence[str]], groups: list[list[str]],
+                      results: Sequence[Any]) -> dict[str, tuple[int, dict[str, JobRow]]]:
         out: dict[str, tuple[int, dict[str, JobRow]]] = {}
         cache = self.cache
         for group, res in zip(groups, results, strict=True):
@@ -348,15 +369,23 @@ class Store:
         """Many hashes ``(scope, key)`` read whole, as flat field-value lists (empty for
         a missing one), in one ``load.lua`` call per slot group: one reply parsed in C,
         where a pipeline of HGETALLs costs redis-py a parse and a dict per hash."""
+        groups, calls = self._hashes_calls(keys)
+        return self._hashes_read(len(keys), groups, await self.scripts.run(calls))
+
+    def _hashes_calls(self, keys: Sequence[tuple[str, str]]
+                      ) -> tuple[list[list[int]], list[Call]]:
         by_scope: dict[str, list[int]] = {}
         for i, (scope, _) in enumerate(keys):
             by_scope.setdefault(scope, []).append(i)
         groups = [[i for s in group for i in by_scope[s]]
                   for group in self._calls_by_slot(list(by_scope))]
         load = self.scripts["load"]
-        results = await self.scripts.run([(load, [keys[i][1] for i in g], (0,))
-                                          for g in groups])
-        out: list[list[bytes]] = [[] for _ in keys]
+        return groups, [(load, [keys[i][1] for i in g], (0,)) for g in groups]
+
+    @staticmethod
+    def _hashes_read(n: int, groups: list[list[int]],
+                     results: Sequence[Any]) -> list[list[bytes]]:
+        out: list[list[bytes]] = [[] for _ in range(n)]
         for g, res in zip(groups, results, strict=True):
             if isinstance(res, Exception):
                 raise res
@@ -530,8 +559,7 @@ class Store:
         if not pairs:
             return []
         flats = await self.hashes([(s, self.keys(s).order(j)) for s, j in pairs])
-        return [dict(zip(map(bytes.decode, f[::2]), map(bytes.decode, f[1::2]), strict=True))
-                if f else None for f in flats]
+        return [_order(f) for f in flats]
 
     async def work_masters_many(self, pairs: Sequence[tuple[str, str]]) -> list[bytes | None]:
         if not pairs:
@@ -548,6 +576,12 @@ class Store:
         if not raw:
             return None
         return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def _order(flat: list[bytes]) -> dict[str, str] | None:
+    """An order hash from its flat field-value list (None: no such order)."""
+    return dict(zip(map(bytes.decode, flat[::2]), map(bytes.decode, flat[1::2]),
+                    strict=True)) if flat else None
 
 
 def caught_up(graph: Graph, state: bytes, gap: int, now: int) -> bytes:

@@ -4,7 +4,6 @@ against the states just written."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -165,9 +164,8 @@ class WorkHandler:
         read: dict[str, tuple[int, dict[str, JobRow]]] = {}
         try:
             if starting:
-                got, read = await asyncio.gather(
-                    self.store.orders_many([(e.scope, e.job) for e in need]),
-                    self.store.load(starting))
+                got, read = await self.store.orders_and_jobs(
+                    [(e.scope, e.job) for e in need], starting)
             else:
                 got = await self.store.orders_many([(e.scope, e.job) for e in need])
             orders.update({id(e): o for e, o in zip(need, got, strict=True)})
