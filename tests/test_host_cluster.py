@@ -247,6 +247,7 @@ def test_script_pipeline_reloads_after_flush_on_any_node(
             await host.discover()
             while await host.consume_once(block_ms=0):   # start, job and dispatch entries
                 pass
+            await host.dispatcher.markers.drain()        # markers and acks: no call after
             want = {s: [j] for s, j in jobs}
             before = await host.store.load(want)
             versions = {s: before[s][1][j].version for s, j in jobs}
