@@ -30,15 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import uvloop
 from mqtt_e2e import SCOPE, WM, run_jobs, servers_and_station
+from servers import cpu_seconds
 
 from sfc_host.app import App
 from sfc_host.config import HostConfig
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of a process (``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def switches() -> int:

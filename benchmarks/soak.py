@@ -45,7 +45,7 @@ import redis.asyncio as aioredis  # noqa: E402
 import uvloop  # noqa: E402
 from fault_harness import HostProcess, scrape  # noqa: E402
 from mqtt_e2e import SCOPE, WM  # noqa: E402
-from servers import MosquittoServer, RedisServer  # noqa: E402
+from servers import MosquittoServer, RedisServer, cpu_seconds  # noqa: E402
 
 from sfc_host.config import HostConfig  # noqa: E402
 from sfc_host.demo_report import merge_histograms  # noqa: E402
@@ -125,9 +125,7 @@ def rss_mb(host: HostProcess) -> float:
 
 def cpu_s(host: HostProcess) -> float:
     """The host process's CPU time so far (user + system)."""
-    with open(f"/proc/{host.proc.pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(host.proc.pid)
 
 
 def histogram(port: int) -> Histogram | None:

@@ -317,5 +317,12 @@ class MosquittoServer(_Server):
             return False
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process has used so far (``/proc``): the
+    benchmarks' measure of a server's (or a host process's) cost."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")

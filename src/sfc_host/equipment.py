@@ -121,10 +121,11 @@ class MarkerWriter:
                     if marks or acks:
                         await self.store.write_markers(marks, acks, lazy=True)
                 except Exception as e:   # counted; the deadlines send them again
-                    n = sum(len(v) for v in marks.values())
                     self.metrics.inc("marker_errors")
-                    log.warning("%d sent markers not written (%s): their commands count "
-                                "as unsent", n, e)
+                    log.warning("%d sent markers and %d entry acks not written (%s): "
+                                "those commands count as unsent, those entries stay "
+                                "pending", sum(len(v) for v in marks.values()),
+                                sum(len(v) for v in acks.values()), e)
                 finally:
                     self.release(held)
         finally:

@@ -163,11 +163,18 @@ class Orders:
                        extra: dict[str, str] | None = None, cause: Any = None) -> None:
         """Tell ``on_change`` about a write that succeeded. Its faults are logged and
         counted, never raised: the order is already written."""
+        if self.on_change is not None:
+            await self._notify(scope, job, cur, written(cur, new, v, order=order,
+                                                        reason=reason, extra=extra), cause)
+
+    async def _notify(self, scope: str, job: str, cur: dict[str, str] | None,
+                      h: dict[str, str], cause: Any = None) -> None:
+        """``on_change`` of a write that left the order hash ``h``."""
         hook = self.on_change
         if hook is None:
             return
-        h = written(cur, new, v, order=order, reason=reason, extra=extra)
         old = (cur or {}).get("state") or "InitialState"
+        new = h["state"]
         try:
             res = hook(scope, job, old, new, h, cause)
             if res is not None:
@@ -364,11 +371,11 @@ class Orders:
                 if isinstance(r, Exception):
                     raise r
                 scope, job, _, reason, cur = items[i]
-                self.remember(scope, job, written(cur, new, int(r), reason=reason,
-                                                  extra=extras[i]) if int(r) else None)
-                if int(r) and self.on_change is not None:
-                    hooks.append(self._changed(scope, job, cur, new, int(r), reason=reason,
-                                               extra=extras[i]))
+                h = written(cur, new, int(r), reason=reason, extra=extras[i]) if int(r) \
+                    else None
+                self.remember(scope, job, h)
+                if h is not None and self.on_change is not None:
+                    hooks.append(self._notify(scope, job, cur, h))
                 if not int(r) or (items[i][2] == "Complete" and new == "Running"):
                     out[i] = False   # lost a race, or half done: one by one
         if hooks:

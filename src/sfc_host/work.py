@@ -157,15 +157,16 @@ class WorkHandler:
         if known:
             need = [e for e in need if id(e) not in known]
         wms: dict[int, bytes | None] = {}
-        starting: dict[str, list[str]] = {}
+        starting: dict[str, dict[str, None]] = {}     # scope -> its starts' jobs, once
         for e in need:
-            if e.kind == "start" and e.job not in starting.setdefault(e.scope, []):
-                starting[e.scope].append(e.job)
+            if e.kind == "start":
+                starting.setdefault(e.scope, {})[e.job] = None
         read: dict[str, tuple[int, dict[str, JobRow]]] = {}
         try:
             if starting:
                 got, read = await self.store.orders_and_jobs(
-                    [(e.scope, e.job) for e in need], starting)
+                    [(e.scope, e.job) for e in need],
+                    {s: list(jobs) for s, jobs in starting.items()})
             else:
                 got = await self.store.orders_many([(e.scope, e.job) for e in need])
             orders.update({id(e): o for e, o in zip(need, got, strict=True)})
