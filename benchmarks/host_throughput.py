@@ -81,10 +81,10 @@ _channel_send = channel_mod._Connection.send
 _channel_flush = channel_mod._Connection._flush
 
 
-def _count_channel(self: Any, packed: bytes, n: int) -> Any:
+def _count_channel(self: Any, packed: bytes, n: int, lazy: bool = False) -> Any:
     global SENT
     SENT += n or 1
-    return _channel_send(self, packed, n)
+    return _channel_send(self, packed, n, lazy)
 
 
 def _count_channel_write(self: Any) -> None:
