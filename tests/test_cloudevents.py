@@ -7,6 +7,8 @@ import base64
 import dataclasses
 import json
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -143,6 +145,43 @@ def test_new_fills_id_and_time() -> None:
     assert ev.causationid is None
     ev = new("t", "s", id="x", time="2026-01-01T00:00:00Z", extensions={"method": "DELETE"})
     assert (ev.id, ev.time, ev.extensions) == ("x", "2026-01-01T00:00:00Z", {"method": "DELETE"})
+
+
+def test_new_ids_stay_unique_across_processes_and_forks() -> None:
+    # ids are a per-process random half and a counter: two processes, or a parent and
+    # its forked child, never hand out the same one
+    ids = {new("t", "s").id for _ in range(20_000)}
+    assert len(ids) == 20_000
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in list(ids)[:100])
+    script = ("import os, sys\n"
+              "from sfc_host.cloudevents import new\n"
+              "mine = [new('t', 's').id for _ in range(1000)]\n"
+              "r, w = os.pipe()\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    os.write(w, ' '.join(new('t', 's').id for _ in range(1000)).encode())\n"
+              "    os._exit(0)\n"
+              "os.waitpid(pid, 0)\n"
+              "child = os.read(r, 1 << 20).decode().split()\n"
+              "print(' '.join(mine + child + [new('t', 's').id for _ in range(1000)]))\n")
+    outs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           check=True).stdout.split() for _ in range(2)]
+    every = [i for out in outs for i in out] + list(ids)
+    assert len(outs[0]) == len(outs[1]) == 3000
+    assert len(set(every)) == len(every)
+
+
+def test_timestamps_follow_the_clock_across_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sfc_host.cloudevents as ce
+    t = [1_767_225_599.9985]     # 2025-12-31T23:59:59.998Z, then past midnight
+    monkeypatch.setattr(ce._time, "time", lambda: t[0])
+    assert ce.timestamp() == "2025-12-31T23:59:59.998Z"
+    t[0] = 1_767_225_600.0415
+    assert ce.timestamp() == "2026-01-01T00:00:00.041Z"
+    t[0] = 1_767_225_600.9005
+    assert ce.timestamp() == "2026-01-01T00:00:00.900Z"
+    t[0] = 1_767_225_599.5      # the clock stepped back: formatted anew, never stale
+    assert ce.timestamp() == "2025-12-31T23:59:59.500Z"
 
 
 # ---------------------------------------------------------------------------------------------

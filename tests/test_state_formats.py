@@ -18,6 +18,7 @@ from recipes import V110, linear, pull, push
 from sfc_fast import (
     Graph,
     StateFormatError,
+    action_results,
     compile_recipe,
     events,
     evolve,
@@ -237,3 +238,43 @@ def test_evolve_live_decides_as_the_whole_document(name: str):
                 break
     # the runs did archive records (all steps of loop_with_stored are on its cycle)
     assert (archived == 0) == (name == "loop_with_stored")
+
+
+def _view_results(view: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(name, a["result"]) for name, a in view["actions"].items()
+            if a["result"] is not None]
+
+
+@pytest.mark.parametrize("i", range(0, len(CASES), 7))
+def test_action_results_are_the_readable_view_s_results(i: int):
+    """``action_results`` (a job response's source) lists what the readable view does:
+    the job, its start and every stored result, in action order, archive included."""
+    c = CASES[i]
+    g = GRAPHS[c["recipe"]]
+    old = base64.b64decode(c["state"])
+    d = evolve_live(g, old, _event(c["event"]), c["now"])
+    for doc in (old, join_state(d.state, d.archived) if d.applied else old):
+        view = state_to_json(g, doc)
+        job, started, results = action_results(g, doc)
+        assert (job, started) == (view["job"], view["started_ms"])
+        assert [(n, json.loads(r)) for n, r in results] == _view_results(view)
+
+
+def test_a_job_response_lists_every_result_of_live_and_archived_actions():
+    from sfc_host.jobs import job_response
+    g = compile_recipe(linear(12), V110)
+    live, archive, _ = _run(g, 12, split=True)
+    whole = join_state(live, archive)
+    assert len(_view_results(state_to_json(g, live))) < 12    # most are archived
+    got = json.loads(job_response(g, whole, 90_000))
+    assert got["JobOrderID"] == "J" and got["JobResponseID"] == "J-response"
+    # every field of every result, in action order and each result's stored order
+    assert got["JobResponseData"] == [{"ID": f"a{k}.{f}", "Value": v} for k in range(12)
+                                      for f, v in (("k", k), ("ok", True))]
+    assert got["JobResponseData"] == [{"ID": f"{n}.{f}", "Value": v}
+                                      for n, r in _view_results(state_to_json(g, whole))
+                                      for f, v in r.items()]
+    assert got["StartTime"] == "1970-01-01T00:00:01.000Z"
+    assert got["EndTime"] == "1970-01-01T00:01:30.000Z"
+    aborted = json.loads(job_response(g, whole, 90_000, "aborted", "jammed"))
+    assert aborted["Description"] == {"Locale": "en", "Text": "jammed"}

@@ -29,7 +29,7 @@ from sfc_fast.recipe import (
     compile_recipe,
 )
 from sfc_fast.runner import Runner, job_of_command
-from sfc_fast.state import StateFormatError, join_state, state_to_json
+from sfc_fast.state import StateFormatError, action_results, join_state, state_to_json
 
 __all__ = [
     "ENGINE",
@@ -49,6 +49,7 @@ __all__ = [
     "RecipeError",
     "Runner",
     "StateFormatError",
+    "action_results",
     "compile_recipe",
     "events",
     "evolve",

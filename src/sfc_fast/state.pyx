@@ -1042,6 +1042,27 @@ def state_to_json(Graph graph, state) -> dict:
     return view
 
 
+def action_results(Graph graph, state) -> tuple:
+    """``(job id, started ms, [(action name, result JSON bytes), ...])`` of a state
+    document (its archive records included), in action order: what a job response
+    lists, without building the whole readable view (``state_to_json``) of a job that
+    ends."""
+    cdef State s = decode_state(graph, state, True)
+    cdef Graph g = graph
+    cdef int a
+    cdef ActSt* x
+    out = []
+    try:
+        for a in range(g.n_actions):
+            x = &s.acts[a]
+            if x.phase == PH_IDLE or x.res_len < 0:
+                continue
+            out.append((g.s(g.act_name[a]), PyBytes_FromStringAndSize(x.res, x.res_len)))
+        return s.job(), s.started_at, out
+    finally:
+        s.release()
+
+
 def check_state(Graph graph, state) -> None:
     """Raise StateFormatError unless ``state`` decodes against ``graph`` (its archive
     records included)."""

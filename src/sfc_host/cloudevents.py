@@ -14,6 +14,7 @@ attributes (ours, or another client's such as paho's).
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import re
@@ -83,20 +84,53 @@ class CloudEvent:
 _FIELDS = frozenset(CloudEvent.__dataclass_fields__)
 
 
+_second: list[Any] = [-1, ""]    # the last whole second formatted, and its text
+
+
 def timestamp() -> str:
     """Now as an RFC 3339 UTC time with milliseconds, as events carry it."""
     now = _time.time()
-    return (_time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(now))
-            + f".{int(now % 1 * 1000):03d}Z")
+    sec = int(now)
+    cached = _second
+    if cached[0] != sec:    # formatted once a second: every status event carries one
+        cached[1] = _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(sec))
+        cached[0] = sec
+    return f"{cached[1]}.{int(now % 1 * 1000):03d}Z"
+
+
+class _Ids:
+    """Event ids: 32 hex digits, a random half drawn once per process (and again in a
+    forked child) and a counter. Unique as a random id is, without a system call for
+    each event (``os.urandom`` per id was a measurable part of the MES side's cost)."""
+
+    __slots__ = ("count", "prefix")
+
+    def __init__(self) -> None:
+        self.prefix = ""
+        self.count = itertools.count()
+        self.reseed()
+
+    def reseed(self) -> None:
+        self.prefix = os.urandom(8).hex()
+        self.count = itertools.count(int.from_bytes(os.urandom(4), "big"))
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.count) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+next_id = _Ids()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=next_id.reseed)
 
 
 def new(type: str, source: str, data: Any = None, **attrs: Any) -> CloudEvent:
-    """A fresh event with a random id and the current time; unknown keywords become extensions."""
+    """A fresh event with a unique id and the current time; unknown keywords become
+    extensions."""
     ext = dict(attrs.pop("extensions", None) or {})
     for name in [n for n in attrs if n not in _FIELDS]:
         ext[name] = attrs.pop(name)
     if "id" not in attrs:
-        attrs["id"] = os.urandom(16).hex()  # a third of uuid4()'s cost, same entropy
+        attrs["id"] = next_id()
     if "time" not in attrs:
         attrs["time"] = timestamp()
     return CloudEvent(type=type, source=source, data=data, extensions=ext, **attrs)

@@ -10,6 +10,7 @@ stays pending for redelivery; an answer is left to the action's deadline).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ import msgspec
 
 from sfc_fast import (
     Graph,
+    action_results,
     evolve_live,
     job_index,
     join_state,
@@ -47,6 +49,7 @@ ERROR = "error"          # the job cannot be evaluated (unreadable state); see .
 
 Delivered = tuple[bytes, dict[bytes, bytes]]
 _ENCODE = msgspec.json.Encoder()
+_DECODE = msgspec.json.Decoder().decode
 EventsFn = Callable[[JobRow, Graph, bytes | None], Sequence[BaseEvent]]
 
 
@@ -119,15 +122,23 @@ def job_response(graph: Graph, state: bytes, now_ms: int, status: str = "complet
     """The ISA-95 job response (``ISA95JobResponseDataType``) written when a job ends:
     its start and end times, the job state it ended in and every result field of its
     actions (``action.field``); an aborted job's reason as its Description."""
-    view = state_to_json(graph, state)
+    job, started_ms, results = action_results(graph, state)
     data = []
-    for name, a in view["actions"].items():
-        for field, value in (a.get("result") or {}).items():
-            data.append({"ID": f"{name}.{field}", "Value": value})
-    out: dict[str, Any] = {"JobResponseID": f"{view['job']}-response"}
+    for name, raw in results:
+        try:
+            result = _DECODE(raw)
+        except (msgspec.DecodeError, ValueError):
+            try:            # NaN and the like, which only the stdlib parser takes
+                result = json.loads(raw)
+            except ValueError:
+                continue    # not JSON: nothing to list, as the readable view shows none
+        if isinstance(result, dict):
+            for field, value in result.items():
+                data.append({"ID": f"{name}.{field}", "Value": value})
+    out: dict[str, Any] = {"JobResponseID": f"{job}-response"}
     if status == "aborted" and reason:
         out["Description"] = {"Locale": "en", "Text": reason}
-    out.update(JobOrderID=view["job"], StartTime=_iso(view["started_ms"]),
+    out.update(JobOrderID=job, StartTime=_iso(started_ms),
                EndTime=_iso(now_ms), JobState=state_list(_RESPONSE_STATE[status]))
     if data:
         out["JobResponseData"] = data
