@@ -41,6 +41,53 @@ class CommandSink(Protocol):
     async def send(self, commands: Sequence[Command]) -> Sequence[bool]: ...
 
 
+class AckedSink(Protocol):
+    """A sink that says when each command reached its receiver (the MQTT sink: the
+    broker's PUBACK). The dispatcher then follows the acknowledgements instead of
+    awaiting them: the settle that made the commands goes on at once."""
+
+    ack_wait_s: float
+
+    def publish(self, commands: Sequence[Command]) -> list[asyncio.Future[None] | None]: ...
+
+    def unacked(self, n: int) -> None: ...
+
+
+class _Acks:
+    """One batch's acknowledgements: when the last is in (or after ``wait_s``) the
+    batch's markers go to the marker writer."""
+
+    __slots__ = ("done", "futures", "left", "timer")
+
+    def __init__(self, futures: list[asyncio.Future[None] | None],
+                 done: Callable[[_Acks], None], wait_s: float) -> None:
+        self.futures = futures
+        self.done = done
+        waiting = [f for f in futures if f is not None and not f.done()]
+        self.left = len(waiting)
+        self.timer: asyncio.TimerHandle | None = None
+        if not waiting:
+            done(self)
+            return
+        self.timer = asyncio.get_running_loop().call_later(wait_s, self._finish)
+        for f in waiting:
+            f.add_done_callback(self._one)
+
+    def _one(self, _: asyncio.Future[None]) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self.timer is None and self.left:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.left = -1          # finished: a late acknowledgement changes nothing
+        self.done(self)
+
+
 class InProcessSink:
     """Commands to an in-process callback or queue (tests, benchmarks, the demo)."""
 
@@ -146,6 +193,8 @@ class Dispatcher:
         # waits for the broker's acknowledgements of the whole batch) to their markers
         self._sending: set[tuple[str, str]] = set()
         self.markers = MarkerWriter(store, metrics, self._sending.difference_update)
+        self._batches = 0            # sent batches whose acknowledgements are awaited
+        self._idle: asyncio.Event | None = None     # set when the last of them is in
 
     async def send_fresh(self, fresh: Sequence[Fresh]) -> None:
         """Send commands this host just made (their entries are pending on it), then
@@ -228,28 +277,73 @@ class Dispatcher:
             sent.append(f)
         handed = False
         try:
-            marks: Marks = {}
-            if to_send:
-                queued = await self.sink.send(to_send)
+            publish = getattr(self.sink, "publish", None) if to_send else None
+            if publish is not None:
+                futures = publish(to_send)
+                if self.event_arrived:
+                    self._event_latency(to_send, [f is not None for f in futures])
+                self._batches += 1
+                _Acks(futures, lambda b: self._acked(b, sent, acks),
+                      self.sink.ack_wait_s)   # type: ignore[attr-defined]
+                handed = True
+            else:
+                queued = await self.sink.send(to_send) if to_send else []
                 if self.event_arrived:
                     self._event_latency(to_send, queued)
-                n = 0
-                for f, ok in zip(sent, queued, strict=True):
-                    if ok:
-                        cmd = f.command
-                        field = f"sent:{cmd.action}:hold" if cmd.hold else f"sent:{cmd.action}"
-                        marks.setdefault(f.scope, []).append(
-                            (f.job, field, f"{f.started}:{cmd.command_id}"))
-                        n += 1
-                    else:
-                        self.metrics.inc("queue_full")
-                self.metrics.inc("commands_sent", n)
-            if marks or acks:
-                self.markers.add(marks, acks,
-                                 [(f.scope, f.command.command_id) for f in sent])
-                handed = True
+                handed = self._hand_over(sent, queued, acks)
         finally:
             if not handed:
                 sending.difference_update((f.scope, f.command.command_id) for f in sent)
         if not_held:
             await self.settler.settle(not_held)
+
+    def _acked(self, batch: _Acks, sent: list[Fresh], acks: dict[str, list[bytes]]) -> None:
+        """A batch's acknowledgements are in, or its wait is over: the acknowledged
+        commands' markers (and the batch's entry acks) go to the marker writer."""
+        self._batches -= 1
+        # cancelled: the broker refused it (a PUBACK with an error code)
+        queued = [f is not None and f.done() and not f.cancelled() for f in batch.futures]
+        late = sum(1 for f in batch.futures if f is not None and not f.done())
+        if late:
+            self.sink.unacked(late)                # type: ignore[attr-defined]
+        try:
+            if self._hand_over(sent, queued, acks):
+                return
+        except Exception:       # never raised into the loop's callback
+            log.exception("markers of %d commands not handed over", len(sent))
+        self._sending.difference_update((f.scope, f.command.command_id) for f in sent)
+        if not self._batches and self._idle is not None:
+            self._idle.set()
+
+    def _hand_over(self, sent: list[Fresh], queued: Sequence[bool],
+                   acks: dict[str, list[bytes]]) -> bool:
+        """Hand the markers of the queued commands, and ``acks``, to the marker writer;
+        False when there is nothing to write (the caller lets the commands go)."""
+        marks: Marks = {}
+        n = 0
+        for f, ok in zip(sent, queued, strict=True):
+            if ok:
+                cmd = f.command
+                field = f"sent:{cmd.action}:hold" if cmd.hold else f"sent:{cmd.action}"
+                marks.setdefault(f.scope, []).append(
+                    (f.job, field, f"{f.started}:{cmd.command_id}"))
+                n += 1
+            else:
+                self.metrics.inc("queue_full")
+        if sent:
+            self.metrics.inc("commands_sent", n)
+        if not marks and not acks:
+            return False
+        self.markers.add(marks, acks, [(f.scope, f.command.command_id) for f in sent])
+        if not self._batches and self._idle is not None:
+            self._idle.set()
+        return True
+
+    async def drain(self) -> None:
+        """Until every batch sent has its acknowledgements (or its wait is over) and
+        their markers are written: closing, and tests."""
+        while self._batches:
+            if self._idle is None or self._idle.is_set():
+                self._idle = asyncio.Event()
+            await self._idle.wait()
+        await self.markers.drain()

@@ -85,26 +85,42 @@ class MqttSink:
         payload, props = encode(ev, v5=self.link.v5, binary=self.link.config.mqtt_binary)
         return f"{self.prefix}/{c.scope}/commands", payload, props
 
-    async def send(self, commands: Sequence[Command]) -> list[bool]:
+    def publish(self, commands: Sequence[Command]) -> list[asyncio.Future[None] | None]:
+        """Queue the commands; per command the future its PUBACK sets (cancelled: the
+        broker refused it), or None when the link's queue was full. The dispatcher
+        follows the futures (``Dispatcher``): the settle that made the commands goes
+        on at once, and only acknowledged commands get their markers."""
         acks: list[asyncio.Future[None] | None] = []
         arrived = self.arrived
         now = time.perf_counter()
         observe = self.link.metrics.observe
         loop = asyncio.get_running_loop()
+        publish = self.link.publish_nowait
         for c in commands:
             topic, payload, props = self.message(c)
             fut: asyncio.Future[None] = loop.create_future()
-            acks.append(fut if self.link.publish_nowait(topic, payload, props, acked=fut,
-                                                         key=c.command_id)
+            acks.append(fut if publish(topic, payload, props, acked=fut, key=c.command_id)
                         else None)
             t = arrived.pop(c.job, None)
             if t is not None:
                 observe("answer_to_command_seconds", now - t)
+        return acks
+
+    @property
+    def ack_wait_s(self) -> float:
+        return ACK_WAIT_S
+
+    def unacked(self, n: int) -> None:
+        """``n`` commands were not acknowledged within ``ACK_WAIT_S``."""
+        self.link.metrics.inc("mqtt_unacked_commands", n)
+
+    async def send(self, commands: Sequence[Command]) -> list[bool]:
+        acks = self.publish(commands)
         waiting = [f for f in acks if f is not None and not f.done()]
         if waiting:
             _, late = await asyncio.wait(waiting, timeout=ACK_WAIT_S)
             if late:
-                self.link.metrics.inc("mqtt_unacked_commands", len(late))
+                self.unacked(len(late))
         # cancelled: the broker refused it (a PUBACK with an error code)
         return [f is not None and f.done() and not f.cancelled() for f in acks]
 

@@ -216,9 +216,10 @@ class Host:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
-        # the markers of the last commands sent, before their connection goes
+        # the acknowledgements and markers of the last commands sent, before their
+        # connection goes
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.dispatcher.markers.drain(), CLOSE_MARKERS_S)
+            await asyncio.wait_for(self.dispatcher.drain(), CLOSE_MARKERS_S)
         if self._gc_was is not None:
             gc.set_threshold(*self._gc_was)
             gc.unfreeze()

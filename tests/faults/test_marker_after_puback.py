@@ -160,3 +160,64 @@ def test_markers_are_written_off_the_sending_path_and_hold_their_commands_till_t
             await host.aclose()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_settle_goes_on_while_its_commands_wait_for_their_acknowledgements(
+        tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatcher follows a batch's PUBACKs instead of awaiting them: the send
+    returns at once, the commands stay this host's "sending" ones, and a marker is
+    written only once the broker has acknowledged its command. Not acknowledged within
+    ``ACK_WAIT_S``: no marker, counted, and the command is let go (its deadline sends
+    it again)."""
+    try:
+        broker = MosquittoServer(tmp_path / "mqtt")
+    except ServerMissing as e:
+        pytest.skip(str(e))
+    broker.start()
+    monkeypatch.setattr(equipment_mqtt, "ACK_WAIT_S", 0.5)
+
+    async def main() -> None:
+        cfg = HostConfig(redis_url=redis_url, mqtt_url=broker.url, consumer="follow")
+        async with MqttLink(cfg, Metrics()) as link:
+            await link.wait_connected()
+            host = Host(cfg, MqttSink(link), loops=False, metrics=link.metrics)
+            try:
+                r = host.client
+                base = host.store.keys("follow").base
+                await r.delete(base + "job:J1", base + "job:J2")
+                await r.hset(base + "job:J1", "s", "x")
+                await r.hset(base + "job:J2", "s", "x")
+                d = host.dispatcher
+                assert broker.proc is not None
+                c1 = command(1)
+                broker.proc.send_signal(signal.SIGSTOP)        # no PUBACK for now
+                try:
+                    await asyncio.wait_for(
+                        d.send_fresh([Fresh("follow", "J1", c1, b"", None, None, 7)]), 0.2)
+                    assert ("follow", c1.command_id) in d._sending
+                    await asyncio.sleep(0.1)
+                    assert await r.hget(base + "job:J1", f"sent:{c1.action}") is None
+                finally:
+                    broker.proc.send_signal(signal.SIGCONT)
+                await asyncio.wait_for(d.drain(), 5)
+                assert await r.hget(base + "job:J1", f"sent:{c1.action}") == \
+                    f"7:{c1.command_id}".encode()
+                assert not d._sending and link.metrics["commands_sent"] == 1
+
+                c2 = command(2)
+                broker.proc.send_signal(signal.SIGSTOP)
+                try:
+                    await d.send_fresh([Fresh("follow", "J2", c2, b"", None, None, 7)])
+                    await asyncio.wait_for(d.drain(), 5)       # the wait of 0.5 s ends it
+                    assert link.metrics["mqtt_unacked_commands"] == 1
+                    assert await r.hget(base + "job:J2", f"sent:{c2.action}") is None
+                    assert not d._sending
+                finally:
+                    broker.proc.send_signal(signal.SIGCONT)
+            finally:
+                await host.aclose()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        broker.stop()
