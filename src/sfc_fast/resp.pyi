@@ -1,0 +1,3 @@
+from typing import Any
+
+def pack_command(args: tuple[Any, ...]) -> bytes: ...
