@@ -84,18 +84,21 @@ class CloudEvent:
 _FIELDS = frozenset(CloudEvent.__dataclass_fields__)
 
 
-_second: list[Any] = [-1, ""]    # the last whole second formatted, and its text
+# the last whole second formatted and its text, replaced as one tuple: a thread (a
+# script's) never reads one second's text with another's number
+_second: tuple[int, str] = (-1, "")
 
 
 def timestamp() -> str:
     """Now as an RFC 3339 UTC time with milliseconds, as events carry it."""
+    global _second
     now = _time.time()
     sec = int(now)
-    cached = _second
-    if cached[0] != sec:    # formatted once a second: every status event carries one
-        cached[1] = _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(sec))
-        cached[0] = sec
-    return f"{cached[1]}.{int(now % 1 * 1000):03d}Z"
+    at, text = _second
+    if at != sec:           # formatted once a second: every status event carries one
+        text = _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(sec))
+        _second = (sec, text)
+    return f"{text}.{int(now % 1 * 1000):03d}Z"
 
 
 class _Ids:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from sfc_fast import Command, open_command
 from sfc_fast.events import NotHeld
@@ -193,6 +193,9 @@ class Dispatcher:
         # waits for the broker's acknowledgements of the whole batch) to their markers
         self._sending: set[tuple[str, str]] = set()
         self.markers = MarkerWriter(store, metrics, self._sending.difference_update)
+        # a sink that reports each command's acknowledgement: followed, not awaited
+        self._acked_sink: AckedSink | None = (
+            cast(AckedSink, sink) if callable(getattr(sink, "publish", None)) else None)
         self._batches = 0            # sent batches whose acknowledgements are awaited
         self._idle: asyncio.Event | None = None     # set when the last of them is in
 
@@ -277,14 +280,13 @@ class Dispatcher:
             sent.append(f)
         handed = False
         try:
-            publish = getattr(self.sink, "publish", None) if to_send else None
-            if publish is not None:
-                futures = publish(to_send)
+            acked_sink = self._acked_sink if to_send else None
+            if acked_sink is not None:
+                futures = acked_sink.publish(to_send)
                 if self.event_arrived:
                     self._event_latency(to_send, [f is not None for f in futures])
                 self._batches += 1
-                _Acks(futures, lambda b: self._acked(b, sent, acks),
-                      self.sink.ack_wait_s)   # type: ignore[attr-defined]
+                _Acks(futures, lambda b: self._acked(b, sent, acks), acked_sink.ack_wait_s)
                 handed = True
             else:
                 queued = await self.sink.send(to_send) if to_send else []
@@ -304,8 +306,8 @@ class Dispatcher:
         # cancelled: the broker refused it (a PUBACK with an error code)
         queued = [f is not None and f.done() and not f.cancelled() for f in batch.futures]
         late = sum(1 for f in batch.futures if f is not None and not f.done())
-        if late:
-            self.sink.unacked(late)                # type: ignore[attr-defined]
+        if late and self._acked_sink is not None:
+            self._acked_sink.unacked(late)
         try:
             if self._hand_over(sent, queued, acks):
                 return
