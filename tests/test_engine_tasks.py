@@ -310,3 +310,35 @@ def test_stop_cancels_an_execution_past_the_stop_timeout(tmp_path: Path) -> None
         assert t.errors == 0               # a cancelled execution is not an error
 
     asyncio.run(main())
+
+
+def test_stopping_a_back_to_back_task_lets_its_execution_finish(tmp_path: Path) -> None:
+    """The timer of a back-to-back task waits for each execution; ending the timer (a
+    stop) must not cancel the execution in flight: it finishes within the stop
+    timeout, as a host pass finishes the batch it holds."""
+    async def main() -> None:
+        e = await engine_with(tmp_path, """\
+            import asyncio
+            from sfc_host.engine import task
+
+            DONE = []
+            CANCELLED = []
+
+            @task(interval=0)
+            async def pass_(api):
+                try:
+                    await asyncio.sleep(0.2)
+                except asyncio.CancelledError:
+                    CANCELLED.append(1)
+                    raise
+                DONE.append(1)
+        """)
+        e.stop_timeout = 5
+        await asyncio.sleep(0.05)       # the first execution is under way
+        t = e.task("pass_")
+        await e.stop()
+        g = t.defn.fn.__globals__
+        assert t.state == "Stopped"
+        assert g["CANCELLED"] == [] and g["DONE"] == [1] and t.runs == 1
+
+    asyncio.run(main())

@@ -43,6 +43,23 @@ T = {name: TASK.trigger_id(name) for name in TASK.triggers}
 AT_REST = frozenset((S["Idle"], S["Stopped"], S["Error"]))
 
 
+async def _finished(task: asyncio.Task[Any]) -> None:
+    """Until ``task`` is done; cancelling the waiter leaves ``task`` running (as with
+    ``asyncio.wait``, which costs a set, a waiter and its callbacks: for the host's
+    back-to-back passes, a few microseconds an action at moderate rates)."""
+    waiter = asyncio.get_running_loop().create_future()
+
+    def done(_: asyncio.Task[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+    task.add_done_callback(done)
+    try:
+        await waiter
+    except asyncio.CancelledError:
+        task.remove_done_callback(done)
+        raise
+
+
 class TaskDisposed(RuntimeError):
     pass
 
@@ -211,8 +228,9 @@ class TaskRunner:
                 k += 1
             else:
                 # back to back: one execution after the other, waiting while paused
-                if self._exec is not None and not self._exec.done():
-                    await asyncio.wait({self._exec})
+                ex = self._exec
+                if ex is not None and not ex.done():
+                    await _finished(ex)
                 if not self._resumed.is_set():
                     self.skipped_paused += 1
                     await self._resumed.wait()
