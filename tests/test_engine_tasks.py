@@ -39,6 +39,25 @@ def probe_log(e: Engine) -> list[tuple[float, str]]:
     return e.tasks["probe"].defn.fn.__globals__["LOG"]
 
 
+# one execution that sleeps; notes whether it was cancelled or finished
+SLEEPER = """\
+    import asyncio
+    from sfc_host.engine import task
+
+    DONE = []
+    CANCELLED = []
+
+    @task(interval={interval})
+    async def sleeper(api):
+        try:
+            await asyncio.sleep({seconds})
+        except asyncio.CancelledError:
+            CANCELLED.append(1)
+            raise
+        DONE.append(1)
+"""
+
+
 def test_task_transitions_through_the_runner(tmp_path: Path) -> None:
     seen: list[str] = []
 
@@ -287,23 +306,10 @@ def test_back_to_back_task_pauses_between_executions(tmp_path: Path) -> None:
 
 def test_stop_cancels_an_execution_past_the_stop_timeout(tmp_path: Path) -> None:
     async def main() -> None:
-        e = await engine_with(tmp_path, """\
-            import asyncio
-            from sfc_host.engine import task
-
-            CANCELLED = []
-
-            @task(interval=1)
-            async def hang(api):
-                try:
-                    await asyncio.sleep(60)
-                except asyncio.CancelledError:
-                    CANCELLED.append(1)
-                    raise
-        """)
+        e = await engine_with(tmp_path, SLEEPER.format(interval=1, seconds=60))
         e.stop_timeout = 0.1
         await asyncio.sleep(0.02)
-        t = e.task("hang")
+        t = e.task("sleeper")
         await e.stop()
         assert t.state == "Stopped" and e.state == "Ready"
         assert t.defn.fn.__globals__["CANCELLED"] == [1]
@@ -317,25 +323,10 @@ def test_stopping_a_back_to_back_task_lets_its_execution_finish(tmp_path: Path) 
     stop) must not cancel the execution in flight: it finishes within the stop
     timeout, as a host pass finishes the batch it holds."""
     async def main() -> None:
-        e = await engine_with(tmp_path, """\
-            import asyncio
-            from sfc_host.engine import task
-
-            DONE = []
-            CANCELLED = []
-
-            @task(interval=0)
-            async def pass_(api):
-                try:
-                    await asyncio.sleep(0.2)
-                except asyncio.CancelledError:
-                    CANCELLED.append(1)
-                    raise
-                DONE.append(1)
-        """)
+        e = await engine_with(tmp_path, SLEEPER.format(interval=0, seconds=0.2))
         e.stop_timeout = 5
         await asyncio.sleep(0.05)       # the first execution is under way
-        t = e.task("pass_")
+        t = e.task("sleeper")
         await e.stop()
         g = t.defn.fn.__globals__
         assert t.state == "Stopped"
