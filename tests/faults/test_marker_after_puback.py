@@ -15,7 +15,9 @@ entry is taken over if the host dies first, or the deadline sends the same id ag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,14 +46,37 @@ def command(n: int) -> Command:
     return d.commands[0]
 
 
-def test_a_command_the_broker_has_not_acknowledged_is_not_sent(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def stalling_broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                    ) -> Iterator[MosquittoServer]:
+    """A mosquitto of the test's own (``stalled`` stops it), with the acknowledgement
+    wait cut to 0.5 s."""
     try:
         broker = MosquittoServer(tmp_path / "mqtt")
     except ServerMissing as e:
         pytest.skip(str(e))
     broker.start()
     monkeypatch.setattr(equipment_mqtt, "ACK_WAIT_S", 0.5)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@contextlib.contextmanager
+def stalled(broker: MosquittoServer) -> Iterator[None]:
+    """The broker stopped (SIGSTOP): no PUBACK comes until the block ends."""
+    assert broker.proc is not None
+    broker.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        broker.proc.send_signal(signal.SIGCONT)
+
+
+def test_a_command_the_broker_has_not_acknowledged_is_not_sent(
+        stalling_broker: MosquittoServer) -> None:
+    broker = stalling_broker
 
     async def main() -> None:
         link = MqttLink(HostConfig(mqtt_url=broker.url, consumer="t"), Metrics())
@@ -60,21 +85,14 @@ def test_a_command_the_broker_has_not_acknowledged_is_not_sent(
             await link.wait_connected()
             sink = MqttSink(link)
             assert await sink.send([command(1)]) == [True]       # acknowledged
-            assert broker.proc is not None
-            broker.proc.send_signal(signal.SIGSTOP)              # no PUBACK comes
-            try:
+            with stalled(broker):                                # no PUBACK comes
                 assert await sink.send([command(2)]) == [False]
                 assert link.metrics["mqtt_unacked_commands"] == 1
-            finally:
-                broker.proc.send_signal(signal.SIGCONT)
             assert await sink.send([command(3)]) == [True]
         finally:
             await link.aclose()
 
-    try:
-        asyncio.run(asyncio.wait_for(main(), 30))
-    finally:
-        broker.stop()
+    asyncio.run(asyncio.wait_for(main(), 30))
 
 
 def test_a_command_this_host_is_sending_is_not_sent_again_when_its_entry_comes_back(
@@ -163,18 +181,13 @@ def test_markers_are_written_off_the_sending_path_and_hold_their_commands_till_t
 
 
 def test_a_settle_goes_on_while_its_commands_wait_for_their_acknowledgements(
-        tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        stalling_broker: MosquittoServer, redis_url: str) -> None:
     """The dispatcher follows a batch's PUBACKs instead of awaiting them: the send
     returns at once, the commands stay this host's "sending" ones, and a marker is
     written only once the broker has acknowledged its command. Not acknowledged within
     ``ACK_WAIT_S``: no marker, counted, and the command is let go (its deadline sends
     it again)."""
-    try:
-        broker = MosquittoServer(tmp_path / "mqtt")
-    except ServerMissing as e:
-        pytest.skip(str(e))
-    broker.start()
-    monkeypatch.setattr(equipment_mqtt, "ACK_WAIT_S", 0.5)
+    broker = stalling_broker
 
     async def main() -> None:
         cfg = HostConfig(redis_url=redis_url, mqtt_url=broker.url, consumer="follow")
@@ -188,36 +201,26 @@ def test_a_settle_goes_on_while_its_commands_wait_for_their_acknowledgements(
                 await r.hset(base + "job:J1", "s", "x")
                 await r.hset(base + "job:J2", "s", "x")
                 d = host.dispatcher
-                assert broker.proc is not None
                 c1 = command(1)
-                broker.proc.send_signal(signal.SIGSTOP)        # no PUBACK for now
-                try:
+                with stalled(broker):                          # no PUBACK for now
                     await asyncio.wait_for(
                         d.send_fresh([Fresh("follow", "J1", c1, b"", None, None, 7)]), 0.2)
                     assert ("follow", c1.command_id) in d._sending
                     await asyncio.sleep(0.1)
                     assert await r.hget(base + "job:J1", f"sent:{c1.action}") is None
-                finally:
-                    broker.proc.send_signal(signal.SIGCONT)
                 await asyncio.wait_for(d.drain(), 5)
                 assert await r.hget(base + "job:J1", f"sent:{c1.action}") == \
                     f"7:{c1.command_id}".encode()
                 assert not d._sending and link.metrics["commands_sent"] == 1
 
                 c2 = command(2)
-                broker.proc.send_signal(signal.SIGSTOP)
-                try:
+                with stalled(broker):
                     await d.send_fresh([Fresh("follow", "J2", c2, b"", None, None, 7)])
                     await asyncio.wait_for(d.drain(), 5)       # the wait of 0.5 s ends it
                     assert link.metrics["mqtt_unacked_commands"] == 1
                     assert await r.hget(base + "job:J2", f"sent:{c2.action}") is None
                     assert not d._sending
-                finally:
-                    broker.proc.send_signal(signal.SIGCONT)
             finally:
                 await host.aclose()
 
-    try:
-        asyncio.run(asyncio.wait_for(main(), 30))
-    finally:
-        broker.stop()
+    asyncio.run(asyncio.wait_for(main(), 30))
