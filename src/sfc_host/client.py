@@ -2,8 +2,9 @@
 
 redis-py parses replies with hiredis but packs requests in Python, one argument at a
 time; on the host's hot path (a few script calls carrying thousands of arguments) that
-packing was half of the CPU. These connection classes pack with ``hiredis.pack_command``
-(C) and fall back to redis-py for anything it does not take, so errors stay redis-py's.
+packing was half of the CPU. These connection classes pack with the core's packer
+(``sfc_fast.resp.pack_command``, hiredis's bytes, as the host's channel does) and fall
+back to redis-py for anything it does not take, so errors stay redis-py's.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlparse
 
-import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import (
     BlockingConnectionPool,
@@ -23,6 +23,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from sfc_fast.resp import pack_command
 
 # A call on a connection a Redis restart closed is tried again on a new one, this many
 # times and this far apart (exponential, capped): the host's writes are compare-and-set
@@ -45,7 +47,7 @@ def _pack(conn: Any, args: tuple[Any, ...]) -> list[bytes] | None:
     elif isinstance(first, bytes) and b" " in first:
         args = (*first.split(), *args[1:])
     try:
-        return [hiredis.pack_command(args)]
+        return [pack_command(args)]
     except TypeError:
         return None
 
