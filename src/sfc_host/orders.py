@@ -51,17 +51,13 @@ _ENCODE = msgspec.json.Encoder()
 OnChange = Callable[[str, str, str, str, dict[str, str], Any], Awaitable[None] | None]
 
 
-def iso_now() -> str:
-    """Now as the job order times are kept: UTC, milliseconds (as events carry it)."""
-    return timestamp()
-
-
 def times_for(new: str) -> dict[str, str]:
-    """The order hash's ``started`` and ``ended`` times a new state sets."""
+    """The order hash's ``started`` and ``ended`` times a new state sets (UTC,
+    milliseconds, as events carry their time)."""
     if new == "Running":
-        return {"started": iso_now()}
+        return {"started": timestamp()}
     if _top(new) in ("Ended", "Aborted"):
-        return {"ended": iso_now()}
+        return {"ended": timestamp()}
     return {}
 
 
