@@ -226,18 +226,18 @@ class Settler:
             got: dict[str, JobRow] = {}
             read_at = 0
             for job, its in jobs.items():
-                if first:
+                if first and not any(it.fresh for it in its):
                     pre = next((it.read for it in its if it.read is not None), None)
-                    if pre is not None and not any(it.fresh for it in its):
+                    if pre is not None:
                         read_at = max(read_at, pre[0])
                         got[job] = pre[1]
                         just_read.add((s, job))
                         continue
-                r = cache.get(s, job) if first else None
-                if r is None or any(it.fresh for it in its):
-                    to_load.setdefault(s, []).append(job)
-                else:
-                    got[job] = r
+                    r = cache.get(s, job)
+                    if r is not None:
+                        got[job] = r
+                        continue
+                to_load.setdefault(s, []).append(job)
             rows[s] = (read_at, got)
         if to_load:
             loaded = await self.store.load(to_load)
