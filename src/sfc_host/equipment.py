@@ -10,8 +10,10 @@ written after the sink has queued the command: a crash in between sends that id 
 that never went out is answered "not held" by the host itself.
 
 Markers (with the acks of their entries) are written by ``MarkerWriter``, off the
-sending path: the settle that made a command returns once the broker has it, and the
-markers of many sends go to Redis together, riding the channel's next write.
+sending path: the settle that made a command goes on once the command is queued; the
+dispatcher follows a sink's acknowledgements (``AckedSink``: the broker's PUBACKs) and
+hands the acknowledged commands' markers to the writer, whose calls ride the channel's
+next write.
 """
 
 from __future__ import annotations
@@ -79,12 +81,12 @@ class _Acks:
             self._finish()
 
     def _finish(self) -> None:
-        if self.timer is None and self.left:
+        if self.left < 0:       # finished already: a late acknowledgement changes nothing
             return
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.left = -1          # finished: a late acknowledgement changes nothing
+        self.left = -1
         self.done(self)
 
 
