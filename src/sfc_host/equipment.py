@@ -3,9 +3,9 @@ the dispatcher that turns ``dispatch:{action}`` entries into sent commands.
 
 A command goes out only if its id is the action's open one now (``open_command``),
 and not if the sent marker ``sent:{action} = {startedAt}:{commandId}`` already says
-so, nor while this host is sending it already (its send waits for the broker, then
-writes the marker: an entry taken over meanwhile finds no marker yet). The marker is
-written after the sink has queued the command: a crash in between sends that id twice
+so, nor while this host is sending it already (its marker waits for the broker's
+acknowledgement: an entry taken over meanwhile finds no marker yet). The marker is
+written after the sink has the command away: a crash in between sends that id twice
 (receivers deduplicate by id), and no command is ever lost. A hold command for work
 that never went out is answered "not held" by the host itself.
 
@@ -191,8 +191,8 @@ class Dispatcher:
         # (scope, job) -> when the pull event it is taking arrived (perf_counter), only
         # while that event settles: its command then feeds event_to_command_seconds
         self.event_arrived: dict[tuple[str, str], float] = {}
-        # (scope, command id) of the commands this host is sending: from the sink (which
-        # waits for the broker's acknowledgements of the whole batch) to their markers
+        # (scope, command id) of the commands this host is sending: from the sink (and
+        # the broker's acknowledgements of their batch) to their markers
         self._sending: set[tuple[str, str]] = set()
         self.markers = MarkerWriter(store, metrics, self._sending.difference_update)
         # a sink that reports each command's acknowledgement: followed, not awaited
