@@ -41,6 +41,7 @@ from sfc_host.scripts import Scripts
 from sfc_host.store import GraphCache, Store
 from sfc_host.stream import Streams
 from sfc_host.sweep import Sweeper
+from sfc_host.wakeup import WakeOne
 from sfc_host.work import WorkHandler
 
 log = logging.getLogger("sfc_host")
@@ -112,7 +113,7 @@ class Host:
         self._tasks: list[asyncio.Task[None]] = []
         self._answers: list[tuple[str, BaseEvent]] = []
         self._answers_dropping = False       # warned about this overflow already
-        self._answers_ready = asyncio.Event()
+        self._answers_ready = WakeOne()      # one worker an arrival, not all of them
         self._closing = False
         self._registry_size = -1         # the scope registry's size at the last read
         self._discoveries = 0
@@ -193,7 +194,7 @@ class Host:
         """Tell every pass to finish: the waits they block in end now."""
         self._closing = True
         self._stopping.set()
-        self._answers_ready.set()
+        self._answers_ready.open()
         self._local_ready.set()
         self.streams.ready.set()
 
@@ -342,8 +343,11 @@ class Host:
         ``answer_queue_max`` (Redis away) the oldest 1 % go: a dropped answer is settled
         by its action's deadline (the command goes out again and is answered again)."""
         answers = self._answers
+        if not answers:
+            # a worker is woken when the queue fills; one that leaves answers behind
+            # wakes the next (see _answer_pass)
+            self._answers_ready.ring()
         answers.append((scope, event))
-        self._answers_ready.set()
         limit = self.config.answer_queue_max
         if len(answers) > limit:
             # in chunks: deleting one at the front per answer moves the whole list each time
@@ -357,8 +361,10 @@ class Host:
                             "queue has emptied", limit)
 
     async def settle_answers(self, answers: Sequence[tuple[str, BaseEvent]]) -> list[Item]:
-        """Apply answers now; faults are counted and logged, never raised: an answer
-        that cannot be applied is left to the action's deadline."""
+        """Apply answers now; faults are counted and logged: an answer that cannot be
+        applied is left to the action's deadline. Only Redis being away (a connection
+        error or timeout after the client's retries) is raised: the caller keeps the
+        answers for later."""
         items = []
         for scope, ev in answers:
             cid = getattr(ev, "command_id", "")
@@ -371,6 +377,8 @@ class Host:
             items.append(Item(scope, job, [ev]))
         try:
             await self.settler.settle(items)
+        except (RedisConnectionError, RedisTimeoutError):
+            raise
         except Exception:
             self.metrics.inc("answer_errors", len(items))
             log.exception("%d answers could not be applied", len(items))
@@ -391,7 +399,6 @@ class Host:
         # evolved. Two batches holding answers of one job settle it through the
         # compare-and-set like any race.
         await self._answers_ready.wait()
-        self._answers_ready.clear()
         while self._answers:
             if self._closing:
                 # Closing: settle what was queued, not what the commands sent meanwhile
@@ -401,11 +408,15 @@ class Host:
                 return
             n = self.config.answer_batch
             batch, self._answers = self._answers[:n], self._answers[n:]
+            if self._answers:
+                self._answers_ready.ring()
             try:
                 await self.settle_answers(batch)
             except (RedisConnectionError, RedisTimeoutError):
-                # Redis is away: the answers wait (in order) for the loop's next pass.
+                # Redis is away: the answers wait (in order) for a worker's next pass,
+                # after this one's pause
                 self._answers[:0] = batch
+                self._answers_ready.ring()
                 raise
         self._answers_dropping = False   # drained: the next overflow is warned of again
 

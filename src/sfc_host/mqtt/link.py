@@ -6,6 +6,14 @@ queued (a full queue is counted; for a command the action's deadline sends it ag
 Up to ``IN_FLIGHT`` QoS 1 / 2 messages (fewer if the broker's Receive Maximum says so)
 wait for their acknowledgement at once; what was not acknowledged when the connection
 ends goes back to the front of the queue and out again, marked DUP, after the reconnect.
+
+The queue has two lanes: commands and replies, and the MES's status traffic (status
+events, retained state). While both wait, a status message goes after every
+``STATUS_EVERY`` commands, and status messages leave a quarter of the in-flight window
+to the other lane. So a burst of status messages (thousands of orders ending at once)
+does not sit in front of the equipment's commands, and a flood of commands does not
+stop the MES's news. Each topic keeps to one lane, so a topic's messages stay in order.
+
 Incoming messages go to the handler of the first matching filter (the host's link,
 whose filters do not overlap) or, with ``fan_out`` (the script engine's link), to every
 matching subscription once; a handler's fault is logged and counted, never raised.
@@ -58,8 +66,18 @@ WRITE_CHUNK = 1 << 18    # bytes gathered before a write within one pass
 # (topic, properties); a larger message is passed over as it arrives (never buffered
 # whole), acknowledged, logged and counted (``mqtt_oversized``)
 PACKET_HEADROOM = 1 << 16
+# While both lanes wait, a status message goes after this many commands: a command
+# waits for one status message at most, and the MES's news keeps a quarter of the link
+# under a flood of commands (measured in docs/benchmarks.md)
+STATUS_EVERY = 3
 
 Handler = Callable[[Message], Awaitable[None] | None]
+
+
+def status_share(window: int) -> int:
+    """The in-flight slots status messages may fill: all but a quarter of the window
+    (at least one kept for commands, where the window has two)."""
+    return max(1, window - max(1, window // 4))
 
 
 class MqttRefused(ConnectionError):
@@ -92,6 +110,7 @@ class Outgoing:
     acked: asyncio.Future[None] | None = None   # done once the broker has it
     dup: bool = False                           # sent before, not acknowledged
     key: str | None = None                      # a command's id: one copy in the link
+    status: bool = False                        # the status lane's (publish_nowait)
 
 
 class MqttLink:
@@ -110,8 +129,11 @@ class MqttLink:
         self.v5 = config.mqtt_version == 5
         # the largest packet taken from the broker (0: mqtt_max_payload and headroom)
         self.max_packet = max_packet or config.mqtt_max_payload + PACKET_HEADROOM
-        self._queue: deque[Outgoing] = deque()
+        self._queue: deque[Outgoing] = deque()       # commands, replies: first
+        self._status: deque[Outgoing] = deque()      # MES status traffic: after them
         self._unacked: dict[int, Outgoing] = {}      # packet id -> message in flight
+        self._status_flight = 0                      # status messages among those
+        self._commands_run = 0                       # commands since a status message
         # key -> its message while queued or in flight: a command sent again by its entry
         # (its first send not acknowledged in time, e.g. the broker away) joins the copy
         # the link still holds, which goes out again (DUP) on the reconnect anyway
@@ -282,7 +304,7 @@ class MqttLink:
             return
         loop = asyncio.get_running_loop()
         end = loop.time() + drain_s
-        while ((self._queue or self._unacked) and self.connected.is_set()
+        while ((self._queue or self._status or self._unacked) and self.connected.is_set()
                and loop.time() < end):
             await asyncio.sleep(0.01)
         self._closing = True
@@ -318,14 +340,14 @@ class MqttLink:
                 if acked is not None:
                     _follow(held, acked)
                 return True
-        n = len(self._queue)
+        n = len(self._queue) + len(self._status)
         size = self.config.mqtt_queue_size
         if n >= size or (status and n >= size * 4 // 5):
             self.metrics.inc("mqtt_status_dropped" if status else "mqtt_queue_full")
             return False
         m = Outgoing(topic, payload, properties, self.config.mqtt_qos if qos is None else qos,
-                     retain, acked, key=key)
-        self._queue.append(m)
+                     retain, acked, key=key, status=status)
+        (self._status if status else self._queue).append(m)
         if key is not None:
             self._keyed[key] = m
         if not self._pump_soon and self._live is not None:
@@ -335,7 +357,7 @@ class MqttLink:
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._status)
 
     def _next_mid(self) -> int:
         conn = self._live
@@ -353,15 +375,26 @@ class MqttLink:
         if conn is None or conn.paused:
             return
         q = self._queue
+        sq = self._status
         unacked = self._unacked
         window = self._window
+        status_window = status_share(window)
         out = conn.out
         v5 = self.v5
         max_qos = self._server_max_qos
         limit = self._server_max_packet
         metrics = self.metrics
-        while q and len(unacked) < window:
-            m = q.popleft()
+        run = self._commands_run
+        while len(unacked) < window:
+            if sq and (run >= STATUS_EVERY or not q) and \
+                    self._status_flight < status_window:
+                m = sq.popleft()
+                run = 0
+            elif q:
+                m = q.popleft()
+                run += 1
+            else:
+                break
             qos = m.qos if m.qos <= max_qos else max_qos
             mid = self._next_mid() if qos else 0
             before = len(out)
@@ -380,6 +413,8 @@ class MqttLink:
                 continue
             if qos:
                 unacked[mid] = m
+                if m.status:
+                    self._status_flight += 1
             else:
                 metrics.inc("mqtt_sent")
                 self._release(m)
@@ -389,12 +424,15 @@ class MqttLink:
                 conn.flush()
                 if conn.paused:
                     break
+        self._commands_run = run
         conn.flush()
 
     def _on_ack(self, mid: int, code: int) -> None:
         m = self._unacked.pop(mid, None)
         if m is None:
             return
+        if m.status:
+            self._status_flight -= 1
         self._release(m)
         if code >= 0x80:
             # refused (quota, not authorized, ...): not sent; a command's sender sees it
@@ -408,7 +446,7 @@ class MqttLink:
             self.metrics.inc("mqtt_sent")
             if m.acked is not None and not m.acked.done():
                 m.acked.set_result(None)
-        if self._queue and not self._pump_soon:
+        if (self._queue or self._status) and not self._pump_soon:
             self._pump_soon = True
             asyncio.get_running_loop().call_soon(self._pump)
 
@@ -505,10 +543,11 @@ class MqttLink:
         self._acked = False
         self.connected.clear()
         if self._unacked:
-            for m in self._unacked.values():
+            for m in reversed(self._unacked.values()):
                 m.dup = True
-            self._queue.extendleft(reversed(list(self._unacked.values())))
+                (self._status if m.status else self._queue).appendleft(m)
             self._unacked.clear()
+            self._status_flight = 0
 
     # ---- receiving
 
