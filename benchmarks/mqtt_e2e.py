@@ -11,8 +11,9 @@ answers through the broker. Measured:
 
 - saturation: N jobs stored at once; jobs/s from the first store to the last completion;
 - paced: jobs offered at a fixed rate (``--rate`` actions/s, default half of the
-  saturation just measured); the host's latency from an answer arriving to the job's
-  next command leaving (p50, p99, every sample of the host's
+  saturation just measured), once the host has sent what the saturation run left
+  queued (``settled``); the host's latency from an answer arriving to the job's next
+  command leaving (p50, p99, every sample of the host's
   ``answer_to_command_seconds``);
 - the broker's own latency at that rate: a plain MQTT 5 QoS 1 ping-pong through the
   same mosquitto (``mqtt_pingpong_proc.py``), the yardstick of the paced p99.
@@ -95,6 +96,19 @@ async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None) -> 
     return time.perf_counter() - t0
 
 
+async def settled(app: App, timeout_s: float = 20.0) -> float:
+    """Wait until the host has sent everything a run before left queued (after a
+    saturation run, thousands of status messages of the orders that ended); seconds
+    waited. A paced window measures the host at its rate, not the last run's tail."""
+    t0 = time.perf_counter()
+    while app.link.queued or app.host.backlog:
+        if time.perf_counter() - t0 > timeout_s:
+            raise TimeoutError(f"the host did not settle in {timeout_s} s")
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)        # the last changes' coalesced retained publish
+    return time.perf_counter() - t0
+
+
 def broker_pingpong(port: int, rate: float, seconds: float) -> dict[str, float]:
     """The broker's own latency at ``rate`` messages/s: mqtt_pingpong_proc.py's plain
     MQTT 5 QoS 1 ping-pong through the same mosquitto (p50_ms, p99_ms, p999_ms, rate)."""
@@ -160,6 +174,7 @@ async def main(args: argparse.Namespace) -> None:
                     samples.append(value)
                 observe(name, value)
             m.observe = keep  # type: ignore[method-assign]
+            await settled(app)
             actions_s = args.rate or round(5 * n / secs / 2)
             rate = actions_s / 5
             paced_n = int(rate * (2 if args.quick else args.seconds))

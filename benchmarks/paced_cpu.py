@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import uvloop
-from mqtt_e2e import SCOPE, WM, run_jobs, servers_and_station
+from mqtt_e2e import SCOPE, WM, run_jobs, servers_and_station, settled
 from servers import cpu_seconds
 
 from sfc_host.app import App
@@ -60,6 +60,7 @@ async def main(args: argparse.Namespace) -> None:
                   "actions a job; CPU µs an action (host, redis-server, mosquitto)")
             for rate in args.rates:
                 n = max(1, int(rate * args.seconds / 5))
+                await settled(app)
                 r0, b0 = cpu_seconds(redis.proc.pid), cpu_seconds(broker.proc.pid)
                 w0 = channel.writes if channel is not None else 0
                 v0, c0 = switches(), time.process_time()

@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from mqtt_e2e import SCOPE, WM, run_jobs
+from mqtt_e2e import SCOPE, WM, run_jobs, settled
 from servers import MosquittoServer, RedisServer
 
 from sfc_host.app import App
@@ -61,7 +61,9 @@ class E2E:
         return n / wall
 
     async def paced(self, prefix: str, rate: float, seconds: float) -> dict[str, Any]:
-        """Offer ``rate`` jobs/s for ``seconds``; achieved jobs/s and latency samples."""
+        """Offer ``rate`` jobs/s for ``seconds``, once the host has sent what the run
+        before left queued; achieved jobs/s and latency samples."""
+        await settled(self.app)
         n = max(20, int(rate * seconds))
         settler = self.app.host.settler
         prev = settler.on_end

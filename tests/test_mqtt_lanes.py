@@ -18,9 +18,10 @@ from sfc_host.mqtt import Message, MqttLink
 from sfc_host.mqtt.link import IN_FLIGHT, STATUS_EVERY, status_share
 
 
-async def _received(mqtt_url: str, send: object, total: int) -> list[str]:
+async def _received(mqtt_url: str, send: object, total: int,
+                    queue_size: int = 100_000) -> list[str]:
     """The topics a watcher receives, in order, of ``total`` messages that ``send``
-    (given the link) publishes."""
+    (given the link, with ``queue_size`` as ``mqtt_queue_size``) publishes."""
     got: list[str] = []
     all_in = asyncio.Event()
 
@@ -30,7 +31,8 @@ async def _received(mqtt_url: str, send: object, total: int) -> list[str]:
             all_in.set()
     async with (MqttLink(HostConfig(mqtt_url=mqtt_url, consumer="watch"),
                          Metrics()) as watch,
-                MqttLink(HostConfig(mqtt_url=mqtt_url, consumer="lanes"), Metrics()) as link):
+                MqttLink(HostConfig(mqtt_url=mqtt_url, consumer="lanes",
+                                    mqtt_queue_size=queue_size), Metrics()) as link):
         await watch.wait_connected()
         await watch.subscribed("lanes/#", seen, shared=False)
         await link.wait_connected()
@@ -70,6 +72,22 @@ def test_status_messages_go_on_under_a_flood_of_commands(mqtt_url: str) -> None:
     status = sum(1 for t in first if t.endswith("/events"))
     # a status message after every STATUS_EVERY commands while both lanes wait
     assert status >= 100 // (STATUS_EVERY + 1) - 2, first
+
+
+def test_under_a_lasting_overload_the_lanes_go_oldest_first(mqtt_url: str) -> None:
+    """A status backlog of a tenth of the queue is no burst but an overload: one queue
+    again, so the commands' wait slows the jobs (and their status traffic) down rather
+    than the status messages being refused at 80 % of the queue. Below a tenth, the
+    commands go first again."""
+    async def send(link: MqttLink) -> None:
+        for i in range(300):                   # a tenth of the queue is 100
+            assert link.publish_nowait(f"lanes/mes/order/J{i}", b"{}", status=True)
+        assert link.publish_nowait("lanes/equipment/s1/commands", b"command")
+
+    got = asyncio.run(_received(mqtt_url, send, 301, queue_size=1000))
+    where = got.index("lanes/equipment/s1/commands")
+    # oldest first while the status lane holds 100 or more, the command first after
+    assert 190 <= where <= 201, where
 
 
 def test_the_status_share_leaves_commands_part_of_every_window() -> None:

@@ -360,6 +360,11 @@ class Host:
                             "dropped, their deadlines settle them; warned again after the "
                             "queue has emptied", limit)
 
+    @property
+    def backlog(self) -> int:
+        """Answers and delivered entries waiting for a pass."""
+        return len(self._answers) + len(self._local)
+
     async def settle_answers(self, answers: Sequence[tuple[str, BaseEvent]]) -> list[Item]:
         """Apply answers now; faults are counted and logged: an answer that cannot be
         applied is left to the action's deadline. Only Redis being away (a connection

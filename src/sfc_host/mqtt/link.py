@@ -12,7 +12,11 @@ events, retained state). While both wait, a status message goes after every
 ``STATUS_EVERY`` commands, and status messages leave a quarter of the in-flight window
 to the other lane. So a burst of status messages (thousands of orders ending at once)
 does not sit in front of the equipment's commands, and a flood of commands does not
-stop the MES's news. Each topic keeps to one lane, so a topic's messages stay in order.
+stop the MES's news. Under a lasting overload (more messages than the broker takes),
+once the status lane holds a fifth of the queue, both lanes go oldest first, as one
+queue: the commands' wait slows the jobs down, and with them the status traffic, which
+would otherwise be refused from 80 % of the queue on. Each topic keeps to one lane, so
+a topic's messages stay in order.
 
 Incoming messages go to the handler of the first matching filter (the host's link,
 whose filters do not overlap) or, with ``fan_out`` (the script engine's link), to every
@@ -111,6 +115,7 @@ class Outgoing:
     dup: bool = False                           # sent before, not acknowledged
     key: str | None = None                      # a command's id: one copy in the link
     status: bool = False                        # the status lane's (publish_nowait)
+    seq: int = 0                                # order of queueing, over both lanes
 
 
 class MqttLink:
@@ -134,6 +139,7 @@ class MqttLink:
         self._unacked: dict[int, Outgoing] = {}      # packet id -> message in flight
         self._status_flight = 0                      # status messages among those
         self._commands_run = 0                       # commands since a status message
+        self._seq = 0
         # key -> its message while queued or in flight: a command sent again by its entry
         # (its first send not acknowledged in time, e.g. the broker away) joins the copy
         # the link still holds, which goes out again (DUP) on the reconnect anyway
@@ -345,8 +351,9 @@ class MqttLink:
         if n >= size or (status and n >= size * 4 // 5):
             self.metrics.inc("mqtt_status_dropped" if status else "mqtt_queue_full")
             return False
+        self._seq += 1
         m = Outgoing(topic, payload, properties, self.config.mqtt_qos if qos is None else qos,
-                     retain, acked, key=key, status=status)
+                     retain, acked, key=key, status=status, seq=self._seq)
         (self._status if status else self._queue).append(m)
         if key is not None:
             self._keyed[key] = m
@@ -385,9 +392,16 @@ class MqttLink:
         limit = self._server_max_packet
         metrics = self.metrics
         run = self._commands_run
+        crowded = self.config.mqtt_queue_size // 10
         while len(unacked) < window:
-            if sq and (run >= STATUS_EVERY or not q) and \
-                    self._status_flight < status_window:
+            if q and sq and len(sq) >= crowded:
+                # a lasting overload: one queue again, oldest first (status messages
+                # are refused from 80 % of the queue; slower jobs make fewer of them)
+                status = sq[0].seq < q[0].seq
+            else:
+                status = bool(sq) and (run >= STATUS_EVERY or not q) and \
+                    self._status_flight < status_window
+            if status:
                 m = sq.popleft()
                 run = 0
             elif q:
