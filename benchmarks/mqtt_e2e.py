@@ -163,6 +163,9 @@ async def main(args: argparse.Namespace) -> None:
                   f"({5 * n / secs:,.0f} actions/s); host CPU {cpu / n * 1e6:,.0f} µs "
                   f"a job, {cpu / n / 5 * 1e6:,.1f} µs an action ({cpu / secs:.0%} of "
                   "a core)")
+            # an overload leaves the MES's status traffic queued (a lasting one refuses it)
+            print(f"the link's queue at its end: {app.link.queued:,} messages; status "
+                  f"messages refused: {app.metrics['mqtt_status_dropped']:,}")
             # every sample kept: the histogram's buckets (10 ms, 25 ms) are too
             # coarse for a p99 between them
             samples: list[float] = []

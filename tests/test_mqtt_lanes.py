@@ -90,6 +90,27 @@ def test_under_a_lasting_overload_the_lanes_go_oldest_first(mqtt_url: str) -> No
     assert 190 <= where <= 201, where
 
 
+def test_status_messages_are_refused_once_they_fill_four_fifths_of_the_queue() -> None:
+    """Commands in the queue do not count towards the status messages' limit, and the
+    status messages never take the last fifth from the commands."""
+    async def main() -> None:
+        m = Metrics()
+        link = MqttLink(HostConfig(mqtt_url="mqtt://127.0.0.1:1", consumer="q",
+                                   mqtt_queue_size=100), m)    # never started: it queues
+        for i in range(15):
+            assert link.publish_nowait(f"lanes/equipment/s{i}/commands", b"c")
+        for _ in range(80):
+            assert link.publish_nowait("lanes/mes/line1/events", b"s", status=True)
+        assert not link.publish_nowait("lanes/mes/line1/events", b"s", status=True)
+        assert m["mqtt_status_dropped"] == 1
+        for i in range(5):
+            assert link.publish_nowait(f"lanes/equipment/t{i}/commands", b"c")
+        assert not link.publish_nowait("lanes/equipment/u/commands", b"c")   # full
+        assert m["mqtt_queue_full"] == 1
+        assert link.queued == 100
+    asyncio.run(main())
+
+
 def test_the_status_share_leaves_commands_part_of_every_window() -> None:
     assert status_share(20) == 15          # mosquitto's default Receive Maximum
     assert status_share(IN_FLIGHT) < IN_FLIGHT

@@ -82,8 +82,8 @@ HELP: dict[str, str] = {
                            "unacknowledged in the MQTT link; joined to that copy, not sent twice.",
     "mqtt_unsendable": "MQTT messages not published because they could not be encoded.",
     "mqtt_subscribe_refused": "MQTT subscriptions the broker refused.",
-    "mqtt_status_dropped": "MES status events and retained state not sent because the "
-                           "outgoing MQTT queue was 80 % full.",
+    "mqtt_status_dropped": "MES status events and retained state not sent because they "
+                           "filled 80 % of the outgoing MQTT queue.",
     "order_hook_errors": "Job order changes whose publishing hook raised.",
     "capabilities_received": "Equipment capability announcements stored or withdrawn.",
     "bad_capabilities": "Equipment capability announcements refused.",

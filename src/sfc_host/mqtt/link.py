@@ -13,10 +13,10 @@ events, retained state). While both wait, a status message goes after every
 to the other lane. So a burst of status messages (thousands of orders ending at once)
 does not sit in front of the equipment's commands, and a flood of commands does not
 stop the MES's news. Under a lasting overload (more messages than the broker takes),
-once the status lane holds a fifth of the queue, both lanes go oldest first, as one
+once the status lane holds a tenth of the queue, both lanes go oldest first, as one
 queue: the commands' wait slows the jobs down, and with them the status traffic, which
-would otherwise be refused from 80 % of the queue on. Each topic keeps to one lane, so
-a topic's messages stay in order.
+would otherwise be refused once it fills 80 % of the queue. Each topic keeps to one
+lane, so a topic's messages stay in order.
 
 Incoming messages go to the handler of the first matching filter (the host's link,
 whose filters do not overlap) or, with ``fan_out`` (the script engine's link), to every
@@ -329,8 +329,8 @@ class MqttLink:
                        acked: asyncio.Future[None] | None = None,
                        key: str | None = None) -> bool:
         """Queue a message; False (counted) when the queue is full. A ``status`` message
-        (MES status events and retained state) is refused from 80 % of the queue on, so
-        a burst of them never crowds out equipment commands and replies. ``acked`` is
+        (MES status events and retained state) is refused once status messages fill 80 %
+        of the queue, so they never crowd out equipment commands and replies. ``acked`` is
         set once the broker has the message (QoS 1: its PUBACK; QoS 0: written), and
         cancelled when the broker refuses it (a PUBACK with an error code). A ``key``
         already queued or in flight is not queued again: ``acked`` follows that copy."""
@@ -348,7 +348,7 @@ class MqttLink:
                 return True
         n = len(self._queue) + len(self._status)
         size = self.config.mqtt_queue_size
-        if n >= size or (status and n >= size * 4 // 5):
+        if n >= size or (status and len(self._status) >= size * 4 // 5):
             self.metrics.inc("mqtt_status_dropped" if status else "mqtt_queue_full")
             return False
         self._seq += 1
@@ -396,7 +396,7 @@ class MqttLink:
         while len(unacked) < window:
             if q and sq and len(sq) >= crowded:
                 # a lasting overload: one queue again, oldest first (status messages
-                # are refused from 80 % of the queue; slower jobs make fewer of them)
+                # are refused at 80 % of the queue; slower jobs make fewer of them)
                 status = sq[0].seq < q[0].seq
             else:
                 status = bool(sq) and (run >= STATUS_EVERY or not q) and \
