@@ -243,10 +243,13 @@ class MqttLink:
 
     def _later(self, aw: Awaitable[Any], what: str) -> None:
         # a (un)subscribe on the live connection; if the connection drops first, the
-        # reconnect subscribes from _subs anyway
+        # reconnect subscribes from _subs anyway (and an unsubscribe needs none then):
+        # no warning for that, as when the broker stops under a closing script engine
         async def run() -> None:
             try:
                 await aw
+            except MqttError as e:
+                log.debug("MQTT (un)subscribe %s not answered: %s", what, e)
             except Exception as e:
                 log.warning("MQTT (un)subscribe %s failed: %s", what, e)
         t = asyncio.get_running_loop().create_task(run())
