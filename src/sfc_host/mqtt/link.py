@@ -14,9 +14,9 @@ to the other lane. So a burst of status messages (thousands of orders ending at 
 does not sit in front of the equipment's commands, and a flood of commands does not
 stop the MES's news. Under a lasting overload (more messages than the broker takes),
 once the status lane holds a tenth of the queue, both lanes go oldest first, as one
-queue: the commands' wait slows the jobs down, and with them the status traffic, which
-would otherwise be refused once it fills 80 % of the queue. Each topic keeps to one
-lane, so a topic's messages stay in order.
+queue with the whole window: the commands' wait slows the jobs down, and with them the
+status traffic, which would otherwise be refused once it fills 80 % of the queue. Each
+topic keeps to one lane, so a topic's messages stay in order.
 
 Incoming messages go to the handler of the first matching filter (the host's link,
 whose filters do not overlap) or, with ``fan_out`` (the script engine's link), to every
