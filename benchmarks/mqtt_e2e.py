@@ -47,6 +47,7 @@ from servers import MosquittoServer, RedisServer
 
 from sfc_host.app import App
 from sfc_host.config import HostConfig
+from sfc_host.mes.publishing import INTERVAL_S
 from sfc_host.metrics import Metrics
 
 V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"
@@ -105,7 +106,7 @@ async def settled(app: App, timeout_s: float = 20.0) -> float:
         if time.perf_counter() - t0 > timeout_s:
             raise TimeoutError(f"the host did not settle in {timeout_s} s")
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)        # the last changes' coalesced retained publish
+    await asyncio.sleep(INTERVAL_S)     # the last changes' coalesced retained publish
     return time.perf_counter() - t0
 
 

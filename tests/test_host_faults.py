@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sfc_fast import Command
 from sfc_fast.events import Completed
+from sfc_host.client import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRIES
 from sfc_host.config import HostConfig
 from sfc_host.host import Host
 from sfc_host.keys import ScopeKeys
@@ -464,13 +465,14 @@ async def restart_run(server: Any, seed: int, *, repeat_s: float | None) -> None
     rng = random.Random(seed)
     jobs = [f"J{i:02d}" for i in range(N_JOBS)]
     station = DelayedStation(seed, repeat_s=repeat_s)
-    # Entries are taken over after 1 s idle, above the Redis channel's retry window
-    # (0.1 + 0.2 + 0.4 s): a marker write waiting out its backoff through the restart
-    # holds the markers queued behind it that long, and a takeover sooner than a marker
-    # is a duplicate by design (docs/host.md), not one of the restart's. With 0.3 s the
+    # Entries are taken over only after the Redis channel's retry window (0.7 s) and a
+    # margin: a marker write waiting out its backoff through the restart holds the
+    # markers queued behind it that long, and a takeover sooner than a marker is a
+    # duplicate by design (docs/host.md), not one of the restart's. With 0.3 s the
     # other host took over such entries on a loaded machine, with base code too.
+    retry_s = sum(min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** f) for f in range(1, RETRIES + 1))
     hosts = [station.attach(Host(quick_config(url, consumer=f"h{i}", scopes=[SCOPE],
-                                              claim_min_idle_ms=1000),
+                                              claim_min_idle_ms=int(retry_s * 1000) + 300),
                                  station.sink, on_end=station.on_end)) for i in (1, 2)]
     gate = asyncio.Lock()      # no job is stored while Redis is away
     tasks: list[asyncio.Task[None]] = []

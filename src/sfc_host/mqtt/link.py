@@ -145,6 +145,7 @@ class MqttLink:
         # the link still holds, which goes out again (DUP) on the reconnect anyway
         self._keyed: dict[str, Outgoing] = {}
         self._window = IN_FLIGHT
+        self._status_window = status_share(IN_FLIGHT)
         self._server_max_packet = 0                 # the broker's limit (MQTT 5), 0: none
         self._server_max_qos = 2
         self._mid = 0
@@ -388,7 +389,7 @@ class MqttLink:
         sq = self._status
         unacked = self._unacked
         window = self._window
-        status_window = status_share(window)
+        status_window = self._status_window
         out = conn.out
         v5 = self.v5
         max_qos = self._server_max_qos
@@ -501,6 +502,7 @@ class MqttLink:
             conn.abort(0, "")
             raise MqttError(reason_text(code), code)
         self._window = min(IN_FLIGHT, props.get("ReceiveMaximum", IN_FLIGHT))
+        self._status_window = status_share(self._window)
         self._server_max_packet = props.get("MaximumPacketSize", 0)
         self._server_max_qos = props.get("MaximumQoS", 2)
         return conn
