@@ -132,7 +132,7 @@ async def fill(host: Host, graph: Graph, scopes: list[str], n: int) -> float:
     with_graph: set[str] = set()
     for base in range(0, n, FILL_CHUNK):
         batches: dict[str, list[Record]] = {}
-        marks: dict[str, list[tuple[str, str, str]]] = {}
+        marks: list[tuple[str, str, str, str]] = []
         for i in range(base, min(n, base + FILL_CHUNK)):
             s = scopes[i % len(scopes)]
             job = f"idle-{i:07d}"
@@ -144,7 +144,7 @@ async def fill(host: Host, graph: Graph, scopes: list[str], n: int) -> float:
                 with_graph.add(s)
             batches.setdefault(s, []).append(rec)
             started, open_ = sent_markers(graph, state)
-            marks.setdefault(s, []).extend((job, f, f"{started}:{cid}") for f, cid in open_)
+            marks.extend((s, job, f, f"{started}:{cid}") for f, cid in open_)
         got = await store.commit(batches)
         assert all(all(v for v in c.versions) for c in got.values()), "a filler was refused"
         await store.write_markers(marks)

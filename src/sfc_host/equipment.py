@@ -28,7 +28,7 @@ from sfc_fast import Command, open_command
 from sfc_fast.events import NotHeld
 from sfc_host.jobs import Fresh, Item, Settler
 from sfc_host.metrics import Metrics
-from sfc_host.store import Store, started_at
+from sfc_host.store import Mark, Store, started_at
 
 log = logging.getLogger("sfc_host.equipment")
 
@@ -120,9 +120,6 @@ class InProcessSink:
         return out
 
 
-Marks = dict[str, list[tuple[str, str, str]]]
-
-
 class MarkerWriter:
     """Writes sent markers and entry acks in the background, one call at a time, each
     with everything handed over since the last (``Store.write_markers``, lazy: it goes
@@ -137,17 +134,15 @@ class MarkerWriter:
         self.store = store
         self.metrics = metrics
         self.release = release
-        self._marks: Marks = {}
-        self._acks: dict[str, list[bytes]] = {}
+        self._marks: list[Mark] = []
+        self._acks: list[tuple[str, bytes]] = []      # (scope, entry id)
         self._held: list[tuple[str, str]] = []
         self._task: asyncio.Task[None] | None = None
 
-    def add(self, marks: Marks, acks: dict[str, list[bytes]],
+    def add(self, marks: Sequence[Mark], acks: Sequence[tuple[str, bytes]],
             held: Iterable[tuple[str, str]]) -> None:
-        for s, lst in marks.items():
-            self._marks.setdefault(s, []).extend(lst)
-        for s, ids in acks.items():
-            self._acks.setdefault(s, []).extend(ids)
+        self._marks += marks
+        self._acks += acks
         self._held.extend(held)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
@@ -165,7 +160,7 @@ class MarkerWriter:
         try:
             while self._marks or self._acks or self._held:
                 marks, acks, held = self._marks, self._acks, self._held
-                self._marks, self._acks, self._held = {}, {}, []
+                self._marks, self._acks, self._held = [], [], []
                 try:
                     if marks or acks:
                         await self.store.write_markers(marks, acks, lazy=True)
@@ -173,8 +168,7 @@ class MarkerWriter:
                     self.metrics.inc("marker_errors")
                     log.warning("%d sent markers and %d entry acks not written (%s): "
                                 "those commands count as unsent, those entries stay "
-                                "pending", sum(len(v) for v in marks.values()),
-                                sum(len(v) for v in acks.values()), e)
+                                "pending", len(marks), len(acks), e)
                 finally:
                     self.release(held)
         finally:
@@ -204,10 +198,7 @@ class Dispatcher:
     async def send_fresh(self, fresh: Sequence[Fresh]) -> None:
         """Send commands this host just made (their entries are pending on it), then
         write their markers and ack their entries in one call."""
-        acks: dict[str, list[bytes]] = {}
-        for f in fresh:
-            acks.setdefault(f.scope, []).append(f.entry_id)
-        await self._send(fresh, acks)
+        await self._send(fresh, [(f.scope, f.entry_id) for f in fresh])
 
     async def dispatch(self, entries: Sequence[tuple[str, str, str, str]]) -> None:
         """Send the commands of ``(scope, job, action, command_id)`` entries read from
@@ -243,7 +234,7 @@ class Dispatcher:
             items.append(Fresh(scope, job, cmd, b"", row.markers.get(f"sent:{action}".encode()),
                                row.markers.get(f"sent:{action}:hold".encode()),
                                started_at(row.state)))
-        await self._send(items, {})
+        await self._send(items, [])
 
     def _event_latency(self, commands: Sequence[Command], queued: Sequence[bool]) -> None:
         now = time.perf_counter()
@@ -252,7 +243,7 @@ class Dispatcher:
             if t is not None:
                 self.metrics.observe("event_to_command_seconds", now - t)
 
-    async def _send(self, items: Sequence[Fresh], acks: dict[str, list[bytes]]) -> None:
+    async def _send(self, items: Sequence[Fresh], acks: list[tuple[str, bytes]]) -> None:
         """The one sending path: skip what the marker says went out, answer a hold of
         work that never went out as not held, queue the rest, then hand the markers of
         what was queued (and ``acks``) to the marker writer."""
@@ -301,7 +292,7 @@ class Dispatcher:
         if not_held:
             await self.settler.settle(not_held)
 
-    def _acked(self, batch: _Acks, sent: list[Fresh], acks: dict[str, list[bytes]]) -> None:
+    def _acked(self, batch: _Acks, sent: list[Fresh], acks: list[tuple[str, bytes]]) -> None:
         """A batch's acknowledgements are in, or its wait is over: the acknowledged
         commands' markers (and the batch's entry acks) go to the marker writer."""
         self._batches -= 1
@@ -320,22 +311,19 @@ class Dispatcher:
             self._idle.set()
 
     def _hand_over(self, sent: list[Fresh], queued: Sequence[bool],
-                   acks: dict[str, list[bytes]]) -> bool:
+                   acks: list[tuple[str, bytes]]) -> bool:
         """Hand the markers of the queued commands, and ``acks``, to the marker writer;
         False when there is nothing to write (the caller lets the commands go)."""
-        marks: Marks = {}
-        n = 0
+        marks: list[Mark] = []
         for f, ok in zip(sent, queued, strict=True):
             if ok:
                 cmd = f.command
                 field = f"sent:{cmd.action}:hold" if cmd.hold else f"sent:{cmd.action}"
-                marks.setdefault(f.scope, []).append(
-                    (f.job, field, f"{f.started}:{cmd.command_id}"))
-                n += 1
+                marks.append((f.scope, f.job, field, f"{f.started}:{cmd.command_id}"))
             else:
                 self.metrics.inc("queue_full")
         if sent:
-            self.metrics.inc("commands_sent", n)
+            self.metrics.inc("commands_sent", len(marks))
         if not marks and not acks:
             return False
         self.markers.add(marks, acks, [(f.scope, f.command.command_id) for f in sent])

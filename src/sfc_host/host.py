@@ -306,7 +306,8 @@ class Host:
         and the acks that clear an earlier failure's note, are written now."""
         if not failed and not self.streams.noted(done):
             if done:
-                self.dispatcher.markers.add({}, done, ())
+                self.dispatcher.markers.add((), [(s, eid) for s, ids in done.items()
+                                                 for eid in ids], ())
             return
         await self.streams.ack(done, failed)
 

@@ -187,10 +187,11 @@ class Settler:
         self.dispatcher: Any = None
         self.on_delivered: Callable[[str, list[Delivered]], None] | None = None
         self.serves: Callable[[str], bool] = lambda scope: False
-        # the host's schedule: the earliest deadline a commit wrote (scope, server ms),
-        # and a commit that appended entries (scope, whether some may wait unread)
-        self.on_due: Callable[[str, int], None] | None = None
-        self.on_work: Callable[[str, bool], None] | None = None
+        # the host's schedule, once a commit: the earliest deadline it wrote per scope
+        # (server ms); the scopes it appended entries to, and those of them whose
+        # delivery was full (some entries may wait unread)
+        self.on_due: Callable[[dict[str, int]], None] | None = None
+        self.on_work: Callable[[set[str], set[str]], None] | None = None
         # evolve time and calls since the last flush to the evolve_seconds histogram:
         # timed per job's loop, not per call, so the hot path gains no Python call
         self._evolve_s = 0.0
@@ -211,64 +212,79 @@ class Settler:
                         self.config.cas_rounds, extra={"scope": it.scope, "job": it.job})
 
     async def _round(self, items: list[Item], first: bool) -> list[Item]:
-        wanted: dict[str, dict[str, list[Item]]] = {}
+        # Keyed flat by (scope, job), not per scope: with one job a scope, per-scope
+        # containers were most of a round's own work (issue 19, goal 5).
+        wanted: dict[tuple[str, str], list[Item]] = {}
         for it in items:
             it.outcome = None
-            wanted.setdefault(it.scope, {}).setdefault(it.job, []).append(it)
+            key = (it.scope, it.job)
+            same = wanted.get(key)
+            if same is None:
+                wanted[key] = [it]
+            else:
+                same.append(it)
         # Jobs this host wrote last are evolved from the cache on the first round; a
         # stale one loses the compare-and-set and is read on the next.
         cache = self.store.cache
-        # per scope: the server time its rows were read at (0: from the cache), its rows
-        rows: dict[str, tuple[int, dict[str, JobRow]]] = {}
+        rows: dict[tuple[str, str], JobRow] = {}
+        # per scope: the server time its rows were read at (absent: from the cache)
+        read_at: dict[str, int] = {}
         to_load: dict[str, list[str]] = {}
-        just_read: set[tuple[str, str]] = set()     # rows their items brought
-        for s, jobs in wanted.items():
-            got: dict[str, JobRow] = {}
-            read_at = 0
-            for job, its in jobs.items():
-                if first and not any(it.fresh for it in its):
+        fetched: set[tuple[str, str]] = set()     # rows read in this round, not cached
+        for key, its in wanted.items():
+            if first:
+                if len(its) == 1:
+                    fresh, pre = its[0].fresh, its[0].read
+                else:
+                    fresh = any(it.fresh for it in its)
                     pre = next((it.read for it in its if it.read is not None), None)
+                if not fresh:
                     if pre is not None:
-                        read_at = max(read_at, pre[0])
-                        got[job] = pre[1]
-                        just_read.add((s, job))
+                        if pre[0] > read_at.get(key[0], 0):
+                            read_at[key[0]] = pre[0]
+                        rows[key] = pre[1]
+                        fetched.add(key)
                         continue
-                    r = cache.get(s, job)
+                    r = cache.get(key[0], key[1])
                     if r is not None:
-                        got[job] = r
+                        rows[key] = r
                         continue
-                to_load.setdefault(s, []).append(job)
-            rows[s] = (read_at, got)
+            jobs = to_load.get(key[0])
+            if jobs is None:
+                to_load[key[0]] = [key[1]]
+            else:
+                jobs.append(key[1])
         if to_load:
             loaded = await self.store.load(to_load)
             for s, (now, got) in loaded.items():
-                rows[s][1].update(got)
-                rows[s] = (now, rows[s][1])
+                read_at[s] = now
+                for job, r in got.items():
+                    rows[(s, job)] = r
+                    if first:
+                        fetched.add((s, job))
         evolved: list[_Plan] = []
         stale: list[Item] = []
         decided = 0          # the oldest server time a decision of this round was made at
         clock = self.store.clock
         cached_now = 0       # one clock reading for every scope evolved from the cache
-        for s, jobs in wanted.items():
-            now, byjob = rows[s]
+        for key, its in wanted.items():
+            s = key[0]
+            now = read_at.get(s, 0)
             if not now:
                 if not cached_now:
                     cached_now = clock.now_ms() if clock.synced else await self.store.now_ms()
                 now = cached_now
             if not decided or now < decided:
                 decided = now
-            loaded_now = to_load.get(s, ())
-            for job, its in jobs.items():
-                p = await self._plan(s, now, byjob[job], its)
-                # Nothing applied: only a state just read proves that; one from the
-                # cache may be behind, so the job is read and evolved again.
-                if ((p is None or not p.decisions) and first and job not in loaded_now
-                        and (s, job) not in just_read
-                        and all(it.outcome != ERROR for it in its)):
-                    stale.extend(its)
-                    continue
-                if p is not None:
-                    evolved.append(p)
+            p = await self._plan(s, now, rows[key], its)
+            # Nothing applied: only a state just read proves that; one from the cache
+            # may be behind, so the job is read and evolved again.
+            if ((p is None or not p.decisions) and first and key not in fetched
+                    and all(it.outcome != ERROR for it in its)):
+                stale.extend(its)
+                continue
+            if p is not None:
+                evolved.append(p)
         # The job response of an ending job lists every result: the archives of cached
         # rows are read in one call for the whole round (one round trip, not one per
         # ending job); a row behind its hash (another host wrote since) is read again
@@ -311,26 +327,32 @@ class Settler:
         # A decision older than the outage threshold when it reaches Redis (the host was
         # frozen in between) may predate an outage whose sweep did not see this job yet:
         # its deadlines would not move by the gap. It is not written; read and decide again.
-        results = await self.store.commit(batches, deliver, self.serves,
-                                          not_after=decided + c.outage_threshold_ms)
+        versions, marks_flat, _, delivered = await self.store.commit_flat(
+            batches, deliver, self.serves, not_after=decided + c.outage_threshold_ms)
+        # The replies come flat over the scopes, in the order of ``batches`` (so of
+        # ``plans``): no per-scope containers (issue 19, goal 5).
         retry: list[Item] = stale
-        fresh: list[Fresh] = []
-        on_due, on_work, on_delivered = self.on_due, self.on_work, self.on_delivered
+        on_end, end_listeners = self.on_end, self.end_listeners
         stored = self.store.graphs.stored
+        marks = iter(marks_flat)
+        made: list[Fresh] = []
+        dues: dict[str, int] = {}        # per scope: the earliest deadline written
+        wrote: set[str] = set()          # the scopes with new entries
+        vi = 0
         for s, lst in plans.items():
-            res = results[s]
-            marks = iter(res.marks)
-            made: list[Fresh] = []
-            due: int | None = None
-            wrote = False
-            for (its, rec, graph, decisions, row), v in zip(lst, res.versions, strict=True):
+            for its, rec, graph, decisions, row in lst:
+                v = versions[vi]
+                vi += 1
                 if v == 0:
                     retry.extend(its)
                     continue
-                if rec.due is not None and (due is None or rec.due < due):
-                    due = rec.due
+                due = rec.due
+                if due is not None:
+                    was = dues.get(s)
+                    if was is None or due < was:
+                        dues[s] = due
                 if rec.entries:
-                    wrote = True
+                    wrote.add(s)
                     self._fresh(s, rec, graph, decisions, marks, made)
                 if rec.graph is not None:
                     stored.add((s, rec.fingerprint))
@@ -343,35 +365,35 @@ class Settler:
                                         offset=rec.offset, live=rec.state,
                                         archive=before + rec.archive if known else b"",
                                         archive_known=known))
-                for it in its:
-                    d = it.decision
-                    if it.outcome == APPLIED and d.status in TERMINAL:
-                        if self.on_end:
-                            self.on_end(s, it.job, d)
-                        for listener in self.end_listeners:
-                            listener(s, it.job, d)
-            if due is not None and on_due is not None:
-                on_due(s, due)
-            delivered = res.delivered
-            # A full delivery may have left entries behind; none is made for a scope
-            # this host does not serve (yet).
-            if wrote and on_work is not None:
-                on_work(s, not self.serves(s) or len(delivered) >= c.read_count)
-            if not delivered:
-                continue         # commands without a delivered entry are read later
-            # Commands whose entries this call delivered to us go out now; any other
-            # entry it delivered is handled like one read from the stream. (The usual
-            # case, checked first: it delivered exactly the entries just written.)
-            if [f.entry_id for f in made] == [e[0] for e in delivered]:
-                fresh.extend(made)
-                continue
-            got = {eid for eid, _ in delivered}
-            made = [f for f in made if f.entry_id in got]
-            fresh.extend(made)
-            ours = {f.entry_id for f in made}
-            rest = [(eid, pairs(flat)) for eid, flat in delivered if eid not in ours]
-            if rest and on_delivered is not None:
-                on_delivered(s, rest)
+                if on_end is not None or end_listeners:
+                    for it in its:
+                        d = it.decision
+                        if it.outcome == APPLIED and d.status in TERMINAL:
+                            if on_end is not None:
+                                on_end(s, it.job, d)
+                            for listener in end_listeners:
+                                listener(s, it.job, d)
+        if dues and self.on_due is not None:
+            self.on_due(dues)
+        if wrote and self.on_work is not None:
+            # a full delivery may have left entries behind
+            self.on_work(wrote, {s for s, got in delivered
+                                 if len(got) >= c.read_count and s in wrote})
+        # Commands whose entries this call delivered to us go out now (commands without
+        # a delivered entry are read later); any other entry it delivered is handled
+        # like one read from the stream. The usual case, checked first: it delivered
+        # exactly the entries just written, in the same order.
+        fresh = made
+        if [(f.scope, f.entry_id) for f in made] != [
+                (s, eid) for s, got in delivered for eid, _ in got]:
+            # entry ids are per stream: two scopes may deliver the same id
+            ids = {(s, eid) for s, got in delivered for eid, _ in got}
+            fresh = [f for f in made if (f.scope, f.entry_id) in ids]
+            ours = {(f.scope, f.entry_id) for f in fresh}
+            for s, got in delivered:
+                rest = [(eid, pairs(flat)) for eid, flat in got if (s, eid) not in ours]
+                if rest and self.on_delivered is not None:
+                    self.on_delivered(s, rest)
         if fresh and self.dispatcher is not None:
             await self.dispatcher.send_fresh(fresh)
         return retry

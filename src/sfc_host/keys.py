@@ -57,8 +57,8 @@ class ScopeKeys:
     """The keys of one scope."""
 
     __slots__ = ("active", "base", "dead", "due", "errors", "heartbeat", "index",
-                 "index_entries", "index_order", "index_seq", "live", "offset", "results",
-                 "scope", "seq", "work")
+                 "index_entries", "index_order", "index_seq", "jobs", "live", "offset",
+                 "results", "scope", "seq", "work")
 
     def __init__(self, scope: str) -> None:
         self.scope = scope
@@ -78,11 +78,12 @@ class ScopeKeys:
         self.index_entries = b + "index-entries"  # hash job -> its index entry (JSON)
         self.results = b + "results"    # set of the jobs whose job response exists
         self.live = b + "live"          # set of orders not ended (max_job_orders)
+        self.jobs = b + "job:"          # the job hashes' prefix (see job())
 
     def job(self, job: str) -> str:
         """Job hash: ``s`` state, ``v`` version, ``g`` graph fingerprint, ``o`` the scope
         offset its state has seen (absent: 0), ``sent:*`` markers."""
-        return self.base + "job:" + job
+        return self.jobs + job
 
     def order(self, job: str) -> str:
         """Job order hash: ``order`` JSON, ``state``, ``v``, ``token``, ``reason``."""

@@ -225,6 +225,12 @@ class StateCache:
         return len(self._rows)
 
 
+#: A sent marker to write: (scope, job, field, value)
+Mark = tuple[str, str, str, str]
+#: Store.commit_flat's reply: versions, markers, counts, (scope, delivered entries)
+Flat = tuple[list[int], list[Any], list[int], list[tuple[str, list[tuple[bytes, list[bytes]]]]]]
+
+
 @dataclass(slots=True)
 class Committed:
     """What one scope's compare-and-set call reports."""
@@ -273,11 +279,13 @@ class Store:
         self.cache = StateCache(cache_size)
         self.clock = ServerClock()
         self._keys: dict[str, ScopeKeys] = {}
+        self._of_work: dict[bytes, str] = {}   # a work stream's key, as replies name it
 
     def keys(self, scope: str) -> ScopeKeys:
         k = self._keys.get(scope)
         if k is None:
             k = self._keys[scope] = ScopeKeys(scope)
+            self._of_work[k.work.encode()] = scope
         return k
 
     # ---- reading
@@ -428,7 +436,8 @@ class Store:
         the groups that deliver go to ``deliver`` (consumer group, consumer, count)."""
         # the offsets first (read first in the script); a scope's and a job's keys are
         # each named once a call, so only the keys records may share are looked up
-        keys: list[Any] = [self.keys(s).offset for s, _, _ in groups]
+        sk = [self.keys(s) for s, _, _ in groups]
+        keys: list[Any] = [k.offset for k in sk]
         index: dict[str, int] = {}
 
         def ki(name: str) -> int:
@@ -439,13 +448,12 @@ class Store:
             return i
 
         args: list[Any] = [len(groups), not_after, *(deliver or (b"", b"", 0))]
-        for scope, records, delivers in groups:
-            k = self.keys(scope)
+        for k, (_, records, delivers) in zip(sk, groups, strict=True):
             n = len(keys)
             keys += (k.due, k.active, k.work)
             args += (n + 1, n + 2, n + 3, b"1" if delivers and deliver else b"0",
                      len(records))
-            job_key = k.base + "job:"
+            job_key = k.jobs
             for r in records:
                 keys.append(job_key + r.job)
                 args += (len(keys), r.job, r.expected,
@@ -477,67 +485,100 @@ class Store:
         or the server clock was past ``not_after`` ms: decided too long ago), the
         markers of the dispatch entries written, and (with ``deliver`` = group,
         consumer, count) the scope's new entries, now pending on that consumer."""
+        versions, marks, counts, delivered = await self.commit_flat(
+            batches, deliver, serves, not_after)
+        got = dict(delivered)
+        out: dict[str, Committed] = {}
+        vi = mi = 0
+        for s, m in zip([s for s, recs in batches.items() if recs], counts, strict=True):
+            n = len(batches[s])
+            out[s] = Committed(versions[vi:vi + n], marks[mi:mi + 3 * m], got.get(s, []))
+            vi += n
+            mi += 3 * m
+        return out
+
+    async def commit_flat(self, batches: dict[str, Sequence[Record]],
+                          deliver: tuple[str, str, int] | None = None,
+                          serves: Any = None, not_after: int = 0) -> Flat:
+        """``commit`` flat over the scopes, in the order of ``batches``: the new
+        version of every record, the markers of every dispatch entry written, per
+        scope the number of its dispatch entries, and the entries delivered as
+        ``(scope, entries)`` in the reply's order (a scope's stream once at most).
+        With one job a scope, per-scope containers were most of the host's work."""
         scopes = [s for s, recs in batches.items() if recs]
         groups = self._calls_by_slot(scopes)
         calls = [self.cas_call([(s, batches[s], serves is None or serves(s)) for s in group],
                                not_after, deliver) for group in groups]
         results = await self.scripts.run(calls)
-        out: dict[str, Committed] = {}
-        drop = self.cache.drop
+        versions: list[int] = []
+        marks: list[Any] = []
+        counts: list[int] = []
+        delivered: list[tuple[str, list[tuple[bytes, list[bytes]]]]] = []
+        of_work = self._of_work
         for group, res in zip(groups, results, strict=True):
             if isinstance(res, Exception):
                 raise res
-            versions, marks, counts, raw = res
-            delivered: dict[str, list[tuple[bytes, list[bytes]]]] = {}
+            vs, ms, cs, raw = res
+            if 0 in vs:
+                drop = self.cache.drop
+                it = iter(vs)
+                for s in group:
+                    for r in batches[s]:
+                        if next(it) == 0:
+                            drop(s, r.job)
+            versions += vs
+            marks += ms
+            counts += cs
             if raw:
                 for stream, items in raw:
-                    delivered[scope_of_work(stream)] = items
-            vi = mi = 0
-            for s, m in zip(group, counts, strict=True):
-                recs = batches[s]
-                vs = versions[vi:vi + len(recs)]
-                vi += len(recs)
-                if 0 in vs:
-                    for r, v in zip(recs, vs, strict=True):
-                        if v == 0:
-                            drop(s, r.job)
-                out[s] = Committed(vs, marks[mi:mi + 3 * m], delivered.get(s, []))
-                mi += 3 * m
-        return out
+                    delivered.append((of_work.get(stream) or scope_of_work(stream), items))
+        return versions, marks, counts, delivered
 
-    async def write_markers(self, marks: dict[str, list[tuple[str, str, str]]],
-                            acks: dict[str, list[bytes]] | None = None,
+    async def write_markers(self, marks: Sequence[Mark],
+                            acks: Sequence[tuple[str, bytes]] = (),
                             lazy: bool = False) -> None:
-        """Write sent markers ``(job, field, value)`` per scope (only while a state
-        exists), then ack ``acks`` entries of the scopes' work streams, in that order
-        (a marker is never behind its entry's ack); one call per slot group. ``lazy``:
-        the call may wait a moment for another request to go with (``Scripts.call``)."""
-        acks = acks or {}
-        scopes = list(dict.fromkeys([*marks, *acks]))    # in any order: no sort
-        calls: list[Call] = []
-        for group in self._calls_by_slot(scopes):
-            keys: list[Any] = []
-            fv: list[Any] = []
-            for s in group:
-                got = marks.get(s)
-                if got:
-                    prefix = self.keys(s).base + "job:"     # ScopeKeys.job's names
-                    for j, f, v in got:
-                        keys.append(prefix + j)
-                        fv += (f, v)
-            n = len(keys)
-            tail: list[Any] = [self.group]
-            for s in group:
-                ids = acks.get(s)
-                if ids:
-                    keys.append(self.keys(s).work)
-                    tail += (len(ids), *ids)
-            if len(keys) == 0:
-                continue
-            calls.append((self.scripts["marker"], keys, [n, *fv, *tail]))
+        """Write sent markers ``(scope, job, field, value)`` (only while a state exists),
+        then ack the ``(scope, entry id)`` entries of the scopes' work streams, in that
+        order (a marker is never behind its entry's ack): one call on a single Redis,
+        one per scope on a cluster. ``lazy``: the call may wait a moment for another
+        request to go with (``Scripts.call``). Flat lists, not one per scope: with one
+        job a scope, per-scope containers were most of the host's work here."""
+        if self.cluster:
+            per: dict[str, tuple[list[Mark], list[tuple[str, bytes]]]] = {}
+            for m in marks:
+                per.setdefault(m[0], ([], []))[0].append(m)
+            for a in acks:
+                per.setdefault(a[0], ([], []))[1].append(a)
+            calls = [self._marker_call(m, a) for m, a in per.values()]
+        else:
+            calls = [self._marker_call(marks, acks)] if marks or acks else []
         for res in await self.scripts.run(calls, lazy):
             if isinstance(res, Exception):
                 raise res
+
+    def _marker_call(self, marks: Sequence[Mark], acks: Sequence[tuple[str, bytes]]) -> Call:
+        keys: list[Any] = []
+        fv: list[Any] = []
+        scope, prefix = None, ""
+        for s, job, name, value in marks:
+            if s != scope:          # a batch's markers come mostly in runs of one scope
+                scope, prefix = s, self.keys(s).jobs
+            keys.append(prefix + job)
+            fv += (name, value)
+        n = len(keys)
+        by_scope: dict[str, list[bytes]] = {}
+        for s, eid in acks:
+            ids = by_scope.get(s)
+            if ids is None:
+                by_scope[s] = [eid]
+            else:
+                ids.append(eid)
+        tail: list[Any] = [self.group]
+        for s, ids in by_scope.items():
+            keys.append(self.keys(s).work)
+            tail.append(len(ids))
+            tail += ids
+        return (self.scripts["marker"], keys, [n, *fv, *tail])
 
     # ---- work masters and orders (plain hashes; the order script changes orders)
 

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,13 +201,15 @@ class Streams:
             self.touched.add(scope)
             self.ready.set()
 
-    def wrote(self, scope: str, left_behind: bool) -> None:
-        """This host appended entries to the scope's stream; ``left_behind``: it may
-        not have taken them all at once."""
-        if left_behind:
+    def wrote(self, scopes: Collection[str], full: Collection[str]) -> None:
+        """This host appended entries to these scopes' streams; ``full``: those whose
+        delivery to it was full, so entries may wait unread (read them next pass)."""
+        served, touched = self.scopes, self.touched
+        for scope in scopes:
+            if scope in served:
+                touched.add(scope)
+        for scope in full:
             self.mark(scope)
-        else:
-            self.touched.add(scope)
 
     async def _create_group(self, k: ScopeKeys) -> None:
         try:

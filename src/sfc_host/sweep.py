@@ -57,10 +57,12 @@ class Sweeper:
             self.claims.set(scope, time.monotonic()
                             + spread(self.config.claim_interval_ms / 1000))
 
-    def note_due(self, scope: str, due_ms: int) -> None:
-        """This host wrote a deadline (server ms) to the scope's due index."""
+    def note_due(self, dues: Mapping[str, int]) -> None:
+        """This host wrote these deadlines (server ms) to the scopes' due indexes."""
         skew = self._skew_ms
-        self.plan.earlier(scope, 0.0 if skew is None else (due_ms - skew) / 1000)
+        earlier = self.plan.earlier
+        for scope, due_ms in dues.items():
+            earlier(scope, 0.0 if skew is None else (due_ms - skew) / 1000)
 
     async def sweep_due(self, scopes: Mapping[str, ScopeKeys]) -> int:
         """Sweep the served scopes whose time has come; how many ticks were queued."""

@@ -40,7 +40,7 @@ def test_a_decision_on_a_clock_from_before_an_outage_is_made_again(redis_url: st
             await a.start()
             await b.start()
             await b.sweep_once()                            # the heartbeat: now
-            real_commit = a.store.commit
+            real_commit = a.store.commit_flat      # what the settler writes with
             frozen = {"done": False}
 
             async def frozen_commit(*args: Any, **kw: Any) -> Any:
@@ -55,7 +55,7 @@ def test_a_decision_on_a_clock_from_before_an_outage_is_made_again(redis_url: st
                     await asyncio.sleep(0.4)    # the next sweep is no outage
                 return await real_commit(*args, **kw)
 
-            a.store.commit = frozen_commit  # type: ignore[method-assign]
+            a.store.commit_flat = frozen_commit  # type: ignore[method-assign]
             await a.orders.store_order(SCOPE, {"JobOrderID": "J1", "WorkMasterID": [{"ID": "wm1"}]},
                                        start=True)
             while await a.consume_once(block_ms=50):

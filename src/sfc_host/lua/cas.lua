@@ -88,7 +88,23 @@ for g = 1, ngroups do
     local xidx = tonumber(ARGV[e + 3 * ne + 2])
     local archive = ARGV[e + 3 * ne + 3]
     p = e + 3 * ne + 4
-    local current = redis.call('HGET', key, 'v') or '0'
+    -- The version, and with it the markers of the record's first dispatch entry: one
+    -- call, not two (nothing below writes a marker; a reset deletes them, so then
+    -- they are read after it)
+    local first, pre = nil, nil
+    if reset ~= '1' then
+      for i = 0, ne - 1 do
+        if string.sub(ARGV[e + 3 * i], 1, 9) == 'dispatch:' then first = i break end
+      end
+    end
+    local current
+    if first then
+      local a = ARGV[e + 3 * first + 1]
+      pre = redis.call('HMGET', key, 'v', 'sent:' .. a, 'sent:' .. a .. ':hold')
+      current = pre[1] or '0'
+    else
+      current = redis.call('HGET', key, 'v') or '0'
+    end
     if too_late or current ~= expected or (state ~= '' and roffset ~= offset) then
       versions[#versions + 1] = 0
     else
@@ -139,7 +155,11 @@ for g = 1, ngroups do
         local q = e + 3 * i
         local id = redis.call('XADD', work_key, '*', 'k', ARGV[q], 'j', job, 'a', ARGV[q + 1],
                               'c', ARGV[q + 2])
-        if string.sub(ARGV[q], 1, 9) == 'dispatch:' then
+        if i == first then
+          marks[#marks + 1] = id
+          marks[#marks + 1] = pre[2]
+          marks[#marks + 1] = pre[3]
+        elseif string.sub(ARGV[q], 1, 9) == 'dispatch:' then
           local a = ARGV[q + 1]
           local m = redis.call('HMGET', key, 'sent:' .. a, 'sent:' .. a .. ':hold')
           marks[#marks + 1] = id
