@@ -204,10 +204,7 @@ class Streams:
     def wrote(self, scopes: Collection[str], full: Collection[str]) -> None:
         """This host appended entries to these scopes' streams; ``full``: those whose
         delivery to it was full, so entries may wait unread (read them next pass)."""
-        served, touched = self.scopes, self.touched
-        for scope in scopes:
-            if scope in served:
-                touched.add(scope)
+        self.touched |= self.scopes.keys() & scopes
         for scope in full:
             self.mark(scope)
 
