@@ -279,13 +279,11 @@ class Store:
         self.cache = StateCache(cache_size)
         self.clock = ServerClock()
         self._keys: dict[str, ScopeKeys] = {}
-        self._of_work: dict[bytes, str] = {}   # a work stream's key, as replies name it
 
     def keys(self, scope: str) -> ScopeKeys:
         k = self._keys.get(scope)
         if k is None:
             k = self._keys[scope] = ScopeKeys(scope)
-            self._of_work[k.work.encode()] = scope
         return k
 
     # ---- reading
@@ -514,7 +512,6 @@ class Store:
         marks: list[Any] = []
         counts: list[int] = []
         delivered: list[tuple[str, list[tuple[bytes, list[bytes]]]]] = []
-        of_work = self._of_work
         for group, res in zip(groups, results, strict=True):
             if isinstance(res, Exception):
                 raise res
@@ -531,7 +528,7 @@ class Store:
             counts += cs
             if raw:
                 for stream, items in raw:
-                    delivered.append((of_work.get(stream) or scope_of_work(stream), items))
+                    delivered.append((scope_of_work(stream), items))
         return versions, marks, counts, delivered
 
     async def write_markers(self, marks: Sequence[Mark],
