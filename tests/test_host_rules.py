@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from typing import Any
 
@@ -166,6 +167,59 @@ def test_the_recipe_s_order_transitions_use_the_order_this_host_wrote(
                                     what="Ended_Completed")
             assert reads == []      # the start's order came with its job; no other read
             assert host.orders.known(S, "J1") is None       # ended: forgotten
+        finally:
+            await host.aclose()
+    run(main())
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "raising", "raising_async"])
+def test_the_order_change_hook_sees_every_change_and_its_faults_stop_nothing(
+        redis_url: str, kind: str) -> None:
+    """The order's ``on_change`` hook is told of every write, the MES's and the recipe's
+    own (Run, Complete), in order: a synchronous hook at once, an asynchronous one
+    awaited. A hook that raises is logged and counted (``order_hook_errors``), and the
+    order and the job go on."""
+    async def main() -> None:
+        ended: list = []
+        host = await _host(redis_url, None, ended)
+        seen: list[tuple[str, str, str]] = []
+        runs_in: list[str] = []      # the coroutine of the task each call ran in
+
+        def sync_hook(scope: str, job: str, old: str, new: str, h: dict, cause: Any) -> None:
+            seen.append((job, old, new))
+            task = asyncio.current_task()
+            runs_in.append(task.get_coro().__qualname__ if task is not None else "")
+            assert h["state"] == new
+            if kind == "raising":
+                raise RuntimeError("hook fault")
+
+        async def async_hook(scope: str, job: str, old: str, new: str, h: dict,
+                             cause: Any) -> None:
+            await asyncio.sleep(0)
+            seen.append((job, old, new))
+            if kind == "raising_async":
+                raise RuntimeError("hook fault")
+
+        host.orders.on_change = sync_hook if kind in ("sync", "raising") else async_hook
+        try:
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm1"}]}, start=True)
+            await wait_until(lambda: ended, what="job end")
+            assert await wait_until(lambda: _is(host, "J1", "Ended_Completed"),
+                                    what="Ended_Completed")
+            await wait_until(lambda: seen and seen[-1][2] == "Ended_Completed",
+                             what="the hook told of the end")
+            assert ended == [("J1", "completed", None)]
+            news = [new for _, _, new in seen]
+            assert news.index("Running") < news.index("Ended_Completed")
+            # every change follows the one before it
+            for (_, _, prev), (_, old, _) in itertools.pairwise(seen):
+                assert old == prev
+            if kind in ("sync", "raising"):
+                # at once, in the task of the write: no task of its own per change
+                assert "Orders._notify" not in runs_in and len(runs_in) == len(seen)
+            faults = host.metrics["order_hook_errors"]
+            assert faults == (len(seen) if kind.startswith("raising") else 0)
         finally:
             await host.aclose()
     run(main())

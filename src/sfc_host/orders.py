@@ -165,19 +165,36 @@ class Orders:
     async def _notify(self, scope: str, job: str, cur: dict[str, str] | None,
                       h: dict[str, str], cause: Any = None) -> None:
         """``on_change`` of a write that left the order hash ``h``."""
+        res = self._call_hook(scope, job, cur, h, cause)
+        if res is not None:
+            await res
+
+    def _call_hook(self, scope: str, job: str, cur: dict[str, str] | None,
+                   h: dict[str, str], cause: Any = None) -> Awaitable[None] | None:
+        """Call ``on_change`` now; what is left to await of an asynchronous hook, else
+        None. The usual hook (the MES publisher's) is synchronous: a batch of order
+        writes then costs no task per write."""
         hook = self.on_change
         if hook is None:
-            return
+            return None
         old = (cur or {}).get("state") or "InitialState"
-        new = h["state"]
         try:
-            res = hook(scope, job, old, new, h, cause)
-            if res is not None:
-                await res
+            res = hook(scope, job, old, h["state"], h, cause)
         except Exception:
-            self.metrics.inc("order_hook_errors")
-            log.exception("order change hook for %s/%s failed", scope, job,
-                          extra={"scope": scope, "job": job})
+            self._hook_failed(scope, job)
+            return None
+        return None if res is None else self._await_hook(res, scope, job)
+
+    async def _await_hook(self, res: Awaitable[None], scope: str, job: str) -> None:
+        try:
+            await res
+        except Exception:
+            self._hook_failed(scope, job)
+
+    def _hook_failed(self, scope: str, job: str) -> None:
+        self.metrics.inc("order_hook_errors")
+        log.exception("order change hook for %s/%s failed", scope, job,
+                      extra={"scope": scope, "job": job})
 
     async def register_scope(self, scope: str) -> None:
         # the registry only grows: once per scope and process is enough
@@ -359,7 +376,7 @@ class Orders:
                 calls.append(self._call(scope, job, cur["v"], new, [], reason=reason,
                                         extra=extras[-1]))
         results = iter(await self.scripts.run(calls))
-        hooks = []
+        hooks: list[Awaitable[None]] = []
         for i, new in enumerate(out):
             if new is not None:
                 r = next(results)
@@ -370,7 +387,9 @@ class Orders:
                     else None
                 self.remember(scope, job, h)
                 if h is not None and self.on_change is not None:
-                    hooks.append(self._notify(scope, job, cur, h))
+                    res = self._call_hook(scope, job, cur, h)
+                    if res is not None:
+                        hooks.append(res)
                 if not int(r) or (items[i][2] == "Complete" and new == "Running"):
                     out[i] = False   # lost a race, or half done: one by one
         if hooks:
