@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -145,6 +146,92 @@ def test_publish_round_trips(topic: str, payload: bytes, qos: int, retain: bool,
         assert m.properties is None
     else:
         assert m.properties == props
+
+
+def _spec_publish(topic: str, payload: bytes, qos: int, retain: bool, mid: int,
+                  props: Properties | None, v5: bool, dup: bool) -> bytes:
+    """A PUBLISH as MQTT 5.0 section 3.3 (and 3.1.1 section 3.3) lays it out, field by
+    field in plain Python: the yardstick of the compiled writer."""
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    def text(s: str) -> bytes:
+        b = s.encode()
+        return len(b).to_bytes(2, "big") + b
+
+    head = text(topic) + (mid.to_bytes(2, "big") if qos else b"")
+    if v5:
+        body = b""
+        if props is not None:
+            if props.PayloadFormatIndicator is not None:
+                body += bytes([1, 1 if props.PayloadFormatIndicator else 0])
+            if props.MessageExpiryInterval is not None:
+                body += b"\x02" + props.MessageExpiryInterval.to_bytes(4, "big")
+            if props.ContentType is not None:
+                body += b"\x03" + text(props.ContentType)
+            if props.ResponseTopic is not None:
+                body += b"\x08" + text(props.ResponseTopic)
+            if props.CorrelationData is not None:
+                cd = bytes(props.CorrelationData)
+                body += b"\x09" + len(cd).to_bytes(2, "big") + cd
+            for name, value in props.UserProperty or ():
+                body += b"\x26" + text(name) + text(value)
+        head += varint(len(body)) + body
+    rest = head + payload
+    return bytes([0x30 | dup << 3 | qos << 1 | retain]) + varint(len(rest)) + rest
+
+
+@settings(max_examples=400, deadline=None)
+@given(topic=topics, payload=st.binary(max_size=300) | st.binary(min_size=130, max_size=20_000),
+       qos=st.sampled_from([0, 1, 2]), retain=st.booleans(), props=properties(),
+       v5=st.booleans(), dup=st.booleans(), frozen=st.booleans(),
+       prefix=st.binary(max_size=5))
+def test_a_publish_is_written_byte_for_byte_as_the_spec_lays_it_out(
+        topic: str, payload: bytes, qos: int, retain: bool, props: Properties | None,
+        v5: bool, dup: bool, frozen: bool, prefix: bytes) -> None:
+    mid = 513 if qos else 0
+    want = _spec_publish(topic, payload, qos, retain, mid, props, v5, dup)
+    if props is not None and frozen:
+        props.freeze()
+    out = bytearray(prefix)                # appended after what the buffer holds
+    mqtt5.publish_into(out, topic, payload, qos, retain, mid, props, v5, dup)
+    assert out == prefix + want
+    view = bytearray(prefix)               # any buffer as the payload, not only bytes
+    mqtt5.publish_into(view, topic, memoryview(bytearray(payload)), qos, retain, mid, props,
+                       v5, dup)
+    assert view == prefix + want
+
+
+def test_what_cannot_be_sent_leaves_the_buffer_as_it_was() -> None:
+    """Each field the wire cannot carry is refused with the error of the first such
+    field in wire order, before a byte is appended."""
+    cases: list[tuple[dict[str, Any], type[Exception]]] = [
+        ({"MessageExpiryInterval": 1 << 32, "CorrelationData": "text"}, ValueError),
+        ({"ContentType": "\ud800", "CorrelationData": "text"}, UnicodeEncodeError),
+        ({"ResponseTopic": "a\x00", "UserProperty": [("a", 1)]}, ValueError),
+        ({"CorrelationData": "text", "UserProperty": [("a", 1)]}, TypeError),
+        ({"CorrelationData": b"x" * 70_000}, ValueError),
+        ({"UserProperty": [("a", 1)]}, TypeError),
+        ({"UserProperty": [("a", "b" * 70_000)]}, ValueError),
+        ({"UserProperty": [("a",)]}, ValueError),
+    ]
+    for fields, error in cases:
+        out = bytearray(b"kept")
+        with pytest.raises(error):
+            mqtt5.publish_into(out, "t/1", b"p", 1, mid=1, properties=Properties(**fields))
+        assert out == b"kept"
+        with pytest.raises(error):
+            Properties(**fields).freeze()
+    out = bytearray(b"kept")
+    # an anonymous map: its pages are never touched
+    with mmap.mmap(-1, mqtt5.MAX_REMAINING) as big, pytest.raises(ValueError, match="too large"):
+        mqtt5.publish_into(out, "t/1", memoryview(big), 0)
+    assert out == b"kept"
 
 
 @settings(max_examples=500, deadline=None)

@@ -13,9 +13,12 @@ never sends) raises ``MalformedPacket``; the spec then wants the connection clos
 with its reason code (``reason``) in a DISCONNECT on MQTT 5.
 """
 
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.string cimport memchr
+from libc.string cimport memchr, memcpy
+
+from sfc_fast._text cimport utf8_view
 
 CONNECT = 1
 CONNACK = 2
@@ -117,9 +120,13 @@ cdef class Properties:
         """The properties as they go on the wire: their length, then each property."""
         if self._packed is not None:
             return self._packed
-        cdef bytearray out = bytearray()
-        _pack_props(out, self)
-        return bytes(out)
+        cdef Py_ssize_t body = _props_front(self)
+        cdef object cd = _correlation(self)
+        cdef object ups = _user_props(self)
+        body = _props_checked(body + _props_back(cd, ups))
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, _varint_len(body) + body)
+        _put_props(_put_varint(PyBytes_AS_STRING(out), body), self, cd, ups)
+        return out
 
     def freeze(self):
         self._packed = self.pack()
@@ -605,44 +612,145 @@ cdef void _add_bin(bytearray out, object b, str what) except *:
     out += v
 
 
-cdef void _pack_props(bytearray out, Properties p) except *:
-    """Length and body of ``p`` as a PUBLISH carries them (a client sends no
-    SubscriptionIdentifier)."""
-    cdef bytearray body = bytearray()
+# A PUBLISH is measured first (every check made there), then written straight into
+# the caller's buffer: no bytes object per string and no growing of a buffer per field,
+# since every command, answer and status event goes through here.
+
+cdef inline Py_ssize_t _varint_len(Py_ssize_t n) noexcept:
+    if n < 0x80:
+        return 1
+    if n < 0x4000:
+        return 2
+    if n < 0x200000:
+        return 3
+    return 4
+
+
+cdef inline char* _put_varint(char* w, Py_ssize_t n) noexcept:
+    while n > 0x7F:
+        w[0] = <char>((n & 0x7F) | 0x80)
+        w += 1
+        n >>= 7
+    w[0] = <char>n
+    return w + 1
+
+
+cdef inline char* _put_u16(char* w, Py_ssize_t v) noexcept:
+    w[0] = <char>((v >> 8) & 0xFF)
+    w[1] = <char>(v & 0xFF)
+    return w + 2
+
+
+cdef const char* _text_view(object s, Py_ssize_t* n, str what) except NULL:
+    """The UTF-8 of a string field (borrowed), checked as the wire needs it."""
+    if type(s) is not str:
+        raise TypeError(f"{what} must be a str, not {type(s).__name__}")
+    cdef const char* t = utf8_view(<str>s, n)     # refuses lone surrogates
+    if n[0] > 0xFFFF:
+        raise ValueError(f"{what} is longer than 65,535 bytes")
+    if n[0] and memchr(t, 0, n[0]) != NULL:
+        raise ValueError(f"{what} has a U+0000 character")
+    return t
+
+
+cdef inline char* _put_text(char* w, object s) except NULL:
+    cdef Py_ssize_t n
+    cdef const char* t = utf8_view(<str>s, &n)    # checked by _text_view: cached now
+    w = _put_u16(w, n)
+    memcpy(w, t, n)
+    return w + n
+
+
+cdef object _correlation(Properties p):
+    cdef object cd = p.CorrelationData
+    if cd is None or type(cd) is bytes:
+        return cd
+    return bytes(cd)
+
+
+cdef object _user_props(Properties p):
+    cdef object ups = p.UserProperty
+    if not ups:
+        return None
+    if type(ups) is list or type(ups) is tuple:
+        return ups
+    return list(ups)          # read twice: measured, then written
+
+
+cdef Py_ssize_t _props_front(Properties p) except -1:
+    """Bytes of the properties before CorrelationData, checked (a client sends no
+    SubscriptionIdentifier). With _props_back: the fields in wire order, so the first
+    field the wire cannot carry is the one reported."""
+    cdef Py_ssize_t size = 0, n
     cdef unsigned long expiry
     if p.PayloadFormatIndicator is not None:
-        body.append(0x01)
-        body.append(1 if p.PayloadFormatIndicator else 0)
+        size += 2
     if p.MessageExpiryInterval is not None:
         if not 0 <= p.MessageExpiryInterval <= 0xFFFFFFFF:
             raise ValueError(f"MessageExpiryInterval {p.MessageExpiryInterval} is out of range")
         expiry = p.MessageExpiryInterval
-        body.append(0x02)
-        _add_u16(body, expiry >> 16)
-        _add_u16(body, expiry & 0xFFFF)
+        size += 5
     if p.ContentType is not None:
-        body.append(0x03)
-        _add_str(body, p.ContentType, "ContentType")
+        _text_view(p.ContentType, &n, "ContentType")
+        size += 3 + n
     if p.ResponseTopic is not None:
-        body.append(0x08)
-        _add_str(body, p.ResponseTopic, "ResponseTopic")
-    if p.CorrelationData is not None:
-        body.append(0x09)
-        _add_bin(body, p.CorrelationData, "CorrelationData")
-    if p.UserProperty:
-        for name, value in p.UserProperty:
-            body.append(0x26)
-            _add_str(body, name, "user property name")
-            _add_str(body, value, "user property value")
-    _add_varint(out, len(body))
-    out += body
+        _text_view(p.ResponseTopic, &n, "ResponseTopic")
+        size += 3 + n
+    return size
 
 
-cdef bytes _topic_bytes(object topic):
-    cdef bytes t = _text_bytes(topic, "topic")
-    if not t or b"+" in t or b"#" in t:
-        raise ValueError(f"{topic[:200]!r} is no topic to publish to")
-    return t
+cdef Py_ssize_t _props_back(object cd, object ups) except -1:
+    """Bytes of CorrelationData (as _correlation made it) and the user properties."""
+    cdef Py_ssize_t size = 0, n
+    if cd is not None:
+        n = PyBytes_GET_SIZE(cd)
+        if n > 0xFFFF:
+            raise ValueError("CorrelationData is longer than 65,535 bytes")
+        size += 3 + n
+    if ups is not None:
+        for name, value in ups:
+            _text_view(name, &n, "user property name")
+            size += 5 + n
+            _text_view(value, &n, "user property value")
+            size += n
+    return size
+
+
+cdef inline Py_ssize_t _props_checked(Py_ssize_t size) except -1:
+    if size > MAX_REMAINING:
+        raise ValueError(f"{size} is more than a variable byte integer holds")
+    return size
+
+
+cdef char* _put_props(char* w, Properties p, object cd, object ups) except NULL:
+    """Write the body _props_front and _props_back measured (and checked)."""
+    cdef unsigned long expiry
+    cdef Py_ssize_t n
+    if p.PayloadFormatIndicator is not None:
+        w[0] = 0x01
+        w[1] = 1 if p.PayloadFormatIndicator else 0
+        w += 2
+    if p.MessageExpiryInterval is not None:
+        expiry = p.MessageExpiryInterval
+        w[0] = 0x02
+        w = _put_u16(_put_u16(w + 1, expiry >> 16), expiry & 0xFFFF)
+    if p.ContentType is not None:
+        w[0] = 0x03
+        w = _put_text(w + 1, p.ContentType)
+    if p.ResponseTopic is not None:
+        w[0] = 0x08
+        w = _put_text(w + 1, p.ResponseTopic)
+    if cd is not None:
+        n = PyBytes_GET_SIZE(cd)
+        w[0] = 0x09
+        w = _put_u16(w + 1, n)
+        memcpy(w, PyBytes_AS_STRING(cd), n)
+        w += n
+    if ups is not None:
+        for name, value in ups:
+            w[0] = 0x26
+            w = _put_text(_put_text(w + 1, name), value)
+    return w
 
 
 def publish_into(bytearray out, topic, payload, int qos=0, bint retain=False, int mid=0,
@@ -650,34 +758,65 @@ def publish_into(bytearray out, topic, payload, int qos=0, bint retain=False, in
     """Append a PUBLISH packet to ``out``. ``properties``: a ``Properties`` (MQTT 5
     only; ignored on 3.1.1). Raises ValueError (or TypeError) for what cannot be sent,
     leaving ``out`` as it was."""
-    cdef bytes t = _topic_bytes(topic)
-    cdef const unsigned char[:] data = payload
-    cdef bytearray head = bytearray()
-    cdef bytes props = None
+    cdef Py_ssize_t tn, pn, body = 0, section = 0, total, start, size
+    cdef const char* t = _text_view(topic, &tn, "topic")
+    if tn == 0 or memchr(t, 0x2B, tn) != NULL or memchr(t, 0x23, tn) != NULL:
+        raise ValueError(f"{topic[:200]!r} is no topic to publish to")
+    cdef const unsigned char[:] view
+    cdef const char* data
+    if type(payload) is bytes:
+        data = PyBytes_AS_STRING(payload)
+        pn = PyBytes_GET_SIZE(payload)
+    else:
+        view = payload
+        pn = view.shape[0]
+        data = <const char*>&view[0] if pn else NULL
     if qos < 0 or qos > 2:
         raise ValueError(f"QoS {qos}")
     if qos and not 0 < mid <= 0xFFFF:
         raise ValueError(f"packet identifier {mid}")
-    _add_u16(head, len(t))
-    head += t
-    if qos:
-        _add_u16(head, mid)
+    cdef Properties pr = None
+    cdef bytes packed = None
+    cdef object cd = None, ups = None
     if v5:
         if properties is None:
-            head.append(0)
+            section = 1
         else:
-            props = (<Properties?>properties)._packed
-            if props is None:
-                _pack_props(head, <Properties>properties)
+            pr = <Properties?>properties
+            packed = pr._packed
+            if packed is not None:
+                section = PyBytes_GET_SIZE(packed)
             else:
-                head += props
-    cdef Py_ssize_t total = len(head) + data.shape[0]
+                body = _props_front(pr)
+                cd = _correlation(pr)
+                ups = _user_props(pr)
+                body = _props_checked(body + _props_back(cd, ups))
+                section = _varint_len(body) + body
+    total = 2 + tn + (2 if qos else 0) + section + pn
     if total > MAX_REMAINING:
-        raise ValueError(f"a message of {data.shape[0]} bytes is too large for MQTT")
-    out.append(0x30 | (8 if dup else 0) | (qos << 1) | (1 if retain else 0))
-    _add_varint(out, total)
-    out += head
-    out += payload
+        raise ValueError(f"a message of {pn} bytes is too large for MQTT")
+    start = PyByteArray_GET_SIZE(out)
+    size = 1 + _varint_len(total) + total
+    PyByteArray_Resize(out, start + size)
+    cdef char* w = PyByteArray_AS_STRING(out) + start
+    w[0] = <char>(0x30 | (8 if dup else 0) | (qos << 1) | (1 if retain else 0))
+    w = _put_varint(w + 1, total)
+    w = _put_u16(w, tn)
+    memcpy(w, t, tn)
+    w += tn
+    if qos:
+        w = _put_u16(w, mid)
+    if v5:
+        if pr is None:
+            w[0] = 0
+            w += 1
+        elif packed is not None:
+            memcpy(w, PyBytes_AS_STRING(packed), section)
+            w += section
+        else:
+            w = _put_props(_put_varint(w, body), pr, cd, ups)
+    if pn:
+        memcpy(w, data, pn)
 
 
 def ack_into(bytearray out, int ptype, int mid, int reason=0):
