@@ -297,6 +297,9 @@ class MosquittoServer(_Server):
             "allow_anonymous true\n"
             "persistence false\n"
             "max_queued_messages 100000\n"
+            # docs/operations.md's broker settings: with mosquitto's default of 20, a
+            # busy host's publishes leave in writes of a few messages each
+            "max_inflight_messages 1000\n"
             "set_tcp_nodelay true\n"
             "log_dest stderr\n"
             "log_type error\n"

@@ -185,6 +185,9 @@ class MosquittoProcess:
         conf = self.workdir / "mosquitto.conf"
         lines = [f"listener {self.port} 127.0.0.1", "allow_anonymous true",
                  "persistence false", "max_queued_messages 100000",
+                 # docs/operations.md: mosquitto's default of 20 in flight splits a
+                 # busy host's publishes into writes of a few messages each
+                 "max_inflight_messages 1000",
                  "log_dest stderr", "log_type error", "log_type warning",
                  # Nagle's algorithm against delayed ACKs costs 40 ms a hop
                  "set_tcp_nodelay true"]
