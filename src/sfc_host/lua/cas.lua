@@ -31,6 +31,8 @@
 -- (those just appended among them) are delivered to that consumer with one
 -- XREADGROUP over all those streams: the host that made a command sends it without
 -- reading the stream or the job again, and every entry still has exactly one owner.
+-- The count of that read is ARGV[5] plus the most entries appended to one of those
+-- streams: up to ARGV[5] older undelivered entries ahead of them come along.
 -- The offsets are read first, in the one call: with one job a scope, a round trip
 -- per scope would be most of the work.
 -- Returns {versions, markers, counts, delivered}, flat over the groups (one reply
@@ -57,13 +59,16 @@ local offsets = {}
 -- the script a call costs no round trip
 for i = 1, ngroups do offsets[i] = redis.call('GET', KEYS[i]) or '0' end
 local streams = {}           -- the delivering groups' work streams
+local most = 0               -- the most entries appended to one delivering stream
 local p = 6
 for g = 1, ngroups do
   local due_key = KEYS[tonumber(ARGV[p])]
   local active_key = KEYS[tonumber(ARGV[p + 1])]
   local work_key = KEYS[tonumber(ARGV[p + 2])]
   local offset = offsets[g]
-  if ARGV[p + 3] == '1' then streams[#streams + 1] = work_key end
+  local delivers = ARGV[p + 3] == '1'
+  if delivers then streams[#streams + 1] = work_key end
+  local appended = 0
   local n = tonumber(ARGV[p + 4])
   p = p + 5
   local nmarks = #marks
@@ -151,6 +156,7 @@ for g = 1, ngroups do
           redis.call('ZREM', KEYS[tonumber(ARGV[q + 1])], job)
         end
       end
+      appended = appended + ne
       for i = 0, ne - 1 do
         local q = e + 3 * i
         local id = redis.call('XADD', work_key, '*', 'k', ARGV[q], 'j', job, 'a', ARGV[q + 1],
@@ -175,10 +181,16 @@ for g = 1, ngroups do
     end
   end
   counts[g] = (#marks - nmarks) / 3
+  if delivers and appended > most then most = appended end
 end
 local delivered = false
+-- The count reaches past what was just appended: XREADGROUP hands out the oldest
+-- entries first, and under load other writers' entries (an MES burst's starts) stand
+-- ahead of these; with the count alone, every call would deliver only older entries
+-- and no command would be sent from the decision that made it.
+local count = tonumber(ARGV[5]) + most
 local function read(keys)
-  local args = {'GROUP', ARGV[3], ARGV[4], 'COUNT', ARGV[5], 'STREAMS'}
+  local args = {'GROUP', ARGV[3], ARGV[4], 'COUNT', count, 'STREAMS'}
   for _, k in ipairs(keys) do args[#args + 1] = k end
   for _ = 1, #keys do args[#args + 1] = '>' end
   -- pcall: a missing group must not turn the writes above into an error reply
