@@ -377,23 +377,27 @@ class Orders:
                                         extra=extras[-1]))
         results = iter(await self.scripts.run(calls))
         hooks: list[Awaitable[None]] = []
-        for i, new in enumerate(out):
-            if new is not None:
-                r = next(results)
-                if isinstance(r, Exception):
-                    raise r
-                scope, job, _, reason, cur = items[i]
-                h = written(cur, new, int(r), reason=reason, extra=extras[i]) if int(r) \
-                    else None
-                self.remember(scope, job, h)
-                if h is not None and self.on_change is not None:
-                    res = self._call_hook(scope, job, cur, h)
-                    if res is not None:
-                        hooks.append(res)
-                if not int(r) or (items[i][2] == "Complete" and new == "Running"):
-                    out[i] = False   # lost a race, or half done: one by one
-        if hooks:
-            await asyncio.gather(*hooks)
+        try:
+            for i, new in enumerate(out):
+                if new is not None:
+                    r = next(results)
+                    if isinstance(r, Exception):
+                        raise r
+                    scope, job, _, reason, cur = items[i]
+                    h = written(cur, new, int(r), reason=reason, extra=extras[i]) \
+                        if int(r) else None
+                    self.remember(scope, job, h)
+                    if h is not None and self.on_change is not None:
+                        res = self._call_hook(scope, job, cur, h)
+                        if res is not None:
+                            hooks.append(res)
+                    if not int(r) or (items[i][2] == "Complete" and new == "Running"):
+                        out[i] = False   # lost a race, or half done: one by one
+        finally:
+            # the writes before a failed one stand: an asynchronous hook told of them
+            # is awaited all the same
+            if hooks:
+                await asyncio.gather(*hooks)
         return out
 
     async def recipe_transition(self, scope: str, job: str, transition: str,
