@@ -484,3 +484,74 @@ def test_publish_properties_pack_exactly_as_paho_does() -> None:
     long = CloudEvent(id="x" * 1000, source="s" * 1000, type="t")
     _, props = encode_binary(long)
     assert props.pack() == paho_of(props).pack()   # a multi-byte length prefix
+
+
+# ---- a command's message: the plain path against the event built and encoded
+
+
+@dataclasses.dataclass
+class _Cmd:
+    """A command's fields as ``MqttSink.message`` reads them (the core's ``Command``
+    is built only by ``evolve``)."""
+    command_id: str
+    type_id: str
+    scope: str
+    job: str
+    action: str = "a"
+    attempt: int = 1
+    hold: bool = False
+    restart: bool = False
+    deadline_ms: int | None = 1_700_000_000_000
+    parameters: dict[str, Any] | None = None
+
+
+_texts = st.one_of(st.text(max_size=12), st.text(st.characters(min_codepoint=32, max_codepoint=126),
+                                                 min_size=1, max_size=12),
+                   st.sampled_from(["", "\x7f", "é", "\ud800", "a\x00b", "x" * 1100]))
+_params = st.none() | st.dictionaries(st.text(max_size=5), st.integers() | st.floats()
+                                      | st.text(max_size=5) | st.none(), max_size=3)
+
+
+def _message(sink: Any, c: _Cmd, plain: bool) -> tuple[str, Any]:
+    try:
+        topic, payload, props = sink.message(c, plain=plain)
+    except Exception as e:       # the same refusal either way
+        return "error", type(e)
+    return topic, (payload, None if props is None else props.pack())
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cid=_texts, type_id=_texts, job=_texts, params=_params, v5=st.booleans(),
+       binary=st.booleans(), scope=st.sampled_from(["cell", "line-1", "z"]))
+def test_a_command_s_message_is_the_same_by_the_plain_path_and_by_the_event(
+        cid: str, type_id: str, job: str, params: dict[str, Any] | None, v5: bool,
+        binary: bool, scope: str) -> None:
+    from sfc_host.config import HostConfig
+    from sfc_host.equipment_mqtt import MqttSink
+    from sfc_host.metrics import Metrics
+    from sfc_host.mqtt import MqttLink
+    link = MqttLink(HostConfig(mqtt_url="mqtt://127.0.0.1:1883", consumer="c",
+                               mqtt_version=5 if v5 else 3, mqtt_binary=binary), Metrics())
+    sink = MqttSink(link)
+    c = _Cmd(cid, type_id, scope, job, parameters=params)
+    assert _message(sink, c, True) == _message(sink, c, False)
+
+
+def test_a_plain_command_is_encoded_without_building_its_event() -> None:
+    from sfc_host.cloudevents import encode_binary_plain
+    data = {"Parameters": {}, "Context": {"JobOrderID": "J1"}}
+    ev = CloudEvent(id="J1:a#1", source="sfc-host", type="com.example.a.v1", subject="cell",
+                    data=data, extensions={"correlationid": "J1"})
+    ev.response_topic = "equipment/cell/responses"
+    ev.correlation_data = b"J1:a#1"
+    payload, props = encode_binary(ev)          # the extension's name is seen valid
+    got = encode_binary_plain("J1:a#1", "sfc-host", "com.example.a.v1", "cell", data,
+                              {"correlationid": "J1"}, "equipment/cell/responses",
+                              b"J1:a#1")
+    assert got is not None
+    assert got[0] == payload and got[1].pack() == props.pack()
+    # anything but plain ASCII attributes goes the way that checks them
+    assert encode_binary_plain("J1:a#1", "sfc-host", "com.example.ä.v1", "cell", data,
+                               {"correlationid": "J1"}, None, None) is None
+    assert encode_binary_plain("", "sfc-host", "t", None, data, {}, None, None) is None
+    assert encode_binary_plain("i", "sfc-host", "t", None, [1], {}, None, None) is None

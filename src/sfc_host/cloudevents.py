@@ -14,6 +14,7 @@ attributes (ours, or another client's such as paho's).
 from __future__ import annotations
 
 import base64
+import builtins
 import itertools
 import json
 import os
@@ -27,8 +28,8 @@ import msgspec
 from sfc_fast.mqtt5 import Properties, plain_texts
 
 __all__ = ["STRUCTURED_CONTENT_TYPE", "CloudEvent", "CloudEventError", "RawJSON", "decode",
-           "encode_binary", "encode_structured", "new", "publish_properties",
-           "structured_properties"]
+           "encode_binary", "encode_binary_plain", "encode_structured", "new",
+           "publish_properties", "structured_properties"]
 
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
 MAX_ATTRIBUTE_CHARS = 1024
@@ -138,6 +139,8 @@ def new(type: str, source: str, data: Any = None, **attrs: Any) -> CloudEvent:
         attrs["time"] = timestamp()
     return CloudEvent(type=type, source=source, data=data, extensions=ext, **attrs)
 
+
+builtins_type = builtins.type   # the name ``type`` is an attribute's below
 
 # ---------------------------------------------------------------------------------------------
 # Shared checks
@@ -300,6 +303,29 @@ def encode_binary(ev: CloudEvent, *, expiry_s: int | None = None) -> tuple[bytes
         user.append(("dataschema", ev.dataschema))
     user.extend(ev.extensions.items())
     return payload, _properties(ev, ev.datacontenttype, user, expiry_s)
+
+
+def encode_binary_plain(id: str, source: str, type: str, subject: str | None, data: Any,
+                        extensions: dict[str, str], response_topic: str | None,
+                        correlation_data: bytes | None) -> tuple[bytes, Properties] | None:
+    """``encode_binary`` of the event these attributes make (JSON ``data``, the default
+    content type, no time, no dataschema), without building the event: the host's
+    commands take this path. None when an attribute is not plain printable ASCII, an
+    extension's name was not seen valid before, or the data is not a dict: then build
+    the event and call ``encode_binary``, which also says what is wrong. Where both
+    encode, they write the same bytes (tests/test_cloudevents.py)."""
+    if not (id and source and type and builtins_type(data) is dict
+            and plain_texts((id, source, type, subject, response_topic))
+            and _GOOD_NAMES.issuperset(extensions)
+            and plain_texts(extensions.values(), False)):
+        return None
+    user = [("specversion", "1.0"), ("id", id), ("source", source), ("type", type)]
+    if subject is not None:
+        user.append(("subject", subject))
+    user.extend(extensions.items())
+    return _dumps(data), Properties(ContentType="application/json",
+                                    ResponseTopic=response_topic,
+                                    CorrelationData=correlation_data, UserProperty=user)
 
 
 def encode_structured(ev: CloudEvent) -> bytes:

@@ -33,6 +33,7 @@ from sfc_host.cloudevents import (
     CloudEventError,
     decode,
     encode,
+    encode_binary_plain,
 )
 from sfc_host.keys import check_scope
 from sfc_host.mqtt import Message, MqttLink
@@ -73,17 +74,29 @@ class MqttSink:
         # job -> when its last answer arrived: the answer-to-command latency histogram
         self.arrived: dict[str, float] = {}
 
-    def message(self, c: Command) -> tuple[str, bytes, Any]:
+    def message(self, c: Command, *, plain: bool = True) -> tuple[str, bytes, Any]:
+        """Topic, payload and properties of a command. In binary mode its attributes,
+        plain ASCII as a rule, are encoded without building the CloudEvent (``plain``
+        off: always built; the tests compare the two)."""
         data = {"Parameters": c.parameters or {},
                 "Context": {"JobOrderID": c.job, "Action": c.action, "Attempt": c.attempt,
                             "Hold": c.hold, "Restart": c.restart,
                             "DeadlineMs": c.deadline_ms}}
-        ev = CloudEvent(id=c.command_id, source=SOURCE, type=c.type_id, subject=c.scope,
+        cid, scope = c.command_id, c.scope
+        reply_to = f"{self.prefix}/{scope}/responses"
+        correlation = cid.encode()
+        link = self.link
+        if plain and link.v5 and link.config.mqtt_binary:
+            got = encode_binary_plain(cid, SOURCE, c.type_id, scope, data,
+                                      {"correlationid": c.job}, reply_to, correlation)
+            if got is not None:
+                return f"{self.prefix}/{scope}/commands", got[0], got[1]
+        ev = CloudEvent(id=cid, source=SOURCE, type=c.type_id, subject=scope,
                         data=data, extensions={"correlationid": c.job})
-        ev.response_topic = f"{self.prefix}/{c.scope}/responses"
-        ev.correlation_data = c.command_id.encode()
-        payload, props = encode(ev, v5=self.link.v5, binary=self.link.config.mqtt_binary)
-        return f"{self.prefix}/{c.scope}/commands", payload, props
+        ev.response_topic = reply_to
+        ev.correlation_data = correlation
+        payload, props = encode(ev, v5=link.v5, binary=link.config.mqtt_binary)
+        return f"{self.prefix}/{scope}/commands", payload, props
 
     def publish(self, commands: Sequence[Command]) -> list[asyncio.Future[None] | None]:
         """Queue the commands; per command the future its PUBACK sets (cancelled: the
