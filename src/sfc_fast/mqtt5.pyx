@@ -578,24 +578,14 @@ cdef inline void _add_u16(bytearray out, unsigned int v):
 cdef void _add_varint(bytearray out, unsigned long n) except *:
     if n > MAX_REMAINING:
         raise ValueError(f"{n} is more than a variable byte integer holds")
-    while True:
-        if n > 0x7F:
-            out.append((n & 0x7F) | 0x80)
-            n >>= 7
-        else:
-            out.append(n)
-            return
+    cdef char buf[4]
+    out += buf[:_put_varint(buf, n) - buf]
 
 
 cdef bytes _text_bytes(object s, str what):
-    if type(s) is not str:
-        raise TypeError(f"{what} must be a str, not {type(s).__name__}")
-    cdef bytes b = (<str>s).encode("utf-8")   # refuses lone surrogates
-    if len(b) > 0xFFFF:
-        raise ValueError(f"{what} is longer than 65,535 bytes")
-    if memchr(<const char*>b, 0, len(b)) != NULL:
-        raise ValueError(f"{what} has a U+0000 character")
-    return b
+    cdef Py_ssize_t n
+    cdef const char* t = _text_view(s, &n, what)
+    return PyBytes_FromStringAndSize(t, n)
 
 
 cdef inline void _add_str(bytearray out, object s, str what) except *:

@@ -14,7 +14,6 @@ attributes (ours, or another client's such as paho's).
 from __future__ import annotations
 
 import base64
-import builtins
 import itertools
 import json
 import os
@@ -139,8 +138,6 @@ def new(type: str, source: str, data: Any = None, **attrs: Any) -> CloudEvent:
         attrs["time"] = timestamp()
     return CloudEvent(type=type, source=source, data=data, extensions=ext, **attrs)
 
-
-builtins_type = builtins.type   # the name ``type`` is an attribute's below
 
 # ---------------------------------------------------------------------------------------------
 # Shared checks
@@ -294,15 +291,24 @@ def encode_binary(ev: CloudEvent, *, expiry_s: int | None = None) -> tuple[bytes
             raise CloudEventError("bad_data", "data is not valid Unicode") from None
     else:
         raise CloudEventError("bad_data", "non-JSON datacontenttype needs bytes or str data")
-    user = [("specversion", "1.0"), ("id", ev.id), ("source", ev.source), ("type", ev.type)]
-    if ev.subject is not None:
-        user.append(("subject", ev.subject))
-    if ev.time is not None:
-        user.append(("time", ev.time))
-    if ev.dataschema is not None:
-        user.append(("dataschema", ev.dataschema))
-    user.extend(ev.extensions.items())
+    user = _user_properties(ev.id, ev.source, ev.type, ev.subject, ev.time, ev.dataschema,
+                            ev.extensions)
     return payload, _properties(ev, ev.datacontenttype, user, expiry_s)
+
+
+def _user_properties(id: str, source: str, type: str, subject: str | None, time: str | None,
+                     dataschema: str | None, extensions: dict[str, str]
+                     ) -> list[tuple[str, str]]:
+    """The attributes as binary mode's user properties, in their order on the wire."""
+    user = [("specversion", "1.0"), ("id", id), ("source", source), ("type", type)]
+    if subject is not None:
+        user.append(("subject", subject))
+    if time is not None:
+        user.append(("time", time))
+    if dataschema is not None:
+        user.append(("dataschema", dataschema))
+    user.extend(extensions.items())
+    return user
 
 
 def encode_binary_plain(id: str, source: str, type: str, subject: str | None, data: Any,
@@ -314,15 +320,12 @@ def encode_binary_plain(id: str, source: str, type: str, subject: str | None, da
     extension's name was not seen valid before, or the data is not a dict: then build
     the event and call ``encode_binary``, which also says what is wrong. Where both
     encode, they write the same bytes (tests/test_cloudevents.py)."""
-    if not (id and source and type and builtins_type(data) is dict
+    if not (id and source and type and data.__class__ is dict
             and plain_texts((id, source, type, subject, response_topic))
             and _GOOD_NAMES.issuperset(extensions)
             and plain_texts(extensions.values(), False)):
         return None
-    user = [("specversion", "1.0"), ("id", id), ("source", source), ("type", type)]
-    if subject is not None:
-        user.append(("subject", subject))
-    user.extend(extensions.items())
+    user = _user_properties(id, source, type, subject, None, None, extensions)
     return _dumps(data), Properties(ContentType="application/json",
                                     ResponseTopic=response_topic,
                                     CorrelationData=correlation_data, UserProperty=user)
