@@ -87,11 +87,16 @@ async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None) -> 
         for i in range(0, n, 200):
             await asyncio.gather(*(store(j) for j in range(i, min(n, i + 200))))
     else:
+        # each store its own task at its time: a store slower than the interval must
+        # not hold back the next one, or the rate offered falls short of the one asked
+        tasks: set[asyncio.Task[None]] = set()
         for i in range(n):
-            await store(i)
-            delay = t0 + (i + 1) / rate_jobs_s - time.perf_counter()
+            delay = t0 + i / rate_jobs_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            t = asyncio.create_task(store(i))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
     await asyncio.wait_for(finished.wait(), 120)
     app.host.settler.on_end = prev
     return time.perf_counter() - t0
