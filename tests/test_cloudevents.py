@@ -555,3 +555,74 @@ def test_a_plain_command_is_encoded_without_building_its_event() -> None:
                                {"correlationid": "J1"}, None, None) is None
     assert encode_binary_plain("", "sfc-host", "t", None, data, {}, None, None) is None
     assert encode_binary_plain("i", "sfc-host", "t", None, [1], {}, None, None) is None
+
+
+# ---- an MES status event: the plain path against the event built and encoded
+
+
+_states = st.sampled_from(["InitialState", "Running", "Interrupted_Held", "EndState"])
+
+
+@st.composite
+def _causes(draw: Any) -> CloudEvent | None:
+    kind = draw(st.sampled_from(["none", "uuid", "text", "bytes"]))
+    if kind == "none":
+        return None
+    ev = CloudEvent(id=draw(_texts) or "r1", source="mes", type="t")
+    if kind == "uuid":
+        ev.extensions["correlationid"] = "3f1c2b9e-8a7d-4c6b-9e2f-1a2b3c4d5e6f"
+    elif kind == "text":
+        ev.extensions["correlationid"] = draw(_texts) or "c"
+    else:
+        ev.correlation_data = draw(st.binary(min_size=1, max_size=20))
+    return ev
+
+
+def _status(plain: bool, *args: Any, **kw: Any) -> Any:
+    from sfc_host.mes import codec
+    try:
+        payload, props = codec.status_event(*args, plain=plain, **kw)
+        return payload, None if props is None else props.pack()
+    except Exception as e:       # the same refusal either way
+        return "error", type(e)
+
+
+@settings(max_examples=400, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(scope=_texts, source=_texts, state=_states, order=st.none() | st.sampled_from(
+           [b'{"ID":"J1","WorkMasterID":[{"ID":"five"}]}', b"{}"]),
+       cause=_causes(), v5=st.booleans(), binary=st.booleans(),
+       expiry=st.sampled_from([0, 1, 3600, 0xFFFFFFFF, 0x100000000]))
+def test_a_status_event_is_the_same_by_the_plain_path_and_by_the_event(
+        monkeypatch: pytest.MonkeyPatch, scope: str, source: str, state: str,
+        order: bytes | None, cause: CloudEvent | None, v5: bool, binary: bool,
+        expiry: int) -> None:
+    import sfc_host.cloudevents as ce
+    from sfc_host.mes import codec
+    # the same id and time by either path
+    for mod in (ce, codec):
+        monkeypatch.setattr(mod, "next_id", lambda: "0123456789abcdef0123456789abcdef")
+        monkeypatch.setattr(mod, "timestamp", lambda: "2026-12-05T01:02:03.456Z")
+    args = (scope, order, state, source, cause)
+    kw = {"v5": v5, "binary": binary, "expiry_s": expiry}
+    assert _status(True, *args, **kw) == _status(False, *args, **kw)
+
+
+def test_a_plain_status_event_is_encoded_without_building_its_event(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sfc_host.mes import codec
+    built: list[Any] = []
+    real = codec.new_event
+    monkeypatch.setattr(codec, "new_event", lambda *a, **k: built.append(a) or real(*a, **k))
+    payload, props = codec.status_event("cell", b'{"ID":"J1"}', "Running", "sfc-host", None,
+                                        v5=True, binary=True, expiry_s=60)
+    assert not built
+    assert payload.startswith(b'{"JobOrder":{"ID":"J1"},"JobState":')
+    assert props.PayloadFormatIndicator == 1 and props.MessageExpiryInterval == 60
+    assert ("subject", "cell") in props.UserProperty
+    # not plain ASCII, structured mode or MQTT 3.1.1: the event is built
+    for scope, v5, binary in (("cellé", True, True), ("cell", True, False),
+                              ("cell", False, True)):
+        codec.status_event(scope, None, "Running", "sfc-host", None, v5=v5, binary=binary,
+                           expiry_s=0)
+    assert len(built) == 3

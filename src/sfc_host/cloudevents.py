@@ -27,7 +27,8 @@ import msgspec
 from sfc_fast.mqtt5 import Properties, plain_texts
 
 __all__ = ["STRUCTURED_CONTENT_TYPE", "CloudEvent", "CloudEventError", "RawJSON", "decode",
-           "encode_binary", "encode_binary_plain", "encode_structured", "new",
+           "encode_binary", "encode_binary_json_plain", "encode_binary_plain",
+           "encode_structured", "new",
            "publish_properties", "structured_properties"]
 
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
@@ -329,6 +330,33 @@ def encode_binary_plain(id: str, source: str, type: str, subject: str | None, da
     return _dumps(data), Properties(ContentType="application/json",
                                     ResponseTopic=response_topic,
                                     CorrelationData=correlation_data, UserProperty=user)
+
+
+def encode_binary_json_plain(id: str, source: str, type: str, subject: str | None,
+                             time: str | None, dataschema: str | None, content_type: str,
+                             body: bytes, extensions: dict[str, str],
+                             correlation_data: bytes | None, *, expiry_s: int = 0,
+                             format_indicator: int | None = None
+                             ) -> tuple[bytes, Properties] | None:
+    """``encode_binary`` of the event these attributes make with ``body`` as its encoded
+    JSON data (``RawJSON``), and the MQTT 5 payload format indicator and message
+    expiry (``expiry_s`` > 0) set, without building the event: the MES status events
+    take this path. None when an attribute is not plain printable ASCII, an
+    extension's name was not seen valid before or the expiry is out of the MQTT range:
+    then build the event, which also says what is wrong. Where both encode, they write
+    the same bytes (tests/test_cloudevents.py)."""
+    if not (id and source and type and content_type
+            and plain_texts((id, source, type, subject, time, content_type, dataschema))
+            and _GOOD_NAMES.issuperset(extensions)
+            and plain_texts(extensions.values(), False)):
+        return None
+    if not 0 <= expiry_s <= 0xFFFFFFFF:
+        return None
+    user = _user_properties(id, source, type, subject, time, dataschema, extensions)
+    return bytes(body), Properties(ContentType=content_type, CorrelationData=correlation_data,
+                                   PayloadFormatIndicator=format_indicator,
+                                   MessageExpiryInterval=expiry_s or None,
+                                   UserProperty=user)
 
 
 def encode_structured(ev: CloudEvent) -> bytes:
