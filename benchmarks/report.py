@@ -136,7 +136,7 @@ def part_limits(quick: bool, tmp: Path) -> dict[str, Any]:
 
 async def _e2e(quick: bool, tmp: Path) -> dict[str, Any]:
     import report_e2e as e2e
-    from mqtt_e2e import broker_pingpong
+    from mqtt_e2e import broker_pingpong, settled
     out: dict[str, Any] = {}
     async with e2e.setup(tmp) as run:
         out["mqtt"] = await asyncio.get_running_loop().run_in_executor(
@@ -156,12 +156,15 @@ async def _e2e(quick: bool, tmp: Path) -> dict[str, Any]:
             r.update(fraction=f, p50_ms=p50 * 1e3, p99_ms=p99 * 1e3, p999_ms=p999 * 1e3)
             curve.append(r)
         out["curve"] = curve
-        # the broker's own p99 at half of saturation's message rate (an action is a
-        # command and an answer: two messages, as a ping and its pong)
-        out["pingpong"] = await asyncio.get_running_loop().run_in_executor(
-            None, broker_pingpong, run.broker_port, 0.5 * sat * 5, seconds)
         out["profile"] = await e2e.profiled_saturation(run, "prof", n)
         out["metrics"] = run.app.metrics.snapshot()
+        # the broker's own p99 at half of saturation's message rate (an action is a
+        # command and an answer: two messages, as a ping and its pong): the broker
+        # alone, once the host has sent what the runs left queued and is closed
+        await settled(run.app)
+        await run.stop_host()
+        out["pingpong"] = await asyncio.get_running_loop().run_in_executor(
+            None, broker_pingpong, run.broker_port, 0.5 * sat * 5, seconds)
     return out
 
 

@@ -40,9 +40,10 @@ LATENCY = "answer_to_command_seconds"
 class E2E:
     """One running setup: servers, station, host; latency samples kept raw."""
 
-    def __init__(self, app: App, broker_port: int) -> None:
+    def __init__(self, app: App, broker_port: int, host: contextlib.AsyncExitStack) -> None:
         self.app = app
         self.broker_port = broker_port
+        self._host = host
         self.samples: list[float] | None = None
         self.cpu_share = 0.0
         observe = app.metrics.observe
@@ -52,6 +53,13 @@ class E2E:
                 self.samples.append(value)
             observe(name, value)
         app.metrics.observe = keep  # type: ignore[method-assign]
+
+    async def stop_host(self) -> None:
+        """Close the host; the broker, Redis and the station stay up (the broker's own
+        latency is then measured with nothing else publishing: the MES side's retained
+        index of every order the runs made is megabytes, and its periodic publish
+        stalls the broker for tens of milliseconds)."""
+        await self._host.aclose()
 
     async def saturation(self, prefix: str, n: int) -> float:
         """Jobs/s with ``n`` jobs stored at once (mqtt_e2e's way)."""
@@ -126,10 +134,11 @@ async def setup(tmp: Path) -> AsyncIterator[E2E]:
         station.stdout.readline()   # "ready"
         cfg = HostConfig(redis_url=redis.url, mqtt_url=broker.url, consumer="report",
                          sweep_interval_ms=500)
-        async with App(cfg) as app:
+        async with contextlib.AsyncExitStack() as host:
+            app = await host.enter_async_context(App(cfg))
             await app.host.store.put_work_master(SCOPE, WM)
             await app.host.add_scope(SCOPE)
-            yield E2E(app, broker.port)
+            yield E2E(app, broker.port, host)
     finally:
         station.terminate()
         station.wait(5)
