@@ -16,7 +16,8 @@ answers through the broker. Measured:
   command leaving (p50, p99, every sample of the host's
   ``answer_to_command_seconds``);
 - the broker's own latency at that rate: a plain MQTT 5 QoS 1 ping-pong through the
-  same mosquitto (``mqtt_pingpong_proc.py``), the yardstick of the paced p99.
+  same mosquitto (``mqtt_pingpong_proc.py``) once the host is closed, the yardstick of
+  the paced p99.
 
 Goals (issue 6): >= 1,000 jobs/s at saturation; p99 <= 5 ms at 1,000 actions/s.
 Issue 19: host CPU <= 60 µs an action at saturation; the paced p99 at half of

@@ -285,8 +285,8 @@ def e2e_part(d: Doc, R: dict[str, Any]) -> None:
     pp = e.get("pingpong")
     if pp:
         d(f"The broker's own latency at half of saturation's message rate (a plain MQTT 5 "
-          f"QoS 1 ping-pong through the same mosquitto, `mqtt_pingpong_proc.py`, "
-          f"{n(pp['rate'])} round trips/s): p50 {pp['p50_ms']:.2f} ms, p99 "
+          f"QoS 1 ping-pong through the same mosquitto, `mqtt_pingpong_proc.py`, once "
+          f"the host is closed, {n(pp['rate'])} round trips/s): p50 {pp['p50_ms']:.2f} ms, p99 "
           f"{pp['p99_ms']:.2f} ms, p99.9 {pp['p999_ms']:.2f} ms.", "")
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
     off = [c["offered"] for c in e["curve"]]
