@@ -94,8 +94,33 @@ def test_start_of_an_ended_job_replaces_it_unless_same_order():
     assert not again.applied
     fresh = evolve(g, d.state, Start("J", "s", order="o2"), 4)
     assert fresh.applied and fresh.status == "running"
-    assert dispatched(fresh) == ["J:a0#1"]
+    # the new run numbers its commands after the ended run's: no id is given out twice
+    assert dispatched(fresh) == ["J:a0#2"]
     assert state_to_json(g, fresh.state)["started_ms"] == 4
+
+
+def test_a_re_stored_job_id_never_gives_out_a_command_id_again():
+    """The ended run's command ids are not the new run's: a late answer to the old run
+    is absorbed, the new run's own answer settles it. Without the ended state (another
+    recipe's), ``commands_before`` carries the count."""
+    g = compile_recipe(linear(2), V100)
+    d = evolve(g, None, Start("J", "s", order="o1"), 1)
+    assert dispatched(d) == ["J:a0#1"]
+    d = evolve(g, d.state, Tick(), 10_000_000)              # timed out: the job aborts
+    assert d.status == "aborted"
+    ended = state_to_json(g, d.state)["commands_issued"]
+    new = evolve(g, d.state, Start("J", "s", order="o2"), 10_000_001)
+    assert dispatched(new) == [f"J:a0#{ended + 1}"]
+    late = evolve(g, new.state, Completed("J:a0#1"), 10_000_002)
+    assert not late.applied                                  # the old run's answer
+    own = evolve(g, new.state, Completed(f"J:a0#{ended + 1}"), 10_000_003)
+    assert own.applied and dispatched(own) == [f"J:a1#{ended + 2}"]
+    other = evolve(g, None, Start("J", "s", commands_before=7), 5)
+    assert dispatched(other) == ["J:a0#8"]
+    assert Start("J", "s", commands_before=7) != Start("J", "s")
+    for bad in (-1, 1 << 40, 1.5, "3", None):
+        with pytest.raises(ValueError):
+            Start("J", "s", commands_before=bad)
 
 
 def test_events_before_start_are_absorbed():

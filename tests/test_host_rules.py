@@ -270,8 +270,20 @@ def test_restored_job_id_replaces_the_ended_job(redis_url: str) -> None:
             await wait_until(lambda: len(ended) == 2, what="second run")
             view = await host.inspect(S, "J1")
             assert view["status"] == "completed" and view["started_ms"] >= first
-            # The second run's commands are numbered afresh and all went out.
-            assert st.ids()[3:] == ["J1:load_part#1", "J1:tighten#2", "J1:unload_part#3"]
+            # The second run numbers its commands after the first run's (no command id
+            # is given out twice: receivers deduplicate by id), and all went out.
+            assert st.ids()[3:] == ["J1:load_part#4", "J1:tighten#5", "J1:unload_part#6"]
+            # Stored again with another recipe, whose graph cannot read the ended state:
+            # the count of its commands comes with the Start, and the ids go on.
+            other = work_master("tighten_rework", "wm2")
+            other["data"]["Actions"][0]["TimeoutSeconds"] += 1
+            await host.store.put_work_master(S, other)
+            await host.orders.trigger(S, "J1", "Clear")
+            await host.orders.store_order(S, {"JobOrderID": "J1",
+                                              "WorkMasterID": [{"ID": "wm2"}]}, start=True)
+            await wait_until(lambda: len(ended) == 3, what="third run, another recipe")
+            assert (await host.inspect(S, "J1"))["status"] == "completed"
+            assert st.ids()[6:] == ["J1:load_part#7", "J1:tighten#8", "J1:unload_part#9"]
         finally:
             await host.aclose()
     run(main())

@@ -26,6 +26,7 @@ cdef class Start(BaseEvent):
     cdef readonly str scope
     cdef readonly object params
     cdef readonly str order
+    cdef readonly long long commands_before
 
 
 cdef class Completed(BaseEvent):

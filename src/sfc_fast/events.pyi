@@ -8,8 +8,9 @@ class Start(BaseEvent):
     scope: str
     params: dict[str, Any] | None
     order: str
+    commands_before: int
     def __init__(self, job: str, scope: str, params: dict[str, Any] | None = ...,
-                 order: str | None = ...) -> None: ...
+                 order: str | None = ..., commands_before: int = ...) -> None: ...
 
 class Completed(BaseEvent):
     command_id: str

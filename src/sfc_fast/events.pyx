@@ -54,9 +54,14 @@ cdef class Start(BaseEvent):
     ``order`` optionally names the job order instance (for example its store time):
     a start of an ended job with the same ``order`` is a repeat and is absorbed; a
     different or empty one is a re-stored job id and replaces the ended state.
+
+    A replaced run's command ids are never given out again: the new run numbers its
+    commands after the ended state's. ``commands_before`` tells it that count when the
+    ended state is not passed in (a re-stored job id with another recipe, whose state
+    this graph cannot read: its ``commands_issued``).
     """
 
-    def __init__(self, job, scope, params=None, order=None):
+    def __init__(self, job, scope, params=None, order=None, commands_before=0):
         self.kind = EV_START
         self.job = _text(job, "job")
         self.scope = _text(scope, "scope")
@@ -64,8 +69,13 @@ cdef class Start(BaseEvent):
             raise ValueError("job must not be empty")
         self.params = _fields(params, "params")
         self.order = _opt_text(order, "order") or ""
+        if type(commands_before) is not int or not 0 <= commands_before < (1 << 40):
+            raise ValueError("commands_before must be an int from 0 to 2**40 - 1")
+        self.commands_before = commands_before
 
     def _fields(self) -> tuple:
+        if self.commands_before:
+            return ("job", "scope", "params", "order", "commands_before")
         return ("job", "scope", "params", "order")
 
 

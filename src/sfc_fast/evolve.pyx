@@ -1403,6 +1403,7 @@ cdef Decision _evolve(Graph graph, object state, BaseEvent event, int64_t now_ms
     cdef State s = None
     cdef int kind = event.kind
     cdef Start st
+    cdef int64_t issued
     if state is not None:
         s = decode_state(graph, state)
     if kind == EV_START:
@@ -1412,12 +1413,19 @@ cdef Decision _evolve(Graph graph, object state, BaseEvent event, int64_t now_ms
                 return _absorbed(graph, s, state)        # already running: a repeat
             if st.order and st.order == s.order():
                 return _absorbed(graph, s, state)        # same order, already ended
-        # a new job, or an ended state of a re-stored job id: replaced
+        # a new job, or an ended state of a re-stored job id: replaced. The new run's
+        # command ids continue after the ended run's: an id is never given out twice
+        # (a late answer to the old run names no command of the new one, and a
+        # CloudEvent id stays unique for its source)
         old_waits = set()
+        issued = st.commands_before
         if s is not None:
             old_waits = _waits(graph, s)
+            if s.cmd_counter > issued:
+                issued = s.cmd_counter
             s.release()
         s = new_state(graph, st.job, st.scope, _params_text(st.params), st.order, now_ms)
+        s.cmd_counter = issued
         return _run(graph, s, None, event, now_ms, old_waits, split)
     if s is None:
         return _absorbed(graph, None, None)

@@ -430,10 +430,18 @@ class Settler:
         if start_graph is not None:
             graph = start_graph
             if state is not None and row.fingerprint != graph.fingerprint:
-                state, absorbed = await self._replaced(scope, row, its)
+                state, absorbed, issued = await self._replaced(scope, row, its)
                 if absorbed:
                     return None
                 reset = True        # the job hash of the other recipe goes
+                if issued:
+                    # the new recipe cannot read the ended state: its Start carries
+                    # the ended run's command count, so no command id comes again
+                    for it in its:
+                        if isinstance(it.events, (list, tuple)):
+                            it.events = [Start(ev.job, ev.scope, ev.params, ev.order or None,
+                                               commands_before=issued)
+                                         if isinstance(ev, Start) else ev for ev in it.events]
         elif row.fingerprint is not None:
             graph = await self.store.graph(scope, row.fingerprint)
         if graph is None:
@@ -484,9 +492,10 @@ class Settler:
         return _Plan(scope, now, its, row, graph, decisions, reset, start_graph, archived)
 
     async def _replaced(self, scope: str, row: JobRow,
-                        its: list[Item]) -> tuple[bytes | None, bool]:
+                        its: list[Item]) -> tuple[bytes | None, bool, int]:
         """A Start on a job stored with another recipe: absorbed while it runs or for a
-        repeat of the same order; else the ended job is replaced (a re-stored id)."""
+        repeat of the same order; else the ended job is replaced (a re-stored id), and
+        the count of commands the ended run issued comes back (0: not known)."""
         old = await self.store.graph(scope, row.fingerprint) if row.fingerprint else None
         if old is not None and row.state is not None:
             try:
@@ -499,8 +508,9 @@ class Settler:
                 if view["status"] in LIVE or (view["order"] and view["order"] == start.order):
                     for it in its:
                         it.outcome = ABSORBED
-                    return row.state, True
-        return None, False
+                    return row.state, True, 0
+                return None, False, int(view.get("commands_issued") or 0)
+        return None, False, 0
 
     def _putback(self, row: JobRow, its: list[Item]) -> Record:
         nd = next((it.decision.next_deadline for it in its
