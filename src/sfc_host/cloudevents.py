@@ -312,24 +312,43 @@ def _user_properties(id: str, source: str, type: str, subject: str | None, time:
     return user
 
 
+def _plain_properties(id: str, source: str, type: str, subject: str | None,
+                      time: str | None, dataschema: str | None, content_type: str,
+                      extensions: dict[str, str], response_topic: str | None,
+                      correlation_data: bytes | None, format_indicator: int | None,
+                      expiry_s: int) -> Properties | None:
+    """Binary mode's properties of the event these attributes make, without building
+    the event; None when an attribute is not plain printable ASCII, an extension's name
+    was not seen valid before or the expiry (0: none) is out of the MQTT range: then the
+    caller builds the event, whose checks also say what is wrong."""
+    if not (id and source and type
+            and plain_texts((id, source, type, subject, time, content_type, dataschema,
+                             response_topic))
+            and _GOOD_NAMES.issuperset(extensions)
+            and plain_texts(extensions.values(), False)
+            and 0 <= expiry_s <= 0xFFFFFFFF):
+        return None
+    return Properties(ContentType=content_type, ResponseTopic=response_topic,
+                      CorrelationData=correlation_data,
+                      PayloadFormatIndicator=format_indicator,
+                      MessageExpiryInterval=expiry_s or None,
+                      UserProperty=_user_properties(id, source, type, subject, time,
+                                                    dataschema, extensions))
+
+
 def encode_binary_plain(id: str, source: str, type: str, subject: str | None, data: Any,
                         extensions: dict[str, str], response_topic: str | None,
                         correlation_data: bytes | None) -> tuple[bytes, Properties] | None:
     """``encode_binary`` of the event these attributes make (JSON ``data``, the default
     content type, no time, no dataschema), without building the event: the host's
-    commands take this path. None when an attribute is not plain printable ASCII, an
-    extension's name was not seen valid before, or the data is not a dict: then build
-    the event and call ``encode_binary``, which also says what is wrong. Where both
-    encode, they write the same bytes (tests/test_cloudevents.py)."""
-    if not (id and source and type and data.__class__ is dict
-            and plain_texts((id, source, type, subject, response_topic))
-            and _GOOD_NAMES.issuperset(extensions)
-            and plain_texts(extensions.values(), False)):
+    commands take this path. None where ``_plain_properties`` says so, or when the data
+    is not a dict: then build the event and call ``encode_binary``. Where both encode,
+    they write the same bytes (tests/test_cloudevents.py)."""
+    if data.__class__ is not dict:
         return None
-    user = _user_properties(id, source, type, subject, None, None, extensions)
-    return _dumps(data), Properties(ContentType="application/json",
-                                    ResponseTopic=response_topic,
-                                    CorrelationData=correlation_data, UserProperty=user)
+    props = _plain_properties(id, source, type, subject, None, None, "application/json",
+                              extensions, response_topic, correlation_data, None, 0)
+    return None if props is None else (_dumps(data), props)
 
 
 def encode_binary_json_plain(id: str, source: str, type: str, subject: str | None,
@@ -341,22 +360,12 @@ def encode_binary_json_plain(id: str, source: str, type: str, subject: str | Non
     """``encode_binary`` of the event these attributes make with ``body`` as its encoded
     JSON data (``RawJSON``), and the MQTT 5 payload format indicator and message
     expiry (``expiry_s`` > 0) set, without building the event: the MES status events
-    take this path. None when an attribute is not plain printable ASCII, an
-    extension's name was not seen valid before or the expiry is out of the MQTT range:
-    then build the event, which also says what is wrong. Where both encode, they write
-    the same bytes (tests/test_cloudevents.py)."""
-    if not (id and source and type and content_type
-            and plain_texts((id, source, type, subject, time, content_type, dataschema))
-            and _GOOD_NAMES.issuperset(extensions)
-            and plain_texts(extensions.values(), False)):
-        return None
-    if not 0 <= expiry_s <= 0xFFFFFFFF:
-        return None
-    user = _user_properties(id, source, type, subject, time, dataschema, extensions)
-    return bytes(body), Properties(ContentType=content_type, CorrelationData=correlation_data,
-                                   PayloadFormatIndicator=format_indicator,
-                                   MessageExpiryInterval=expiry_s or None,
-                                   UserProperty=user)
+    take this path. None where ``_plain_properties`` says so. Where both encode, they
+    write the same bytes (tests/test_cloudevents.py)."""
+    props = _plain_properties(id, source, type, subject, time, dataschema, content_type,
+                              extensions, None, correlation_data, format_indicator,
+                              expiry_s)
+    return None if props is None else (bytes(body), props)
 
 
 def encode_structured(ev: CloudEvent) -> bytes:
