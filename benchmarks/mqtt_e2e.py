@@ -63,6 +63,28 @@ WM = {"ID": "five", "dataschema": V110, "data": {
 SCOPE = "cell"
 
 
+_OFFERED: set[asyncio.Task[None]] = set()     # stores in flight, held until done
+
+
+async def store(app: App, job: str) -> None:
+    """Store and start one job order of the benchmark's Work Master."""
+    await app.host.orders.store_order(SCOPE, {"JobOrderID": job,
+                                              "WorkMasterID": [{"ID": WM["ID"]}]}, start=True)
+
+
+async def offer(app: App, prefix: str, n: int, rate_jobs_s: float, t0: float) -> None:
+    """Store job ``i`` at ``t0 + i / rate_jobs_s``, each its own task: a store slower
+    than the interval must not hold back the next one, or the rate offered falls short
+    of the one asked. Returns once the last is offered."""
+    for i in range(n):
+        delay = t0 + i / rate_jobs_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t = asyncio.create_task(store(app, f"{prefix}{i}"))
+        _OFFERED.add(t)
+        t.add_done_callback(_OFFERED.discard)
+
+
 async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None) -> float:
     """Store ``n`` jobs (all at once or paced); seconds until every job completed."""
     done = 0
@@ -80,24 +102,12 @@ async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None) -> 
     app.host.settler.on_end = on_end
     t0 = time.perf_counter()
 
-    async def store(i: int) -> None:
-        await app.host.orders.store_order(SCOPE, {"JobOrderID": f"{prefix}{i}",
-                                                  "WorkMasterID": [{"ID": "five"}]},
-                                          start=True)
     if rate_jobs_s is None:
         for i in range(0, n, 200):
-            await asyncio.gather(*(store(j) for j in range(i, min(n, i + 200))))
+            await asyncio.gather(*(store(app, f"{prefix}{j}")
+                                   for j in range(i, min(n, i + 200))))
     else:
-        # each store its own task at its time: a store slower than the interval must
-        # not hold back the next one, or the rate offered falls short of the one asked
-        tasks: set[asyncio.Task[None]] = set()
-        for i in range(n):
-            delay = t0 + i / rate_jobs_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            t = asyncio.create_task(store(i))
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
+        await offer(app, prefix, n, rate_jobs_s, t0)
     await asyncio.wait_for(finished.wait(), 120)
     app.host.settler.on_end = prev
     return time.perf_counter() - t0

@@ -3,8 +3,9 @@ answer-to-command latency against offered load, and a profile at saturation.
 
 The setup is mqtt_e2e.py's (its recipe, Work Master and scope; one host ``App`` in this
 process, redis-server, mosquitto and the station process ``mqtt_station_proc.py``).
-Offered load is driven here: job ``i`` is stored (``Orders.store_order``, start=True)
-at ``t0 + i / rate`` as its own task, so a slow store does not hold back the next one.
+Offered load is mqtt_e2e.py's ``offer``: job ``i`` is stored (``Orders.store_order``,
+start=True) at ``t0 + i / rate`` as its own task, so a slow store does not hold back
+the next one.
 Latency is every sample the host takes for its ``answer_to_command_seconds`` histogram
 (answer arrived to the job's next command queued for the broker), kept raw so p99.9 is
 not a bucket's interpolation.
@@ -27,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from mqtt_e2e import SCOPE, WM, run_jobs, settled
+from mqtt_e2e import SCOPE, WM, offer, run_jobs, settled
 from servers import MosquittoServer, RedisServer
 
 from sfc_host.app import App
@@ -90,19 +91,9 @@ class E2E:
                 prev(scope, job, d)
         settler.on_end = on_end
         self.samples = []
-        orders = self.app.host.orders
-        tasks: set[asyncio.Task[Any]] = set()
         t0 = time.perf_counter()
         try:
-            for i in range(n):
-                delay = t0 + i / rate - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                t = asyncio.create_task(orders.store_order(
-                    SCOPE, {"JobOrderID": f"{prefix}{i}", "WorkMasterID": [{"ID": WM["ID"]}]},
-                    start=True))
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
+            await offer(self.app, prefix, n, rate, t0)
             offered_s = time.perf_counter() - t0
             await asyncio.wait_for(finished.wait(), max(120.0, 4 * seconds))
         finally:
