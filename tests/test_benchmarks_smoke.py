@@ -63,6 +63,18 @@ def test_mqtt_e2e_quick_measures_saturation_pacing_and_the_broker() -> None:
     assert 0 < float(paced.group(1)) <= float(paced.group(2))
 
 
+def test_mqtt_floor_relays_every_answer_and_measures_the_broker() -> None:
+    out = _run("mqtt_floor.py", "--rate", "500", "--seconds", "1")
+    relay = re.search(r"\(([\d,]+) answers\): answer to next command p50 ([\d.]+) ms, "
+                      r"p99 ([\d.]+) ms", out)
+    broker = re.search(r"the relay's p99 is ([\d.]+)x the broker's", out)
+    assert relay and broker, out
+    # 100 jobs of five commands: four answers of each lead to a next command
+    assert _number(relay.group(1)) == 400
+    assert 0 < float(relay.group(2)) <= float(relay.group(3))
+    assert float(broker.group(1)) > 0
+
+
 def test_redis_channel_compares_both_clients() -> None:
     out = _run("redis_channel.py", "--calls", "300", "--rounds", "1")
     rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]
