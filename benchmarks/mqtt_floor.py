@@ -2,6 +2,7 @@
 machine at all, measured by a relay with none of the host's work.
 
     python benchmarks/mqtt_floor.py [--rate 7000] [--seconds 6] [--no-redis]
+    python benchmarks/mqtt_floor.py --ports BROKER REDIS [--rate N] [--seconds S]
 
 The relay runs in one process, one selector loop, plain sockets: MQTT 5 framed as
 ``mqtt_station_proc.py`` does, RESP parsed by ``hiredis.Reader``. It offers jobs of five
@@ -17,6 +18,9 @@ the script out: the broker and the station alone.
 It prints the relay's latency from an answer read to the next command written (the
 host's ``answer_to_command_seconds``), its CPU, and then the broker's own ping-pong at
 the same rate (``mqtt_pingpong_proc.py``, the relay closed): the yardstick of goal 2.
+With ``--ports`` it uses a running broker (with the station answering on it) and Redis,
+as ``report.py`` does after its host is closed, and prints the relay's figures alone as
+one JSON line.
 """
 
 from __future__ import annotations
@@ -173,9 +177,18 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--no-redis", action="store_true",
                    help="no compare-and-set: the broker and the station alone")
+    p.add_argument("--ports", type=int, nargs=2, metavar=("BROKER", "REDIS"),
+                   help="a running broker, with the station on it, and Redis")
     args = p.parse_args()
     if args.rate <= 0 or args.seconds <= 0:
         p.error("--rate and --seconds must be greater than 0")
+    if args.ports:
+        relay = Relay(args.ports[0], None if args.no_redis else args.ports[1])
+        try:
+            print(json.dumps(relay.run(args.rate, args.seconds)))
+        finally:
+            relay.close()
+        return
     with servers_and_station() as (redis, broker):
         relay = Relay(broker.port, None if args.no_redis else redis.port)
         try:

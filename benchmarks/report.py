@@ -165,7 +165,20 @@ async def _e2e(quick: bool, tmp: Path) -> dict[str, Any]:
         await run.stop_host()
         out["pingpong"] = await asyncio.get_running_loop().run_in_executor(
             None, broker_pingpong, run.broker_port, 0.5 * sat * 5, seconds)
+        # the floor: a relay with none of the host's work, a compare-and-set an answer
+        # (mqtt_floor.py), at the same rate through the same servers and station
+        out["floor"] = await asyncio.get_running_loop().run_in_executor(
+            None, floor_relay, run.broker_port, run.redis_port, 0.5 * sat * 5, seconds)
     return out
+
+
+def floor_relay(broker_port: int, redis_port: int, rate: float,
+                seconds: float) -> dict[str, float]:
+    p = subprocess.run([sys.executable, str(HERE / "mqtt_floor.py"), "--ports",
+                        str(broker_port), str(redis_port), "--rate", str(rate),
+                        "--seconds", str(seconds)],
+                       capture_output=True, text=True, timeout=seconds + 60, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def part_e2e(quick: bool, tmp: Path) -> dict[str, Any]:

@@ -41,9 +41,11 @@ LATENCY = "answer_to_command_seconds"
 class E2E:
     """One running setup: servers, station, host; latency samples kept raw."""
 
-    def __init__(self, app: App, broker_port: int, host: contextlib.AsyncExitStack) -> None:
+    def __init__(self, app: App, broker_port: int, host: contextlib.AsyncExitStack,
+                 redis_port: int = 0) -> None:
         self.app = app
         self.broker_port = broker_port
+        self.redis_port = redis_port
         self._host = host
         self.samples: list[float] | None = None
         self.cpu_share = 0.0
@@ -129,7 +131,7 @@ async def setup(tmp: Path) -> AsyncIterator[E2E]:
             app = await host.enter_async_context(App(cfg))
             await app.host.store.put_work_master(SCOPE, WM)
             await app.host.add_scope(SCOPE)
-            yield E2E(app, broker.port, host)
+            yield E2E(app, broker.port, host, redis.port)
     finally:
         station.terminate()
         station.wait(5)
