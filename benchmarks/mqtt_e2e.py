@@ -2,6 +2,7 @@
 
     python benchmarks/mqtt_e2e.py             # the figures of docs/benchmarks.md
     python benchmarks/mqtt_e2e.py --quick     # a smoke run
+    python benchmarks/mqtt_e2e.py --pin       # the host on a core of its own
 
 One host (``sfc_host.app.App``: Redis side, MQTT link, equipment) and one local
 redis-server and mosquitto, all started here; the station is a separate process
@@ -18,6 +19,10 @@ answers through the broker. Measured:
 - the broker's own latency at that rate: a plain MQTT 5 QoS 1 ping-pong through the
   same mosquitto (``mqtt_pingpong_proc.py``) once the host is closed, the yardstick of
   the paced p99.
+
+``--pin`` (Linux, two CPUs at least): this process, the host, on the first CPU; Redis,
+mosquitto and the station on the second, as docs/operations.md suggests for a small
+server (the ping-pong then runs on the first, the host closed).
 
 Goals (issue 6): >= 1,000 jobs/s at saturation; p99 <= 5 ms at 1,000 actions/s.
 Issue 19: host CPU <= 60 µs an action at saturation; the paced p99 at half of
@@ -136,10 +141,11 @@ def broker_pingpong(port: int, rate: float, seconds: float) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def servers_and_station(structured: bool = False
+def servers_and_station(structured: bool = False, pin: bool = False
                         ) -> Iterator[tuple[RedisServer, MosquittoServer]]:
     """A local redis-server and mosquitto, and the station process answering every
-    command on that broker; all stopped on the way out."""
+    command on that broker; all stopped on the way out. ``pin``: this process on the
+    first CPU, the three others on the second."""
     with tempfile.TemporaryDirectory() as tmp:
         redis = RedisServer(Path(tmp) / "redis")
         broker = MosquittoServer(Path(tmp) / "mqtt")
@@ -152,6 +158,11 @@ def servers_and_station(structured: bool = False
         try:
             assert station.stdout is not None
             station.stdout.readline()   # "ready"
+            if pin:
+                assert redis.proc is not None and broker.proc is not None
+                os.sched_setaffinity(0, {0})
+                for pid in (redis.proc.pid, broker.proc.pid, station.pid):
+                    os.sched_setaffinity(pid, {1})
             yield redis, broker
         finally:
             station.terminate()
@@ -161,7 +172,7 @@ def servers_and_station(structured: bool = False
 
 
 async def main(args: argparse.Namespace) -> None:
-    with servers_and_station(args.structured) as (redis, broker):
+    with servers_and_station(args.structured, args.pin) as (redis, broker):
         cfg = HostConfig(redis_url=redis.url, mqtt_url=broker.url, consumer="bench",
                          sweep_interval_ms=500, mqtt_binary=not args.structured)
         async with App(cfg) as app:
@@ -233,4 +244,9 @@ if __name__ == "__main__":
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--structured", action="store_true",
                    help="structured CloudEvents (JSON payload, no user properties)")
-    uvloop.run(main(p.parse_args()))
+    p.add_argument("--pin", action="store_true",
+                   help="the host on the first CPU; Redis, mosquitto, station on the second")
+    a = p.parse_args()
+    if a.pin and (not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2):
+        p.error("--pin needs Linux and two CPUs this process may use")
+    uvloop.run(main(a))

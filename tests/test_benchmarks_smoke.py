@@ -6,10 +6,13 @@ the host for their counters; a change of the host's internals once broke
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -61,6 +64,13 @@ def test_mqtt_e2e_quick_measures_saturation_pacing_and_the_broker() -> None:
     assert sat and paced and broker, out
     assert _number(sat.group(1)) > 0 and float(sat.group(2)) > 0
     assert 0 < float(paced.group(1)) <= float(paced.group(2))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="--pin needs Linux and two CPUs")
+def test_mqtt_e2e_pinned_runs_the_host_on_a_core_of_its_own() -> None:
+    out = _run("mqtt_e2e.py", "--quick", "--pin")
+    assert re.search(r"the host's p99 is ([\d.]+)x the broker's", out), out
 
 
 def test_mqtt_floor_relays_every_answer_and_measures_the_broker() -> None:
