@@ -131,13 +131,27 @@ async def settled(app: App, timeout_s: float = 20.0) -> float:
     return time.perf_counter() - t0
 
 
+def _json_of(script: str, args: list[str], seconds: float) -> dict[str, float]:
+    """Run a benchmark script of this folder for about ``seconds``; the JSON object it
+    prints last (CalledProcessError when it fails)."""
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), *args],
+                         capture_output=True, text=True, timeout=seconds + 60, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def broker_pingpong(port: int, rate: float, seconds: float) -> dict[str, float]:
     """The broker's own latency at ``rate`` messages/s: mqtt_pingpong_proc.py's plain
     MQTT 5 QoS 1 ping-pong through the same mosquitto (p50_ms, p99_ms, p999_ms, rate)."""
-    proc = str(Path(__file__).with_name("mqtt_pingpong_proc.py"))
-    out = subprocess.run([sys.executable, proc, "127.0.0.1", str(port), str(rate), str(seconds)],
-                         capture_output=True, text=True, timeout=seconds + 60, check=True)
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+    return _json_of("mqtt_pingpong_proc.py", ["127.0.0.1", str(port), str(rate), str(seconds)],
+                    seconds)
+
+
+def floor_relay(broker_port: int, redis_port: int, rate: float,
+                seconds: float) -> dict[str, float]:
+    """The floor at ``rate`` actions/s: mqtt_floor.py's relay through a running broker
+    (the station answering on it) and Redis (rate, p50_ms, p99_ms, p999_ms, core)."""
+    return _json_of("mqtt_floor.py", ["--ports", str(broker_port), str(redis_port),
+                                      "--rate", str(rate), "--seconds", str(seconds)], seconds)
 
 
 @contextlib.contextmanager

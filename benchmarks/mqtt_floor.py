@@ -39,7 +39,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import hiredis
 from mqtt_e2e import broker_pingpong, servers_and_station
-from mqtt_station_proc import Station, packet, props_of, read_varint, string, varint
+from mqtt_station_proc import (
+    COMMAND_PAYLOAD,
+    Station,
+    command_properties,
+    packet,
+    parse_publish,
+    string,
+    varint,
+)
 from report_limits import CAS_LIKE
 
 from sfc_fast.resp import pack_command
@@ -47,19 +55,14 @@ from sfc_fast.resp import pack_command
 ACTIONS = 5
 RESPONSES = "floor/responses"
 STATE = b"x" * 120          # about a small job's live state
-PAYLOAD = json.dumps({"Parameters": {"program": 7, "speed": 1.5},
-                      "Context": {"JobOrderID": "job-0000001", "Action": "a3",
-                                  "Attempt": 1}}).encode().ljust(200)
 
 
 def command(mq: Station, job: str, action: int) -> bytes:
     """A command as the host sends it: binary CloudEvent, response topic, QoS 1."""
-    p = b"\x03" + string("application/json") + b"\x08" + string(RESPONSES)
-    for k, v in (("specversion", "1.0"), ("id", f"{job}:a{action}#{action + 1}"),
-                 ("source", "sfc-host"), ("type", "com.example.a.v1"), ("subject", job)):
-        p += b"\x26" + string(k) + string(v)
+    p = command_properties(f"{job}:a{action}#{action + 1}", job, RESPONSES)
     mid = struct.pack(">H", mq.next_mid())
-    return packet(0x32, string("equipment/cell/commands") + mid + varint(len(p)) + p + PAYLOAD)
+    return packet(0x32, string("equipment/cell/commands") + mid + varint(len(p)) + p
+                  + COMMAND_PAYLOAD)
 
 
 class Relay:
@@ -98,10 +101,9 @@ class Relay:
             if first >> 4 != 3:
                 continue
             t = time.perf_counter()
-            i = 2 + ((body[0] << 8) | body[1])
-            acks.append(b"\x40\x02" + bytes(body[i:i + 2]))
-            plen, i = read_varint(body, i + 2)
-            job, _, rest = props_of(body, i, i + plen)["causationid"].partition(":a")
+            ack, props, _ = parse_publish(body, (first >> 1) & 3)
+            acks.append(ack)
+            job, _, rest = props["causationid"].partition(":a")
             action = int(rest.partition("#")[0])
             arrived.append((job, action, t))
             if self.rs is not None:

@@ -24,24 +24,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mqtt_station_proc import Station, packet, string, varint
+from mqtt_station_proc import (
+    COMMAND_PAYLOAD,
+    Station,
+    command_properties,
+    packet,
+    string,
+    varint,
+)
 
 TOPIC = "limit/cell/commands"   # not under equipment/: the station would answer it
 WINDOW = 1000
-PAYLOAD = json.dumps({"Parameters": {"program": 7, "speed": 1.5},
-                      "Context": {"JobOrderID": "job-0000001", "Action": "a3", "Attempt": 1,
-                                  "Hold": False, "Restart": False,
-                                  "DeadlineMs": 1_780_000_000_000}}).encode().ljust(200)
-
-
-def _props() -> bytes:
-    p = b"\x03" + string("application/json") + b"\x08" + string("limit/cell/responses")
-    for k, v in (("specversion", "1.0"), ("id", "job-0000001:a3#4"), ("source", "sfc-host"),
-                 ("type", "com.example.a.v1"), ("subject", "limit")):
-        p += b"\x26" + string(k) + string(v)
-    return p
-
-
 class Client:
     def __init__(self, host: str, port: int) -> None:
         self.sock = socket.create_connection((host, port))
@@ -90,9 +83,9 @@ def subscriber(host: str, port: int, n: int) -> None:
 def publisher(host: str, port: int, n: int) -> None:
     c = Client(host, port)
     c.connect(subscribe=False)
-    props = _props()
+    props = command_properties("job-0000001:a3#4", "limit", "limit/cell/responses")
     head_topic = string(TOPIC)
-    tail = varint(len(props)) + props + PAYLOAD
+    tail = varint(len(props)) + props + COMMAND_PAYLOAD
     first = bytes([0x32]) + varint(len(head_topic) + 2 + len(tail))
     sent = acked = 0
     t0 = time.perf_counter()

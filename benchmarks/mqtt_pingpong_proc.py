@@ -21,7 +21,7 @@ import struct
 import sys
 import time
 
-from mqtt_station_proc import Station, packet, read_varint, string, varint
+from mqtt_station_proc import Station, packet, parse_publish, string, varint
 
 PING, PONG = "bench/ping", "bench/pong"
 
@@ -29,18 +29,6 @@ PING, PONG = "bench/ping", "bench/pong"
 def publish(peer: Station, topic: str, payload: bytes) -> bytes:
     mid = struct.pack(">H", peer.next_mid())
     return packet(0x32, string(topic) + mid + varint(0) + payload)
-
-
-def received(body: memoryview, qos: int) -> tuple[bytes, bytes]:
-    """The PUBACK owed for a PUBLISH (if QoS 1) and its payload."""
-    tlen = (body[0] << 8) | body[1]
-    i = 2 + tlen
-    ack = b""
-    if qos:
-        ack = b"\x40\x02" + bytes(body[i:i + 2])
-        i += 2
-    plen, i = read_varint(body, i)
-    return ack, bytes(body[i + plen:])
 
 
 def main(host: str, port: int, rate: float, seconds: float) -> None:
@@ -70,7 +58,7 @@ def main(host: str, port: int, rate: float, seconds: float) -> None:
             for first, body in peer.packets():
                 if first >> 4 != 3:
                     continue
-                ack, payload = received(body, (first >> 1) & 3)
+                ack, _, payload = parse_publish(body, (first >> 1) & 3)
                 out.append(ack)
                 if peer is echo:
                     out.append(publish(echo, PONG, payload))

@@ -85,6 +85,36 @@ def props_of(buf: memoryview, i: int, end: int) -> dict[str, str]:
     return out
 
 
+# A command as the host sends one (binary CloudEvent): its 200-byte JSON payload and
+# its properties; the benchmarks that stand in for the host send these.
+COMMAND_PAYLOAD = json.dumps({"Parameters": {"program": 7, "speed": 1.5},
+                              "Context": {"JobOrderID": "job-0000001", "Action": "a3",
+                                          "Attempt": 1, "Hold": False, "Restart": False,
+                                          "DeadlineMs": 1_780_000_000_000}}).encode().ljust(200)
+
+
+def command_properties(command_id: str, subject: str, response_topic: str) -> bytes:
+    """A command's MQTT 5 properties: content type, response topic and the five
+    CloudEvent attributes as user properties."""
+    p = b"\x03" + string("application/json") + b"\x08" + string(response_topic)
+    for k, v in (("specversion", "1.0"), ("id", command_id), ("source", "sfc-host"),
+                 ("type", "com.example.a.v1"), ("subject", subject)):
+        p += b"\x26" + string(k) + string(v)
+    return p
+
+
+def parse_publish(body: memoryview, qos: int) -> tuple[bytes, dict[str, str], bytes]:
+    """The PUBACK owed for a PUBLISH (if QoS 1), its properties (``props_of``) and its
+    payload."""
+    i = 2 + ((body[0] << 8) | body[1])
+    ack = b""
+    if qos:
+        ack = b"\x40\x02" + bytes(body[i:i + 2])     # PUBACK, success
+        i += 2
+    plen, i = read_varint(body, i)
+    return ack, props_of(body, i, i + plen), bytes(body[i + plen:])
+
+
 class Station:
     def __init__(self, host: str, port: int, structured: bool) -> None:
         self.sock = socket.create_connection((host, port))
@@ -135,15 +165,7 @@ class Station:
         return out
 
     def answer(self, body: memoryview, qos: int) -> bytes:
-        tlen = (body[0] << 8) | body[1]
-        i = 2 + tlen
-        out = b""
-        if qos:
-            out = b"\x40\x02" + bytes(body[i:i + 2])       # PUBACK, success
-            i += 2
-        plen, i = read_varint(body, i)
-        props = props_of(body, i, i + plen)
-        payload = bytes(body[i + plen:])
+        out, props, payload = parse_publish(body, qos)
         self.n += 1
         topic = props.get("ResponseTopic")
         if not topic:

@@ -136,7 +136,7 @@ def part_limits(quick: bool, tmp: Path) -> dict[str, Any]:
 
 async def _e2e(quick: bool, tmp: Path) -> dict[str, Any]:
     import report_e2e as e2e
-    from mqtt_e2e import broker_pingpong, settled
+    from mqtt_e2e import broker_pingpong, floor_relay, settled
     out: dict[str, Any] = {}
     async with e2e.setup(tmp) as run:
         out["mqtt"] = await asyncio.get_running_loop().run_in_executor(
@@ -176,15 +176,6 @@ async def _e2e(quick: bool, tmp: Path) -> dict[str, Any]:
             out.setdefault("errors", []).append(f"floor: {e} {detail[-1500:]}")
             print(out["errors"][-1], file=sys.stderr, flush=True)
     return out
-
-
-def floor_relay(broker_port: int, redis_port: int, rate: float,
-                seconds: float) -> dict[str, float]:
-    p = subprocess.run([sys.executable, str(HERE / "mqtt_floor.py"), "--ports",
-                        str(broker_port), str(redis_port), "--rate", str(rate),
-                        "--seconds", str(seconds)],
-                       capture_output=True, text=True, timeout=seconds + 60, check=True)
-    return json.loads(p.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def part_e2e(quick: bool, tmp: Path) -> dict[str, Any]:
