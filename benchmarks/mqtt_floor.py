@@ -185,9 +185,15 @@ def main() -> None:
     if args.rate <= 0 or args.seconds <= 0:
         p.error("--rate and --seconds must be greater than 0")
     if args.ports:
-        relay = Relay(args.ports[0], None if args.no_redis else args.ports[1])
+        try:
+            relay = Relay(args.ports[0], None if args.no_redis else args.ports[1])
+        except OSError as e:
+            p.error(f"no broker or Redis to use on ports {args.ports[0]} and "
+                    f"{args.ports[1]}: {e}")
         try:
             print(json.dumps(relay.run(args.rate, args.seconds)))
+        except RuntimeError as e:
+            sys.exit(f"mqtt_floor.py: {e}")
         finally:
             relay.close()
         return
@@ -195,6 +201,8 @@ def main() -> None:
         relay = Relay(broker.port, None if args.no_redis else redis.port)
         try:
             r = relay.run(args.rate, args.seconds)
+        except RuntimeError as e:
+            sys.exit(f"mqtt_floor.py: {e}")
         finally:
             relay.close()
         pp = broker_pingpong(broker.port, args.rate, args.seconds)
