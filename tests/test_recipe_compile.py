@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from conftest import load_reference, reference_recipes_dir
-from recipes import V100, V110, linear, pull, push, with_
+from recipes import V100, V110, chain, linear, pull, push, with_
 
 from sfc_fast import Graph, Problem, RecipeError, compile_recipe
 from sfc_fast.recipe import CODES
@@ -162,6 +162,44 @@ def test_data_may_be_json_text_or_bytes() -> None:
     a = compile_recipe(r, V110)
     assert compile_recipe(json.dumps(r), V110) == a
     assert compile_recipe(json.dumps(r).encode(), V110) == a
+
+
+class _Key(str):
+    """A str subclass: equal to a field's name, not a str."""
+
+
+def _rekey(obj: Any, make: Any) -> Any:
+    if isinstance(obj, dict):
+        return {make(k): _rekey(v, make) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rekey(x, make) for x in obj]
+    return obj
+
+
+def test_field_names_match_by_value_whatever_the_key_objects() -> None:
+    # Parsed JSON gives each distinct key of a document one object, not the literal's;
+    # the compiler finds a field's key by value and remembers that object: keys that
+    # are a new object each time, or str subclasses, give the same graph.
+    wm = load_reference("paint_hold_restart.json")
+    r, schema = wm["data"], wm["dataschema"]
+    a = compile_recipe(r, schema)
+    assert compile_recipe(json.dumps(r), schema) == a
+    assert compile_recipe(_rekey(r, lambda k: "".join(list(k))), schema) == a
+    assert compile_recipe(_rekey(r, _Key), schema) == a
+    big = chain(50)
+    assert compile_recipe(json.dumps(big), V110) == compile_recipe(big, V110)
+
+
+def test_a_key_that_is_not_text_is_an_unknown_field_in_any_position() -> None:
+    # None and numbers are never taken for a field, also after the fields were seen
+    r = linear(3)
+    r["Steps"][1] = {None: "x", **r["Steps"][1]}
+    r["Steps"][2][7] = "y"
+    r["Transitions"][0][None] = 1
+    with pytest.raises(RecipeError) as e:
+        compile_recipe(r, V110)
+    assert {(p.code, p.path) for p in e.value.problems} == {
+        ("SFC021", "$.Steps[1]"), ("SFC021", "$.Steps[2]"), ("SFC021", "$.Transitions[0]")}
 
 
 def test_dataschema_without_trailing_slash_is_accepted() -> None:

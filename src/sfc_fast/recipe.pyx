@@ -13,6 +13,7 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset, strlen
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_GetItemWithError, PyDict_Next
+from cpython.exc cimport PyErr_Occurred
 from cpython.set cimport PySet_Contains
 from cpython.list cimport PyList_GET_SIZE
 from cpython.object cimport PyObject
@@ -70,6 +71,9 @@ cdef tuple _STEP_FIELDS = ("Description", "Name", "Initial")
 cdef tuple _TRANSITION_FIELDS = ("Description", "Source", "Target", "Condition", "Priority")
 cdef tuple _ACTION_FIELDS = ("Description", "Name", "Step", "Qualifier", "Interaction",
                              "TypeId", "TimeoutSeconds", "Parameters") + V110_FIELDS
+cdef dict _STEP_INDEX = {f: k for k, f in enumerate(_STEP_FIELDS)}
+cdef dict _TRANSITION_INDEX = {f: k for k, f in enumerate(_TRANSITION_FIELDS)}
+cdef dict _ACTION_INDEX = {f: k for k, f in enumerate(_ACTION_FIELDS)}
 cdef enum:
     F_DESC = 0
     F_NAME = 1
@@ -193,20 +197,30 @@ cdef inline object _val(PyObject* p):
 
 cdef extern from "Python.h":
     PyObject* _tuple_item "PyTuple_GET_ITEM"(object t, Py_ssize_t i)
+    PyObject* _list_item "PyList_GET_ITEM"(object t, Py_ssize_t i)
 
 
-cdef inline Py_ssize_t _field_index(tuple fields, Py_ssize_t n, PyObject* key) noexcept:
-    """The index of key in fields, -1 if absent: the same object (literal and interned
-    keys), else an equal str (keys of parsed JSON)."""
+cdef inline Py_ssize_t _field_index(tuple fields, Py_ssize_t n, dict index, list seen,
+                                    PyObject* key) except -2:
+    """The index of key in fields, -1 if absent: the same object as the field's literal
+    (literal and interned keys) or as a key found before in this document (parsed JSON
+    gives each distinct key of a document one object), else an equal str found through
+    ``index`` (field -> its position) and remembered in ``seen``. Comparing each key
+    with every field in turn was a sixth of the compile of a parsed document."""
     cdef Py_ssize_t k
     for k in range(n):
-        if _tuple_item(fields, k) == key:
+        if _tuple_item(fields, k) == key or _list_item(seen, k) == key:
             return k
-    if type(<object>key) is str:
-        for k in range(n):
-            if <str><object>_tuple_item(fields, k) == <str><object>key:
-                return k
-    return -1
+    if type(<object>key) is not str:
+        return -1
+    cdef PyObject* v = PyDict_GetItemWithError(index, <object>key)
+    if v == NULL:
+        if PyErr_Occurred():
+            return -2
+        return -1
+    k = <Py_ssize_t><long><object>v
+    seen[k] = <object>key
+    return k
 
 
 cdef inline bint _blank(object v):
@@ -656,11 +670,17 @@ cdef class _Compiler:
     cdef int64_t v_hold_timeout
     cdef int64_t v_duration
     cdef int32_t v_retries
+    # per element kind, the key objects of this document that named each field
+    cdef list seen_step, seen_transition, seen_action
 
     def __init__(self, int minor):
         self.minor = minor
         self.problems = []
         self.strings = []
+        # a private sentinel, never a key of the input (None may be one)
+        self.seen_step = [_ABSENT] * len(_STEP_FIELDS)
+        self.seen_transition = [_ABSENT] * len(_TRANSITION_FIELDS)
+        self.seen_action = [_ABSENT] * len(_ACTION_FIELDS)
 
     def __dealloc__(self):
         cdef int k
@@ -734,8 +754,9 @@ cdef class _Compiler:
             self.err("SFC013", _at(base, idx, ".Description"),
                      f"Description must be text of at most {MAX_FIELD_CHARS} characters")
 
-    cdef int _fields(self, dict obj, tuple fields, Py_ssize_t n_allowed, frozenset allowed,
-                     str base, Py_ssize_t idx, PyObject** out, list keep) except -1:
+    cdef int _fields(self, dict obj, tuple fields, dict index, list seen,
+                     Py_ssize_t n_allowed, frozenset allowed, str base, Py_ssize_t idx,
+                     PyObject** out, list keep) except -1:
         """out[k] = obj's value of fields[k] (NULL: absent), its Description checked and
         its unknown fields reported; returns how many of fields[n_allowed:] (v1.1.0
         fields) it has, as _unknown_keys does. Values are borrowed from obj, or held
@@ -749,7 +770,7 @@ cdef class _Compiler:
         if type(obj) is dict:
             # the common case: one walk, every key one of fields
             while PyDict_Next(obj, &pos, &kp, &vp):
-                k = _field_index(fields, n, kp)
+                k = _field_index(fields, n, index, seen, kp)
                 if k < 0:
                     break
                 out[k] = vp
@@ -894,7 +915,8 @@ cdef class _Compiler:
                 step_names.append(None)
                 i32_push(&t[X_STEP_FLAGS], 0)
                 continue
-            self._fields(st, _STEP_FIELDS, 3, _STEP_KEYS, "$.Steps", i, f, keep)
+            self._fields(st, _STEP_FIELDS, _STEP_INDEX, self.seen_step, 3, _STEP_KEYS,
+                         "$.Steps", i, f, keep)
             name = self._name(_val(f[F_NAME]), "$.Steps", i, "a step")
             ini = False if f[F_INITIAL] == NULL else <object>f[F_INITIAL]
             if not isinstance(ini, bool):
@@ -1040,8 +1062,8 @@ cdef class _Compiler:
                 continue
             # Checked against the v1.0.0 fields: the count of v1.1.0 ones tells
             # _v110 whether it has anything to look at.
-            n_v110 = self._fields(a, _ACTION_FIELDS, F_N_V100, _ACTION_V100_KEYS,
-                                  "$.Actions", ai, f, keep)
+            n_v110 = self._fields(a, _ACTION_FIELDS, _ACTION_INDEX, self.seen_action,
+                                  F_N_V100, _ACTION_V100_KEYS, "$.Actions", ai, f, keep)
             name = self._name(_val(f[F_NAME]), "$.Actions", ai, "an action")
             if name is not None:
                 flaw = _name_flaw(name)
@@ -1159,8 +1181,8 @@ cdef class _Compiler:
                 self.err("SFC013", _at("$.Transitions", ti, ""),
                          "a transition is an object with Source, Target, Condition")
                 continue
-            self._fields(tr, _TRANSITION_FIELDS, 5, _TRANSITION_KEYS, "$.Transitions", ti,
-                         f, keep)
+            self._fields(tr, _TRANSITION_FIELDS, _TRANSITION_INDEX, self.seen_transition,
+                         5, _TRANSITION_KEYS, "$.Transitions", ti, f, keep)
             src = self._end(_val(f[F_SOURCE]), "Source", ti, node_of)
             dst = self._end(_val(f[F_TARGET]), "Target", ti, node_of)
             cond_text = _val(f[F_CONDITION])
