@@ -85,6 +85,22 @@ def test_mqtt_floor_relays_every_answer_and_measures_the_broker() -> None:
     assert float(broker.group(1)) > 0
 
 
+def test_cas_history_times_a_write_at_three_history_lengths() -> None:
+    out = _run("cas_history.py", "--calls", "500", "--batch", "2", "--rounds", "1")
+    rows = re.findall(r"^ +(\d+) writes a job: +([\d.]+) µs$", out, re.M)
+    assert [int(h) for h, _ in rows] == [5, 50, 500], out
+    assert all(float(us) > 0 for _, us in rows)
+    assert re.search(r"500 against 5: ([\d.]+)x", out), out
+
+
+def test_cas_history_refuses_too_few_writes_in_one_line() -> None:
+    p = subprocess.run([sys.executable, str(BENCH / "cas_history.py"), "--calls", "3"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1].endswith(
+        "--calls must be at least 500: a job has one write a call")
+
+
 def test_redis_channel_compares_both_clients() -> None:
     out = _run("redis_channel.py", "--calls", "300", "--rounds", "1")
     rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]

@@ -1,7 +1,7 @@
 """The job hash keeps a state in two parts on a real redis-server: the live part in ``s``
-(rewritten by every event) and the archive of settled records appended to chunks
-``h:{n}`` of up to 4 KB; readers see them joined, and a format-1 state is written
-anew."""
+(rewritten by every event) and the archive of settled records, each write's in a
+field ``h:{n}`` of its own, merged every ``ARCHIVE_MERGE`` writes; readers see them
+joined, and a format-1 state is written anew."""
 
 from __future__ import annotations
 
@@ -23,12 +23,15 @@ STEPS = 8
 PAD = "x" * 1000
 
 
-def chain_wm() -> dict[str, Any]:
-    steps = [{"Name": f"S{i}", "Initial": i == 0} for i in range(STEPS)]
+ARCHIVE_MERGE = 32         # cas.lua's
+
+
+def chain_wm(n: int = STEPS) -> dict[str, Any]:
+    steps = [{"Name": f"S{i}", "Initial": i == 0} for i in range(n)]
     trans = [{"Source": f"S{i}", "Target": f"S{i + 1}", "Condition": f"a{i}.ok == true"}
-             for i in range(STEPS - 1)]
+             for i in range(n - 1)]
     acts = [{"Name": f"a{i}", "Step": f"S{i}", "Qualifier": "N", "Interaction": "push_command",
-             "TypeId": f"com.example.a{i}.v1", "TimeoutSeconds": 60} for i in range(STEPS)]
+             "TypeId": f"com.example.a{i}.v1", "TimeoutSeconds": 60} for i in range(n)]
     return {"ID": "chain", "dataschema": V110,
             "data": {"Steps": steps, "Transitions": trans, "Actions": acts}}
 
@@ -43,23 +46,29 @@ def _archive_fields(h: dict[bytes, bytes]) -> list[bytes]:
     return [k for k in h if k.startswith(b"h:")]
 
 
+async def _ended(host: Any, job: str) -> dict[bytes, bytes]:
+    """Store and start an order of the chain Work Master: its job hash once it ended."""
+    await host.orders.store_order(S, {"JobOrderID": job, "WorkMasterID": [{"ID": "chain"}]},
+                                  start=True)
+    await wait_until(lambda: host.client.exists(K.response(job)), what="response")
+    return await host.client.hgetall(K.job(job))
+
+
 def test_settled_records_are_appended_apart_and_read_back_whole(redis_url: str) -> None:
     async def main() -> None:
-        # a result of about 1 KB each: eight settled steps fill more than one chunk
+        # a result of about 1 KB each: each write's piece holds one step's records
         st = Station(lambda c: {"ok": True, "n": int(c.action[1:]), "pad": PAD})
         host = await start_host(redis_url, st, chain_wm())
         try:
-            await host.orders.store_order(S, {"JobOrderID": "C",
-                                              "WorkMasterID": [{"ID": "chain"}]}, start=True)
-            await wait_until(lambda: host.client.exists(K.response("C")), what="response")
-            h = await host.client.hgetall(K.job("C"))
+            h = await _ended(host, "C")
             # every completion archived its step's records (the last one too: the job
-            # ended, no step is active), appended to a chunk while it stays under 4 KB
+            # ended, no step is active), each write's in a field of its own: nothing
+            # stored is read to append (fewer than ARCHIVE_MERGE writes: no merge yet)
             hn = int(h[b"hn"])
-            assert 2 <= hn < STEPS
+            assert STEPS - 1 <= hn < ARCHIVE_MERGE
             assert sorted(_archive_fields(h)) == sorted(f"h:{i}".encode()
                                                        for i in range(1, hn + 1))
-            assert all(len(h[k]) <= 4096 for k in _archive_fields(h))
+            assert all(len(PAD) < len(h[k]) < 2 * len(PAD) for k in _archive_fields(h))
             graph = Graph.from_bytes(await host.client.get(K.graph(h[b"g"].decode())))
             live = state_to_json(graph, h[b"s"])
             assert live["archived_missing"] == 2 * STEPS        # action and step round
@@ -77,6 +86,80 @@ def test_settled_records_are_appended_apart_and_read_back_whole(redis_url: str) 
             ids = {d["ID"] for d in resp["JobResponseData"]}
             assert ids == {f"a{i}.{f}" for i in range(STEPS) for f in ("ok", "n", "pad")}
             assert "hn" not in view["markers"]
+        finally:
+            await host.aclose()
+    run(main())
+
+
+def test_every_merge_th_write_merges_the_pieces_since_the_last_merge(redis_url: str) -> None:
+    # 70 steps: merged fields at h:32 and h:64, the pieces after them apart; the job hash
+    # keeps few fields however long the job runs, and reads back whole
+    n = 70
+
+    async def main() -> None:
+        st = Station(lambda c: {"ok": True, "n": int(c.action[1:])})
+        host = await start_host(redis_url, st, chain_wm(n))
+        try:
+            h = await _ended(host, "L")
+            hn = int(h[b"hn"])
+            assert hn >= n - 1
+            merged = list(range(ARCHIVE_MERGE, hn + 1, ARCHIVE_MERGE))
+            apart = list(range(merged[-1] + 1, hn + 1))
+            assert sorted(_archive_fields(h)) == sorted(f"h:{i}".encode()
+                                                       for i in merged + apart)
+            graph = Graph.from_bytes(await host.client.get(K.graph(h[b"g"].decode())))
+            whole = state_to_json(graph, whole_state(h))
+            assert {a: v["result"] for a, v in whole["actions"].items()} == \
+                {f"a{i}": {"ok": True, "n": i} for i in range(n)}
+            view = await host.inspect(S, "L")
+            assert view is not None and view["status"] == "completed"
+        finally:
+            await host.aclose()
+    run(main())
+
+
+def test_chunks_of_an_earlier_layout_are_carried_on(redis_url: str) -> None:
+    # A job written by an earlier host (archive chunks of up to 4 KB, appended in place,
+    # `hn` the last chunk's number) goes on with pieces of its own after them; the
+    # merge at h:32 reaches back over the old chunks and keeps their order.
+    n = 60
+    held = {"on": True}
+
+    def answer(c: Any) -> Any:
+        if c.action == "a20" and held["on"]:
+            return False
+        return {"ok": True, "n": int(c.action[1:])}
+
+    async def main() -> None:
+        st = Station(answer)
+        host = await start_host(redis_url, st, chain_wm(n))
+        try:
+            await host.orders.store_order(S, {"JobOrderID": "O",
+                                              "WorkMasterID": [{"ID": "chain"}]}, start=True)
+            cmd = await wait_until(lambda: next((c for c in st.commands if c.action == "a20"),
+                                                None), what="a20 sent")
+            h = await host.client.hgetall(K.job("O"))
+            before = whole_state(h)
+            # the same archive as an earlier host kept it: joined, cut into 3 chunks
+            arch = b"".join(h[k] for k in sorted(_archive_fields(h), key=lambda k: int(k[2:])))
+            third = len(arch) // 3 + 1
+            await host.client.hdel(K.job("O"), *_archive_fields(h))
+            await host.client.hset(K.job("O"), mapping={
+                "h:1": arch[:third], "h:2": arch[third:2 * third], "h:3": arch[2 * third:],
+                "hn": "3"})
+            assert whole_state(await host.client.hgetall(K.job("O"))) == before
+            held["on"] = False
+            host.answer(S, Completed(cmd.command_id, {"ok": True, "n": 20}))
+            await wait_until(lambda: host.client.exists(K.response("O")), what="response")
+            h = await host.client.hgetall(K.job("O"))
+            hn = int(h[b"hn"])
+            assert hn > ARCHIVE_MERGE
+            assert sorted(_archive_fields(h)) == sorted(
+                f"h:{i}".encode() for i in [ARCHIVE_MERGE, *range(ARCHIVE_MERGE + 1, hn + 1)])
+            graph = Graph.from_bytes(await host.client.get(K.graph(h[b"g"].decode())))
+            whole = state_to_json(graph, whole_state(h))
+            assert {a: v["result"] for a, v in whole["actions"].items()} == \
+                {f"a{i}": {"ok": True, "n": i} for i in range(n)}
         finally:
             await host.aclose()
     run(main())

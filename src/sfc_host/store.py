@@ -13,8 +13,9 @@ and the compare-and-set writes it only if the offset did not move meanwhile.
 
 A job's state is kept in two parts (state format 2): the live part in field ``s``,
 which every event rewrites, and the archive of settled records that no event reads
-again, appended by the compare-and-set that made them to chunks ``h:1``, ``h:2``, ...
-of up to 4 KB (``hn``: the last chunk's number). The
+again, appended by the compare-and-set that made them as a field of their own,
+``h:{hn + 1}``, merged every 32 writes (``hn``: the last field's number; the fields
+joined in the order of their numbers are the archive). The
 settler evolves the live part alone, so its cost does not grow with the job's history;
 a reader of the hash gets both joined (``JobRow.state``).
 """
@@ -72,7 +73,8 @@ ARCHIVE_PREFIX = b"h:"
 
 
 def join_archive(fields: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """The archive records of ``h:{n}`` chunks, in the order they were written."""
+    """The archive records of the ``h:{n}`` fields, in the order of their numbers (the
+    order they were written; gaps where pieces were merged)."""
     parts = sorted((int(k[len(ARCHIVE_PREFIX):]), v) for k, v in fields)
     return b"".join(v for _, v in parts)
 
@@ -104,7 +106,7 @@ def _row(job: str, flat: list[bytes]) -> JobRow:
         elif k.startswith(ARCHIVE_PREFIX):
             archive.append((k, v))
         elif k == b"hn":
-            pass                    # the last archive chunk's number (cas.lua's)
+            pass                    # the last archive field's number (cas.lua's)
         else:
             r.markers[k] = v
     r.live = r.state

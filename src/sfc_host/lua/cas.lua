@@ -24,8 +24,10 @@
 --     n entries, then per entry: kind, action, command id,
 --     response key index (0 = none), response value, the scope's results set key
 --     index (the job joins it with its response: the state index's has_result),
---     archive records to append ('' = none; written with a state, appended to the
---     job's archive chunks h:1, h:2, ... (hn: the last one's number)).
+--     archive records to append ('' = none; written with a state as the job's next
+--     archive piece h:{hn + 1} (hn: the last one's number), merged with the pieces
+--     before it every ARCHIVE_MERGE pieces; the archive is the h: fields joined in the
+--     order of their numbers).
 -- A record whose version does not match writes nothing; the others still apply.
 -- After every group's records, the new entries of the delivering groups' streams
 -- (those just appended among them) are delivered to that consumer with one
@@ -42,6 +44,7 @@
 -- sent:{action} and sent:{action}:hold (false when unset); counts, per group the
 -- number of its dispatch entries in markers; delivered, the XREADGROUP reply
 -- ({stream, entries} per stream with new entries; false when none).
+local ARCHIVE_MERGE = 32
 local versions, marks, counts = {}, {}, {}
 local t = redis.call('TIME')
 local too_late = false
@@ -93,47 +96,60 @@ for g = 1, ngroups do
     local xidx = tonumber(ARGV[e + 3 * ne + 2])
     local archive = ARGV[e + 3 * ne + 3]
     p = e + 3 * ne + 4
-    -- The version, and with it the markers of the record's first dispatch entry: one
-    -- call, not two (nothing below writes a marker; a reset deletes them, so then
-    -- they are read after it)
+    -- The version, the archive's last piece number and the markers of the record's
+    -- first dispatch entry: one call (nothing below writes a marker; a reset deletes
+    -- them, so then they are read after it)
     local first, pre = nil, nil
     if reset ~= '1' then
       for i = 0, ne - 1 do
         if string.sub(ARGV[e + 3 * i], 1, 9) == 'dispatch:' then first = i break end
       end
     end
-    local current
     if first then
       local a = ARGV[e + 3 * first + 1]
-      pre = redis.call('HMGET', key, 'v', 'sent:' .. a, 'sent:' .. a .. ':hold')
-      current = pre[1] or '0'
+      pre = redis.call('HMGET', key, 'v', 'hn', 'sent:' .. a, 'sent:' .. a .. ':hold')
     else
-      current = redis.call('HGET', key, 'v') or '0'
+      pre = redis.call('HMGET', key, 'v', 'hn')
     end
+    local current = pre[1] or '0'
     if too_late or current ~= expected or (state ~= '' and roffset ~= offset) then
       versions[#versions + 1] = 0
     else
       local v = math.max(tonumber(current) + 1, clock_us)
       if state ~= '' then
         if reset == '1' then redis.call('DEL', key) end
-        local vs = string.format('%d', v)
-        if fp ~= '' then
-          redis.call('HSET', key, 's', state, 'v', vs, 'g', fp)
-        else
-          redis.call('HSET', key, 's', state, 'v', vs)
-        end
-        if offset ~= '0' then redis.call('HSET', key, 'o', offset) end
-        -- settled records of the state, appended (no event reads or rewrites them again)
-        -- to the last chunk h:{hn} while it stays under 4 KB: few fields, bounded work
+        -- every field of the record in one HSET
+        local f = {'s', state, 'v', string.format('%d', v)}
+        if fp ~= '' then f[#f + 1] = 'g' f[#f + 1] = fp end
+        if offset ~= '0' then f[#f + 1] = 'o' f[#f + 1] = offset end
+        -- Settled records of the state (no event reads or rewrites them again) go to a
+        -- field of their own, h:{hn + 1}, without reading what is stored: Redis's Lua
+        -- hashes every byte of every string it makes, so reading and rewriting a chunk
+        -- to append to it cost more than the rest of the record. Every ARCHIVE_MERGE-th
+        -- piece merges the pieces since the last merge into its own field, so a job
+        -- has at most hn / ARCHIVE_MERGE + ARCHIVE_MERGE of them. Readers join the h:
+        -- fields in the order of their numbers (gaps allowed).
         if archive ~= '' then
-          local hn = tonumber(redis.call('HGET', key, 'hn') or '0')
-          local last = hn > 0 and redis.call('HGET', key, 'h:' .. hn)
-          if last and #last + #archive <= 4096 then
-            redis.call('HSET', key, 'h:' .. hn, last .. archive)
+          local hn = (reset == '1' and 0 or tonumber(pre[2] or '0')) + 1
+          f[#f + 1] = 'hn'
+          f[#f + 1] = hn
+          f[#f + 1] = 'h:' .. hn
+          if hn % ARCHIVE_MERGE == 0 then
+            local names = {}
+            for i = hn - ARCHIVE_MERGE + 1, hn - 1 do names[#names + 1] = 'h:' .. i end
+            local got = redis.call('HMGET', key, unpack(names))
+            local parts = {}
+            for i = 1, #got do
+              if got[i] then parts[#parts + 1] = got[i] end
+            end
+            parts[#parts + 1] = archive
+            f[#f + 1] = table.concat(parts)
+            redis.call('HDEL', key, unpack(names))
           else
-            redis.call('HSET', key, 'h:' .. (hn + 1), archive, 'hn', hn + 1)
+            f[#f + 1] = archive
           end
         end
+        redis.call('HSET', key, unpack(f))
         if gidx > 0 then redis.call('SET', KEYS[gidx], gbytes, 'NX') end
       else
         v = tonumber(current)
@@ -163,8 +179,8 @@ for g = 1, ngroups do
                               'c', ARGV[q + 2])
         if i == first then
           marks[#marks + 1] = id
-          marks[#marks + 1] = pre[2]
           marks[#marks + 1] = pre[3]
+          marks[#marks + 1] = pre[4]
         elseif string.sub(ARGV[q], 1, 9) == 'dispatch:' then
           local a = ARGV[q + 1]
           local m = redis.call('HMGET', key, 'sent:' .. a, 'sent:' .. a .. ':hold')
