@@ -165,6 +165,35 @@ def test_chunks_of_an_earlier_layout_are_carried_on(redis_url: str) -> None:
     run(main())
 
 
+def test_answers_routed_to_the_other_host_each_time_end_the_job_whole(
+        redis_url: str) -> None:
+    # The station answers through the two hosts in turn, so every answer reaches the
+    # host that did not write the job last and reads the job from Redis: the archive
+    # pieces and merges written by both hosts end as one whole state and response.
+    n = 40
+
+    async def main() -> None:
+        st = Station(lambda c: {"ok": True, "n": int(c.action[1:])})
+        h1 = await start_host(redis_url, st, chain_wm(n), consumer="h1")
+        h2 = await start_host(redis_url, st, flush_db=False, consumer="h2")
+        try:
+            h = await _ended(h1, "T")
+            graph = Graph.from_bytes(await h1.client.get(K.graph(h[b"g"].decode())))
+            whole = state_to_json(graph, whole_state(h))
+            assert whole["status"] == "completed"
+            assert {a: v["result"] for a, v in whole["actions"].items()} == \
+                {f"a{i}": {"ok": True, "n": i} for i in range(n)}
+            resp = json.loads(await h1.client.get(K.response("T")))
+            assert {d["ID"] for d in resp["JobResponseData"]} == \
+                {f"a{i}.{f}" for i in range(n) for f in ("ok", "n")}
+            # both hosts settled answers of the job
+            assert h1.metrics["answers_applied"] > 0 and h2.metrics["answers_applied"] > 0
+        finally:
+            await h1.aclose()
+            await h2.aclose()
+    run(main())
+
+
 def test_a_format_1_state_in_redis_is_read_and_written_anew(redis_url: str) -> None:
     data = json.loads((Path(__file__).parent / "data" / "states_v1.json").read_text())
     case = next(c for c in data["cases"] if c["recipe"] == "chain30" and c["status"] == "running"
