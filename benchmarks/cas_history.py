@@ -1,5 +1,6 @@
 """Redis's time per record of the compare-and-set script against the length of a job's
-history: does a write cost more when the job has settled many actions before it?
+history: does a write cost more when the job has settled many actions before it? And
+what a whole read of such a job (``load.lua``) costs.
 
     python benchmarks/cas_history.py [--calls 2500] [--batch 16] [--script FILE]
 
@@ -8,9 +9,12 @@ entry, a new deadline and one piece of archive (settled records, 60 bytes). The 
 are the host's own (``Store.cas_call``), sent to a redis-server started here; every
 record's version is carried to the next write, so every write applies. Jobs are
 written round-robin, so with ``H`` writes per job every job ends with ``H`` archive
-pieces. Redis's time is its own (``INFO commandstats``: the script call, its inner
-commands included), per record, at H = 5, 50 and 500, and the ratio of the longest
-history to the shortest.
+pieces. As in the host, every command sent leaves its sent marker (``marker.lua``,
+one field per action: each write here dispatches a new action, as a chain does). Redis's
+time is its own (``INFO commandstats``: the script call, its inner commands included),
+per record, at H = 5, 50 and 500, and the ratio of the longest history to the
+shortest; then per job, a whole read of every job and a lean one (``Store.load``'s
+calls: the lean read, the settler's, leaves out the archive and the sent markers).
 
 ``--script FILE``: another build's ``cas.lua`` in place of this checkout's (the host
 builds the calls the same way), to compare layouts in turns.
@@ -37,37 +41,63 @@ STATE = b"s" * 300
 PIECE = b"a" * 60
 
 
+def _script_us(r: redis.Redis) -> int:
+    """Redis's time in script calls so far (µs; their inner commands included)."""
+    st = r.info("commandstats").get("cmdstat_evalsha")
+    return int(st["usec"]) if st else 0
+
+
 def run(r: redis.Redis, store: Store, script: Script, history: int, calls: int,
-        batch: int) -> float:
-    """Redis µs per record with ``history`` writes per job."""
+        batch: int) -> tuple[float, float, float]:
+    """Redis µs per record with ``history`` writes per job, and per whole and per lean
+    read of a job at the end."""
     r.flushall()
     k = store.keys(SCOPE)
     r.xgroup_create(k.work, "g", id="0", mkstream=True)
     jobs = max(1, calls * batch // history)
     versions = [b"0"] * jobs
     r.config_resetstat()
+    marker = store.scripts["marker"]
+    spent = 0
     j = 0
     for c in range(calls):
         recs = []
         for _ in range(batch):
             n = j % jobs
             j += 1
-            a = f"a{c % 7}"
+            a = f"a{c}"
             recs.append(Record(f"J{n}", versions[n], STATE, 1_000_000 + c, None,
-                               entries=[(f"dispatch:{a}", a, f"J{n}:{a}#{c}")],
+                               entries=[(f"dispatch:{a}", a, f"J{n}:{a}#1")],
                                archive=PIECE))
         _, keys, args = store.cas_call([(SCOPE, recs, True)], 0, ("g", "c", 100))
+        before = _script_us(r)
         got = r.evalsha(script.sha, len(keys), *keys, *args)
+        spent += _script_us(r) - before
         for rec, v in zip(recs, got[0], strict=True):
             if v == 0:
                 raise SystemExit(f"a write of {rec.job} lost its compare-and-set")
             versions[int(rec.job[1:])] = str(v).encode()
+        # the commands went out: their markers, and the acks of their entries
+        marks = [(SCOPE, rec.job, f"sent:{rec.entries[0][1]}", f"1:{rec.entries[0][2]}")
+                 for rec in recs]
+        ids = [e for i in range(0, len(got[1]), 3) if isinstance(e := got[1][i], bytes)]
+        _, mkeys, margs = store._marker_call(marks, [(SCOPE, eid) for eid in ids])
+        r.evalsha(marker.sha, len(mkeys), *mkeys, *margs)
         if c % 64 == 63:
             # the host acks and the sweep trims; here the stream is just kept short
             r.xtrim(k.work, maxlen=0)
             r.xgroup_setid(k.work, "g", id="$")
-    st = r.info("commandstats")
-    return st["cmdstat_evalsha"]["usec"] / (calls * batch)
+    cas_us = spent / (calls * batch)
+    names = [f"J{n}" for n in range(jobs)]
+    reads = []
+    for lean in (False, True):
+        r.config_resetstat()
+        for i in range(0, jobs, batch):
+            _, calls_ = store._load_calls({SCOPE: names[i:i + batch]}, lean)
+            for sc, keys, args in calls_:
+                r.evalsha(sc.sha, len(keys), *keys, *args)
+        reads.append(_script_us(r) / jobs)
+    return cas_us, reads[0], reads[1]
 
 
 def main() -> None:
@@ -95,19 +125,31 @@ def main() -> None:
             scripts = Scripts(r)
             script = Script("cas", source) if source is not None else scripts["cas"]
             scripts.by_name["cas"] = script
-            r.script_load(script.source)
+            for sc in scripts.by_name.values():
+                r.script_load(sc.source)
             store = Store(r, scripts, GraphCache(16))
-            us = {h: statistics.median(run(r, store, script, h, a.calls, a.batch)
-                                       for _ in range(a.rounds)) for h in histories}
+            got = {h: [run(r, store, script, h, a.calls, a.batch) for _ in range(a.rounds)]
+                   for h in histories}
         finally:
             server.stop()
+    us = {h: statistics.median(g[0] for g in got[h]) for h in histories}
+    reads = {h: statistics.median(g[1] for g in got[h]) for h in histories}
+    leans = {h: statistics.median(g[2] for g in got[h]) for h in histories}
+    lo, hi = min(histories), max(histories)
     name = a.script or "this checkout's cas.lua"
     print(f"compare-and-set, {a.batch} records a call, Redis's time per record "
           f"(median of {a.rounds}; {name}):")
     for h in histories:
         print(f"  {h:>4} writes a job: {us[h]:6.2f} µs")
-    print(f"  {max(histories)} against {min(histories)}: "
-          f"{us[max(histories)] / us[min(histories)]:.2f}x")
+    print(f"  {hi} against {lo}: {us[hi] / us[lo]:.2f}x")
+    print("a whole read of the job at the end (load.lua), Redis's time per job:")
+    for h in histories:
+        print(f"  {h:>4} writes a job: {reads[h]:8.2f} µs")
+    print(f"  {hi} against {lo}: {reads[hi] / reads[lo]:.2f}x")
+    print("a lean read (the settler's: no archive, no markers), Redis's time per job:")
+    for h in histories:
+        print(f"  {h:>4} writes a job: {leans[h]:8.2f} µs")
+    print(f"  {hi} against {lo}: {leans[hi] / leans[lo]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -165,17 +165,48 @@ def test_chunks_of_an_earlier_layout_are_carried_on(redis_url: str) -> None:
     run(main())
 
 
+def test_a_lean_read_has_what_an_event_is_evolved_from_and_nothing_of_the_history(
+        redis_url: str) -> None:
+    # The settler reads a job it did not write last without its archive and sent
+    # markers (their count grows with the job's history), as a cached row has it; a
+    # whole read still has both.
+    async def main() -> None:
+        st = Station(lambda c: {"ok": True, "n": int(c.action[1:])})
+        host = await start_host(redis_url, st, chain_wm(40))
+        try:
+            h = await _ended(host, "R")
+            got = await host.store.load({}, {S: ["R", "nobody"]})
+            lean = got[S][1]["R"]
+            assert lean.state == lean.live == h[b"s"] and not lean.archive_known
+            assert lean.version == h[b"v"] and lean.fingerprint == h[b"g"].decode()
+            assert lean.markers == {} and lean.archive == b""
+            assert got[S][1]["nobody"].state is None
+            whole = (await host.store.load({S: ["R"]}, {S: ["R"]}))[S][1]["R"]
+            assert whole.archive_known and whole.state == whole_state(h)
+            assert whole.markers == {k: v for k, v in h.items() if k.startswith(b"sent:")}
+        finally:
+            await host.aclose()
+    run(main())
+
+
 def test_answers_routed_to_the_other_host_each_time_end_the_job_whole(
         redis_url: str) -> None:
     # The station answers through the two hosts in turn, so every answer reaches the
-    # host that did not write the job last and reads the job from Redis: the archive
-    # pieces and merges written by both hosts end as one whole state and response.
+    # host that did not write the job last and reads the job from Redis (lean: no
+    # archive, no markers); the host that ends it reads the archive once for the job
+    # response, and the pieces and merges both hosts wrote end as one whole state.
     n = 40
 
     async def main() -> None:
         st = Station(lambda c: {"ok": True, "n": int(c.action[1:])})
         h1 = await start_host(redis_url, st, chain_wm(n), consumer="h1")
         h2 = await start_host(redis_url, st, flush_db=False, consumer="h2")
+        lean_reads = []
+        for host in (h1, h2):
+            def spy(wanted: Any, lean: Any = None, _load: Any = host.store.load) -> Any:
+                lean_reads.extend(j for jobs in (lean or {}).values() for j in jobs)
+                return _load(wanted, lean)
+            host.store.load = spy  # type: ignore[method-assign]
         try:
             h = await _ended(h1, "T")
             graph = Graph.from_bytes(await h1.client.get(K.graph(h[b"g"].decode())))
@@ -186,8 +217,10 @@ def test_answers_routed_to_the_other_host_each_time_end_the_job_whole(
             resp = json.loads(await h1.client.get(K.response("T")))
             assert {d["ID"] for d in resp["JobResponseData"]} == \
                 {f"a{i}.{f}" for i in range(n) for f in ("ok", "n")}
-            # both hosts settled answers of the job
+            # both hosts settled answers of the job, reading it lean when the other
+            # host had written it last
             assert h1.metrics["answers_applied"] > 0 and h2.metrics["answers_applied"] > 0
+            assert lean_reads.count("T") >= n // 2
         finally:
             await h1.aclose()
             await h2.aclose()

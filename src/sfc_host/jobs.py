@@ -229,33 +229,38 @@ class Settler:
         rows: dict[tuple[str, str], JobRow] = {}
         # per scope: the server time its rows were read at (absent: from the cache)
         read_at: dict[str, int] = {}
+        # jobs read whole (a sweep's tick needs the sent markers), and jobs read lean:
+        # what a cached row holds, a read whose cost does not grow with the job's
+        # history (an answer routed to another host than the last writer's reads it)
         to_load: dict[str, list[str]] = {}
+        to_lean: dict[str, list[str]] = {}
         fetched: set[tuple[str, str]] = set()     # rows read in this round, not cached
         for key, its in wanted.items():
-            if first:
-                if len(its) == 1:
-                    fresh, pre = its[0].fresh, its[0].read
-                else:
-                    fresh = any(it.fresh for it in its)
-                    pre = next((it.read for it in its if it.read is not None), None)
-                if not fresh:
-                    if pre is not None:
-                        if pre[0] > read_at.get(key[0], 0):
-                            read_at[key[0]] = pre[0]
-                        rows[key] = pre[1]
-                        fetched.add(key)
-                        continue
-                    r = cache.get(key[0], key[1])
-                    if r is not None:
-                        rows[key] = r
-                        continue
-            jobs = to_load.get(key[0])
+            if len(its) == 1:
+                fresh, pre = its[0].fresh, its[0].read
+            else:
+                fresh = any(it.fresh for it in its)
+                pre = next((it.read for it in its if it.read is not None), None)
+            if first and not fresh:
+                if pre is not None:
+                    if pre[0] > read_at.get(key[0], 0):
+                        read_at[key[0]] = pre[0]
+                    rows[key] = pre[1]
+                    fetched.add(key)
+                    continue
+                r = cache.get(key[0], key[1])
+                if r is not None:
+                    rows[key] = r
+                    continue
+            target = to_load if any(not isinstance(it.events, (list, tuple))
+                                    for it in its) else to_lean
+            jobs = target.get(key[0])
             if jobs is None:
-                to_load[key[0]] = [key[1]]
+                target[key[0]] = [key[1]]
             else:
                 jobs.append(key[1])
-        if to_load:
-            loaded = await self.store.load(to_load)
+        if to_load or to_lean:
+            loaded = await self.store.load(to_load, to_lean)
             for s, (now, got) in loaded.items():
                 read_at[s] = now
                 for job, r in got.items():

@@ -90,8 +90,10 @@ def whole_state(job_hash: dict[bytes, bytes]) -> bytes | None:
     return None if state is None else state + archive_of(job_hash)
 
 
-def _row(job: str, flat: list[bytes]) -> JobRow:
-    r = JobRow(job, archive_known=True)
+def _row(job: str, flat: list[bytes], whole: bool = True) -> JobRow:
+    """A job hash's flat fields as a row; ``whole``: every field was read, else only
+    the live part, version, fingerprint and offset (no archive, no markers)."""
+    r = JobRow(job, archive_known=whole)
     archive: list[tuple[bytes, bytes]] = []
     for i in range(0, len(flat), 2):
         k, v = flat[i], flat[i + 1]
@@ -297,11 +299,30 @@ class Store:
             return [[s] for s in scopes]
         return [list(scopes)] if scopes else []
 
-    async def load(self, wanted: dict[str, Sequence[str]]
+    async def load(self, wanted: dict[str, Sequence[str]],
+                   lean: dict[str, Sequence[str]] | None = None
                    ) -> dict[str, tuple[int, dict[str, JobRow]]]:
-        """Read jobs of several scopes: ``{scope: (server now ms, {job: row})}``."""
+        """Read jobs of several scopes: ``{scope: (server now ms, {job: row})}``.
+
+        The jobs of ``lean`` (read in the same round trip) come without their archive
+        and sent markers, as a cached row does (``archive_known`` false): the fields an
+        event is evolved from, at a cost that does not grow with the job's history. A
+        job in both is read whole."""
         groups, calls = self._load_calls(wanted)
-        return await self._loaded(wanted, groups, await self.scripts.run(calls))
+        if not lean:
+            return await self._loaded(wanted, groups, await self.scripts.run(calls))
+        lean = {s: [j for j in jobs if j not in wanted.get(s, ())]
+                for s, jobs in lean.items()}
+        lgroups, lcalls = self._load_calls(lean, True)
+        results = await self.scripts.run(calls + lcalls)
+        out = await self._loaded(wanted, groups, results[:len(calls)])
+        for s, (now, rows) in (await self._loaded(lean, lgroups, results[len(calls):],
+                                                  False)).items():
+            if s in out:
+                out[s][1].update(rows)
+            else:
+                out[s] = (now, rows)
+        return out
 
     async def orders_and_jobs(self, pairs: Sequence[tuple[str, str]],
                               wanted: dict[str, Sequence[str]]
@@ -316,7 +337,7 @@ class Store:
         return ([_order(f) for f in flats],
                 await self._loaded(wanted, lgroups, results[len(hcalls):]))
 
-    def _load_calls(self, wanted: dict[str, Sequence[str]]
+    def _load_calls(self, wanted: dict[str, Sequence[str]], lean: bool = False
                     ) -> tuple[list[list[str]], list[Call]]:
         scopes = [s for s, jobs in wanted.items() if jobs]
         groups = self._calls_by_slot(scopes)
@@ -326,11 +347,12 @@ class Store:
             for s in group:
                 k = self.keys(s)
                 keys += [k.job(j) for j in wanted[s]]
-            calls.append((self.scripts["load"], keys, (len(group),)))
+            calls.append((self.scripts["load"], keys, (len(group), b"1" if lean else b"0")))
         return groups, calls
 
     async def _loaded(self, wanted: dict[str, Sequence[str]], groups: list[list[str]],
-                      results: Sequence[Any]) -> dict[str, tuple[int, dict[str, JobRow]]]:
+                      results: Sequence[Any], whole: bool = True
+                      ) -> dict[str, tuple[int, dict[str, JobRow]]]:
         out: dict[str, tuple[int, dict[str, JobRow]]] = {}
         cache = self.cache
         for group, res in zip(groups, results, strict=True):
@@ -343,7 +365,7 @@ class Store:
                 offset = int(res[1 + gi])
                 rows = {}
                 for j in wanted[s]:
-                    r = rows[j] = _row(j, res[i])
+                    r = rows[j] = _row(j, res[i], whole)
                     i += 1
                     if r.offset != offset:
                         await self._catch_up(s, r, offset, now)
