@@ -56,7 +56,6 @@ def run(r: redis.Redis, store: Store, script: Script, history: int, calls: int,
     r.xgroup_create(k.work, "g", id="0", mkstream=True)
     jobs = max(1, calls * batch // history)
     versions = [b"0"] * jobs
-    r.config_resetstat()
     marker = store.scripts["marker"]
     spent = 0
     j = 0
@@ -132,24 +131,19 @@ def main() -> None:
                    for h in histories}
         finally:
             server.stop()
-    us = {h: statistics.median(g[0] for g in got[h]) for h in histories}
-    reads = {h: statistics.median(g[1] for g in got[h]) for h in histories}
-    leans = {h: statistics.median(g[2] for g in got[h]) for h in histories}
     lo, hi = min(histories), max(histories)
     name = a.script or "this checkout's cas.lua"
-    print(f"compare-and-set, {a.batch} records a call, Redis's time per record "
-          f"(median of {a.rounds}; {name}):")
-    for h in histories:
-        print(f"  {h:>4} writes a job: {us[h]:6.2f} µs")
-    print(f"  {hi} against {lo}: {us[hi] / us[lo]:.2f}x")
-    print("a whole read of the job at the end (load.lua), Redis's time per job:")
-    for h in histories:
-        print(f"  {h:>4} writes a job: {reads[h]:8.2f} µs")
-    print(f"  {hi} against {lo}: {reads[hi] / reads[lo]:.2f}x")
-    print("a lean read (the settler's: no archive, no markers), Redis's time per job:")
-    for h in histories:
-        print(f"  {h:>4} writes a job: {leans[h]:8.2f} µs")
-    print(f"  {hi} against {lo}: {leans[hi] / leans[lo]:.2f}x")
+    for col, title in ((0, f"compare-and-set, {a.batch} records a call, Redis's time per "
+                           f"record (median of {a.rounds}; {name}):"),
+                       (1, "a whole read of the job at the end (load.lua), Redis's time "
+                           "per job:"),
+                       (2, "a lean read (the settler's: no archive, no markers), Redis's "
+                           "time per job:")):
+        med = {h: statistics.median(g[col] for g in got[h]) for h in histories}
+        print(title)
+        for h in histories:
+            print(f"  {h:>4} writes a job: {med[h]:8.2f} µs")
+        print(f"  {hi} against {lo}: {med[hi] / med[lo]:.2f}x")
 
 
 if __name__ == "__main__":

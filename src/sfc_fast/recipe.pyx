@@ -13,7 +13,6 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset, strlen
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_GetItemWithError, PyDict_Next
-from cpython.exc cimport PyErr_Occurred
 from cpython.set cimport PySet_Contains
 from cpython.list cimport PyList_GET_SIZE
 from cpython.object cimport PyObject
@@ -201,7 +200,7 @@ cdef extern from "Python.h":
 
 
 cdef inline Py_ssize_t _field_index(tuple fields, Py_ssize_t n, dict index, list seen,
-                                    PyObject* key) except -2:
+                                    PyObject* key):
     """The index of key in fields, -1 if absent: the same object as the field's literal
     (literal and interned keys) or as a key found before in this document (parsed JSON
     gives each distinct key of a document one object), else an equal str found through
@@ -213,10 +212,9 @@ cdef inline Py_ssize_t _field_index(tuple fields, Py_ssize_t n, dict index, list
             return k
     if type(<object>key) is not str:
         return -1
-    cdef PyObject* v = PyDict_GetItemWithError(index, <object>key)
+    # a str looked up among str keys: the lookup cannot raise
+    cdef PyObject* v = PyDict_GetItem(index, <object>key)
     if v == NULL:
-        if PyErr_Occurred():
-            return -2
         return -1
     k = <Py_ssize_t><long><object>v
     seen[k] = <object>key

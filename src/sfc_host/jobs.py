@@ -229,9 +229,9 @@ class Settler:
         rows: dict[tuple[str, str], JobRow] = {}
         # per scope: the server time its rows were read at (absent: from the cache)
         read_at: dict[str, int] = {}
-        # jobs read whole (a sweep's tick needs the sent markers), and jobs read lean:
-        # what a cached row holds, a read whose cost does not grow with the job's
-        # history (an answer routed to another host than the last writer's reads it)
+        # jobs read whole (``fresh``: a sweep's tick needs the sent markers), and jobs
+        # read lean: what a cached row holds, a read whose cost does not grow with the
+        # job's history (an answer routed to another host than the last writer's)
         to_load: dict[str, list[str]] = {}
         to_lean: dict[str, list[str]] = {}
         fetched: set[tuple[str, str]] = set()     # rows read in this round, not cached
@@ -252,8 +252,7 @@ class Settler:
                 if r is not None:
                     rows[key] = r
                     continue
-            target = to_load if any(not isinstance(it.events, (list, tuple))
-                                    for it in its) else to_lean
+            target = to_load if fresh else to_lean
             jobs = target.get(key[0])
             if jobs is None:
                 target[key[0]] = [key[1]]
@@ -322,9 +321,8 @@ class Settler:
             self.metrics.observe_n("evolve_seconds", self._evolve_s / n, n)
             self._evolve_s = 0.0
         if stale:
+            # read on the next round, which takes nothing from the cache
             self.metrics.inc("cache_rereads", len(stale))
-            for it in stale:
-                it.fresh = True
         if not batches:
             return stale
         c = self.config

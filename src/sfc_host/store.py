@@ -311,8 +311,9 @@ class Store:
         groups, calls = self._load_calls(wanted)
         if not lean:
             return await self._loaded(wanted, groups, await self.scripts.run(calls))
-        lean = {s: [j for j in jobs if j not in wanted.get(s, ())]
-                for s, jobs in lean.items()}
+        for s in lean.keys() & wanted.keys():
+            whole = set(wanted[s])
+            lean = {**lean, s: [j for j in lean[s] if j not in whole]}
         lgroups, lcalls = self._load_calls(lean, True)
         results = await self.scripts.run(calls + lcalls)
         out = await self._loaded(wanted, groups, results[:len(calls)])
