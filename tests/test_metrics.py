@@ -232,7 +232,8 @@ def _emitted_names() -> set[str]:
     src = Path(__file__).resolve().parents[1] / "src" / "sfc_host"
     text = "\n".join(p.read_text() for p in src.rglob("*.py"))
     names: set[str] = set()
-    for a, b in re.findall(r'\binc\(\s*"([a-z_]+)"(?: if \w+ else "([a-z_]+)")?', text):
+    for a, b in re.findall(r'\binc(?:_labeled)?\(\s*"([a-z_]+)"(?: if \w+ else "([a-z_]+)")?',
+                           text):
         names |= {a, b} - {""}
     names |= set(re.findall(r'observe(?:_n)?\(\s*"([a-z_]+)"', text))
     assert 'inc(f"bad_{what}")' in text
@@ -257,7 +258,8 @@ def test_operations_md_lists_exactly_the_metrics_the_host_emits() -> None:
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
     section = doc.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
-    listed = set(re.findall(r"^\| `([a-z_{}]+)` \|", section, re.M))
+    listed = {re.sub(r"\{reason\}$", "", n)
+              for n in re.findall(r"^\| `([a-z_{}]+)` \|", section, re.M)}
     assert listed - set(HELP) == {"loop_errors_{loop}"}
     assert sorted(set(HELP) - listed) == []
 
@@ -538,7 +540,7 @@ def test_healthz_and_readyz() -> None:
 
 
 def test_build_info_and_declared_counters_are_exported_from_the_start() -> None:
-    from sfc_host.metrics import COUNTERS, HELP, HISTOGRAMS
+    from sfc_host.metrics import COUNTERS, HELP, HISTOGRAMS, LABELED
 
     m = Metrics(labels={"consumer": "c1"})
     assert m.exposition() == ""       # nothing declared: nothing exported
@@ -550,7 +552,7 @@ def test_build_info_and_declared_counters_are_exported_from_the_start() -> None:
         ("", {"consumer": "c1", "version": "1.2.3"}, 1.0)]
     for name in COUNTERS:
         assert fams[f"sfc_{name}_total"]["samples"] == [("", {"consumer": "c1"}, 0.0)]
-    assert set(COUNTERS) == set(HELP) - HISTOGRAMS and "commands_sent" in COUNTERS
+    assert set(COUNTERS) == set(HELP) - HISTOGRAMS - LABELED and "commands_sent" in COUNTERS
     m.inc("commands_sent", 3)
     fams = parse(m.exposition())
     assert fams["sfc_commands_sent_total"]["samples"] == [("", {"consumer": "c1"}, 3.0)]

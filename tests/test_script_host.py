@@ -223,3 +223,48 @@ def test_host_loops_are_built_in_tasks_of_the_engine(redis_url: str, mqtt_url: s
 
 async def _job_running(app: App, job: str) -> bool:
     return await app.host.client.exists(app.host.store.keys(S).job(job)) == 1
+
+
+BAD_FILTERS = '''
+import asyncio
+from sfc_host.engine import Variable, mission
+from sfc_host.engine.api import ScriptAPIError
+
+errors = Variable("errors", [])
+
+@mission
+async def picky(api):
+    for f in ("", "a\\x00b", "cell/#/x", "x" * 70000):
+        try:
+            api.mqtt.subscribe(f, lambda topic, payload: None)
+        except ScriptAPIError as e:
+            api.vars.set("errors", api.vars["errors"] + [str(e)[-60:]])
+    api.mqtt.subscribe("cell/+", lambda topic, payload: api.vars.set(
+        "errors", api.vars["errors"] + ["got " + topic]))
+    while True:
+        await asyncio.sleep(0.5)
+        yield
+'''
+
+
+def test_a_script_s_bad_topic_filter_raises_at_once_and_the_link_serves_on(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """A filter with U+0000, an empty one, one with # inside or over 64 KiB used to
+    end the scripts' link task silently at the next reconnect: now the script gets a
+    ScriptAPIError at once and its good subscription keeps working."""
+    scripts = write(tmp_path, picky=BAD_FILTERS)
+
+    async def main() -> None:
+        app = await start(redis_url, mqtt_url, scripts, missions=["picky"])
+        try:
+            assert app.engine is not None
+            await wait_until(lambda: len(app.engine.vars["errors"]) >= 4, 5, "errors")
+            await asyncio.sleep(0.3)
+            app.link.publish_nowait("cell/a", b"x")
+            await wait_until(lambda: "got cell/a" in app.engine.vars["errors"], 5, "got")
+            errors = app.engine.vars["errors"][:4]
+            assert all("topic filter" in e for e in errors), errors
+            assert app.script_link is not None and app.script_link.listening
+        finally:
+            await app.aclose()
+    asyncio.run(asyncio.wait_for(main(), 30))

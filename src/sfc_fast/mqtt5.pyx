@@ -7,10 +7,16 @@ runs for every message: one ``Reader.feed`` frames every packet of a socket read
 PUBLISH becomes the handler's ``Message`` (with its ``Properties``) and nothing else,
 and the acknowledgements of one read go out as one write.
 
-A packet that breaks the protocol's rules (a bad length, invalid UTF-8 or U+0000 in a
-string, a property twice that may appear once, a reserved flag set, a packet a server
-never sends) raises ``MalformedPacket``; the spec then wants the connection closed,
-with its reason code (``reason``) in a DISCONNECT on MQTT 5.
+What the broker sends is read under two rules. A stream that can no longer be framed
+(a bad remaining length, a packet larger than ``max_packet`` that is no PUBLISH) or a
+packet other than PUBLISH that breaks the protocol (a reserved flag set, a packet a
+server never sends, a CONNACK or DISCONNECT with bad properties) raises
+``MalformedPacket``; the spec then wants the connection closed, with its reason code
+(``reason``) in a DISCONNECT on MQTT 5. A PUBLISH whose length is known but whose
+contents break the rules (its flags, topic, packet id or properties) is dropped and
+reported (``DROPPED``), and an acknowledgement with bad properties is used without them
+(``IGNORED``): a retained message with a bad property would otherwise close the
+connection at every reconnect, as the broker sends it again on each subscribe.
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
@@ -20,22 +26,46 @@ from libc.string cimport memchr, memcpy
 
 from sfc_fast._text cimport utf8_view
 
-CONNECT = 1
-CONNACK = 2
-PUBLISH = 3
-PUBACK = 4
-PUBREC = 5
-PUBREL = 6
-PUBCOMP = 7
-SUBSCRIBE = 8
-SUBACK = 9
-UNSUBSCRIBE = 10
-UNSUBACK = 11
-PINGREQ = 12
-PINGRESP = 13
-DISCONNECT = 14
-AUTH = 15
-OVERSIZED = 16          # not a packet type: a PUBLISH passed over (Reader)
+# packet types, compared in C by the reader
+cdef enum:
+    T_CONNECT = 1
+    T_CONNACK = 2
+    T_PUBLISH = 3
+    T_PUBACK = 4
+    T_PUBREC = 5
+    T_PUBREL = 6
+    T_PUBCOMP = 7
+    T_SUBSCRIBE = 8
+    T_SUBACK = 9
+    T_UNSUBSCRIBE = 10
+    T_UNSUBACK = 11
+    T_PINGREQ = 12
+    T_PINGRESP = 13
+    T_DISCONNECT = 14
+    T_AUTH = 15
+    T_OVERSIZED = 16
+    T_DROPPED = 17
+    T_IGNORED = 18
+
+CONNECT = T_CONNECT
+CONNACK = T_CONNACK
+PUBLISH = T_PUBLISH
+PUBACK = T_PUBACK
+PUBREC = T_PUBREC
+PUBREL = T_PUBREL
+PUBCOMP = T_PUBCOMP
+SUBSCRIBE = T_SUBSCRIBE
+SUBACK = T_SUBACK
+UNSUBSCRIBE = T_UNSUBSCRIBE
+UNSUBACK = T_UNSUBACK
+PINGREQ = T_PINGREQ
+PINGRESP = T_PINGRESP
+DISCONNECT = T_DISCONNECT
+AUTH = T_AUTH
+# not packet types: what a Reader reports besides packets
+OVERSIZED = T_OVERSIZED     # a PUBLISH larger than max_packet, passed over
+DROPPED = T_DROPPED         # a PUBLISH that breaks the rules, passed over
+IGNORED = T_IGNORED         # the bad properties of an acknowledgement, left out
 
 MAX_REMAINING = 268_435_455          # the largest remaining length a varint can say
 MALFORMED = 0x81
@@ -89,6 +119,10 @@ _ALLOWED = {
     UNSUBACK: frozenset((0x1F, 0x26)),
     DISCONNECT: frozenset((0x11, 0x1F, 0x26, 0x1C)),
 }
+_ALLOWED[PUBREC] = _ALLOWED[PUBREL] = _ALLOWED[PUBCOMP] = _ALLOWED[PUBACK]
+_NAMES = {CONNACK: "CONNACK", PUBACK: "PUBACK", PUBREC: "PUBREC", PUBREL: "PUBREL",
+          PUBCOMP: "PUBCOMP", SUBACK: "SUBACK", UNSUBACK: "UNSUBACK",
+          DISCONNECT: "DISCONNECT"}
 
 
 cdef class Properties:
@@ -200,10 +234,10 @@ cdef Py_ssize_t _varint(const unsigned char* p, Py_ssize_t n, unsigned long* val
     cdef Py_ssize_t i = 0
     cdef int shift = 0
     while True:
+        if i == 4:      # known as soon as the fourth byte says more follow
+            raise MalformedPacket("variable byte integer longer than four bytes")
         if i >= n:
             return -1
-        if i == 4:
-            raise MalformedPacket("variable byte integer longer than four bytes")
         v |= (<unsigned long>(p[i] & 0x7F)) << shift
         shift += 7
         i += 1
@@ -230,8 +264,8 @@ cdef class _Cursor:
     cdef Py_ssize_t i, end
 
     cdef inline void need(self, Py_ssize_t k, str what) except *:
-        if self.i + k > self.end:
-            raise MalformedPacket(f"{what}: packet too short")
+        if k > self.end - self.i:
+            raise MalformedPacket(f"{what} is cut short")
 
     cdef unsigned int byte(self, str what) except? 0xFFFF:
         self.need(1, what)
@@ -252,7 +286,7 @@ cdef class _Cursor:
         cdef unsigned long v
         cdef Py_ssize_t used = _varint(self.p + self.i, self.end - self.i, &v)
         if used < 0:
-            raise MalformedPacket(f"{what}: packet too short")
+            raise MalformedPacket(f"{what} is cut short")
         self.i += used
         return v
 
@@ -269,34 +303,73 @@ cdef class _Cursor:
         return PyBytes_FromStringAndSize(<const char*>self.p + self.i - n, n)
 
 
-cdef object _read_props(_Cursor c, int ptype):
-    """The properties of a packet other than PUBLISH: a dict by name (UserProperty a
-    list of pairs), each checked against what that packet may carry."""
-    cdef unsigned long n = c.varint("property length")
-    c.need(n, "properties")
-    cdef Py_ssize_t end = c.i + n, saved = c.end
+cdef Py_ssize_t _props_end(_Cursor c) except -1:
+    """Where the property section at ``c.i`` ends; ``c.i`` is left after its length."""
+    cdef unsigned long n = c.varint("the property length")
+    if n > <unsigned long>(c.end - c.i):
+        raise MalformedPacket("the properties run past the end of the packet")
+    return c.i + n
+
+
+cdef dict _props_in(_Cursor c, int ptype, Py_ssize_t end):
+    """The properties of a packet other than PUBLISH, from ``c.i`` to ``end``: a dict by
+    name (UserProperty a list of pairs), each checked against what that packet may
+    carry. ``c.i`` ends at ``end`` when they are fine."""
     cdef unsigned long ident
     cdef int kind
-    allowed = _ALLOWED.get(ptype, frozenset())
+    cdef Py_ssize_t saved = c.end
+    allowed = _ALLOWED[ptype]
     out = {}
     c.end = end
     try:
         while c.i < end:
-            ident = c.varint("property identifier")
+            ident = c.varint("a property identifier")
             if ident not in allowed:
-                raise MalformedPacket(f"property 0x{ident:02X} is not allowed in this packet",
+                raise MalformedPacket(f"property 0x{ident:02X} is not allowed there",
                                       PROTOCOL_ERROR)
             name, kind = _PROPS[ident]
             value = _read_value(c, kind, name)
             if kind == K_PAIR:
                 out.setdefault(name, []).append(value)
             elif name in out:
-                raise MalformedPacket(f"property {name} given twice", PROTOCOL_ERROR)
+                raise MalformedPacket(f"property {name} is given twice", PROTOCOL_ERROR)
             else:
                 out[name] = value
+    except MalformedPacket as e:
+        raise MalformedPacket(f"{_NAMES[ptype]}: {e}", e.reason) from None
     finally:
         c.end = saved
     return out
+
+
+cdef dict _read_props(_Cursor c, int ptype):
+    return _props_in(c, ptype, _props_end(c))
+
+
+cdef str _ack_props(_Cursor c, int ptype):
+    """Checks the properties of an acknowledgement, which nothing here uses (a reason
+    string is for people, the packet id and reason code carry the meaning), and leaves
+    ``c.i`` after them: why they are bad, or None. SUBACK's and UNSUBACK's reason codes
+    follow them, so a section that cannot be delimited there still raises."""
+    cdef Py_ssize_t end
+    cdef bint codes = ptype == T_SUBACK or ptype == T_UNSUBACK
+    if codes:
+        end = _props_end(c)
+    else:
+        try:
+            end = _props_end(c)
+        except MalformedPacket as e:
+            c.i = c.end
+            return f"{_NAMES[ptype]}: {e}"
+    try:
+        _props_in(c, ptype, end)
+    except MalformedPacket as e:
+        c.i = end if codes else c.end
+        return str(e)
+    if not codes and c.i != c.end:
+        c.i = c.end
+        return f"{_NAMES[ptype]}: bytes after the properties"
+    return None
 
 
 cdef object _read_value(_Cursor c, int kind, str name):
@@ -317,43 +390,43 @@ cdef object _read_value(_Cursor c, int kind, str name):
 
 cdef Properties _publish_props(_Cursor c):
     # the PUBLISH properties straight into the handler's object (the hot path)
-    cdef unsigned long n = c.varint("property length")
-    c.need(n, "properties")
-    if n == 0:
+    cdef Py_ssize_t end = _props_end(c), saved = c.end
+    if end == c.i:
         return None
-    cdef Py_ssize_t end = c.i + n, saved = c.end
     cdef unsigned long ident, sid
     cdef Properties p = Properties.__new__(Properties)
     cdef list user = None
     c.end = end
     try:
         while c.i < end:
-            ident = c.varint("property identifier")
+            ident = c.varint("a property identifier")
             if ident == 0x26:
                 if user is None:
                     user = []
-                user.append((c.string("user property"), c.string("user property")))
+                user.append((c.string("a user property"), c.string("a user property")))
             elif ident == 0x03:
                 if p.ContentType is not None:
-                    raise MalformedPacket("ContentType given twice", PROTOCOL_ERROR)
+                    raise MalformedPacket("ContentType is given twice", PROTOCOL_ERROR)
                 p.ContentType = c.string("ContentType")
             elif ident == 0x08:
                 if p.ResponseTopic is not None:
-                    raise MalformedPacket("ResponseTopic given twice", PROTOCOL_ERROR)
+                    raise MalformedPacket("ResponseTopic is given twice", PROTOCOL_ERROR)
                 p.ResponseTopic = c.string("ResponseTopic")
                 if "+" in p.ResponseTopic or "#" in p.ResponseTopic or not p.ResponseTopic:
                     raise MalformedPacket("ResponseTopic is no topic name", PROTOCOL_ERROR)
             elif ident == 0x09:
                 if p.CorrelationData is not None:
-                    raise MalformedPacket("CorrelationData given twice", PROTOCOL_ERROR)
+                    raise MalformedPacket("CorrelationData is given twice", PROTOCOL_ERROR)
                 p.CorrelationData = c.binary("CorrelationData")
             elif ident == 0x02:
                 if p.MessageExpiryInterval is not None:
-                    raise MalformedPacket("MessageExpiryInterval given twice", PROTOCOL_ERROR)
+                    raise MalformedPacket("MessageExpiryInterval is given twice",
+                                          PROTOCOL_ERROR)
                 p.MessageExpiryInterval = c.u32("MessageExpiryInterval")
             elif ident == 0x01:
                 if p.PayloadFormatIndicator is not None:
-                    raise MalformedPacket("PayloadFormatIndicator given twice", PROTOCOL_ERROR)
+                    raise MalformedPacket("PayloadFormatIndicator is given twice",
+                                          PROTOCOL_ERROR)
                 p.PayloadFormatIndicator = c.byte("PayloadFormatIndicator")
                 if p.PayloadFormatIndicator > 1:
                     raise MalformedPacket("PayloadFormatIndicator is neither 0 nor 1",
@@ -361,15 +434,15 @@ cdef Properties _publish_props(_Cursor c):
             elif ident == 0x0B:
                 sid = c.varint("SubscriptionIdentifier")
                 if sid == 0:
-                    raise MalformedPacket("SubscriptionIdentifier 0", PROTOCOL_ERROR)
+                    raise MalformedPacket("SubscriptionIdentifier is 0", PROTOCOL_ERROR)
                 if p.SubscriptionIdentifier is None:
                     p.SubscriptionIdentifier = []
                 p.SubscriptionIdentifier.append(sid)
             elif ident == 0x23:
                 # we announce no Topic Alias Maximum, so the server may send no alias
-                raise MalformedPacket("a topic alias, none was allowed", PROTOCOL_ERROR)
+                raise MalformedPacket("a topic alias, when none was allowed", PROTOCOL_ERROR)
             else:
-                raise MalformedPacket(f"property 0x{ident:02X} is not allowed in PUBLISH",
+                raise MalformedPacket(f"property 0x{ident:02X} is not allowed in a PUBLISH",
                                       PROTOCOL_ERROR)
     finally:
         c.end = saved
@@ -377,16 +450,83 @@ cdef Properties _publish_props(_Cursor c):
     return p
 
 
+cdef object _text_or_none(const unsigned char* p, Py_ssize_t n):
+    # an MQTT string, or None when it is not one (invalid UTF-8, U+0000)
+    if n and memchr(p, 0, n) != NULL:
+        return None
+    try:
+        return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    except UnicodeDecodeError:
+        return None
+
+
+cdef object _publish_head(_Cursor c, unsigned int flags, Py_ssize_t end, unsigned int* mid):
+    """The topic of the PUBLISH at ``c.i``, which ends at ``end`` (``c.end``, the bytes
+    here, falls short of it while an oversized one arrives), with ``mid`` set and ``c.i``
+    after its packet id. A DROPPED item instead when its flags, topic or packet id break
+    the rules; None while they are not all here."""
+    cdef unsigned int qos = (flags >> 1) & 3
+    cdef Py_ssize_t tlen, size
+    cdef const unsigned char* t
+    if end - c.i < 2:
+        return (T_DROPPED, "", 0, 0, "protocol_error", "the PUBLISH ends before its topic")
+    if c.end - c.i < 2:
+        return None
+    tlen = _u16(c.p + c.i)
+    size = 2 + tlen + (2 if qos == 1 or qos == 2 else 0)
+    if end - c.i < size:
+        return (T_DROPPED, "", 0, 0, "protocol_error",
+                "the topic runs past the end of the PUBLISH" if end - c.i < 2 + tlen
+                else "the PUBLISH ends before its packet identifier")
+    if c.end - c.i < size:
+        return None
+    t = c.p + c.i + 2
+    topic = _text_or_none(t, tlen)
+    c.i += size
+    if qos == 3 or (qos == 0 and flags & 8):
+        return (T_DROPPED, topic if topic is not None else "", 0, 0, "protocol_error",
+                "a PUBLISH with QoS 3" if qos == 3 else "a PUBLISH with QoS 0 and DUP set")
+    if qos:
+        mid[0] = _u16(c.p + c.i - 2)
+        if mid[0] == 0:
+            return (T_DROPPED, topic if topic is not None else "", 0, 0, "protocol_error",
+                    f"a PUBLISH with QoS {qos} and packet identifier 0")
+    if topic is None:
+        return (T_DROPPED, "", qos, mid[0], "bad_topic",
+                "the topic has a U+0000 character" if memchr(t, 0, tlen) != NULL
+                else "the topic is not valid UTF-8")
+    if tlen == 0 or memchr(t, 0x2B, tlen) != NULL or memchr(t, 0x23, tlen) != NULL:
+        return (T_DROPPED, topic, qos, mid[0], "bad_topic",
+                "the topic is empty" if tlen == 0 else "the topic has a wildcard (+ or #)")
+    return topic
+
+
 cdef class Reader:
     """Frames the packets a broker sends. ``feed(data)`` returns what the bytes so far
     complete, in order: a ``Message`` per PUBLISH, a tuple per other packet —
     ``(CONNACK, session_present, reason, props)``, ``(PUBACK|PUBREC|PUBCOMP, mid,
     reason)``, ``(PUBREL, mid, reason)``, ``(SUBACK|UNSUBACK, mid, [reasons])``,
-    ``(PINGRESP,)``, ``(DISCONNECT, reason, props)``. A partial packet waits for the
-    next ``feed``. A PUBLISH larger than ``max_packet`` is passed over, not kept:
-    ``(OVERSIZED, topic, qos, mid, size)``; any other packet that large raises
-    ``MalformedPacket`` (0x95). After a ``MalformedPacket`` the reader is spent (the
-    connection is closed)."""
+    ``(PINGRESP,)``, ``(DISCONNECT, reason, props)`` — and what it passed over or left out:
+
+    - ``(OVERSIZED, topic, qos, mid, size)``: a PUBLISH larger than ``max_packet``, not
+      kept (only its topic and packet id are read);
+    - ``(DROPPED, topic, qos, mid, reason, why)``: a PUBLISH that breaks the rules, of
+      any size. ``reason`` is ``"protocol_error"`` (QoS 3, QoS 0 with DUP, packet id 0,
+      a topic or packet id running past the packet), ``"bad_topic"`` (not valid UTF-8,
+      U+0000, empty, a wildcard) or ``"bad_properties"`` (MQTT 5; unknown, not allowed
+      in PUBLISH, twice where once is allowed, a bad value, invalid UTF-8 or U+0000,
+      running past the packet), the first of those in that order; ``why`` says it in
+      words. ``topic`` is "" when it could not be read; ``qos`` and ``mid`` are what to
+      acknowledge it with, both 0 when nothing can be;
+    - ``(IGNORED, ptype, why)``: the properties of a PUBACK, PUBREC, PUBREL, PUBCOMP,
+      SUBACK or UNSUBACK were bad; its own item follows, used as if it had none.
+
+    A partial packet waits for the next ``feed``. Raised as ``MalformedPacket``: a
+    stream that cannot be framed (a bad remaining length; a packet other than PUBLISH
+    larger than ``max_packet``, 0x95) and a packet other than PUBLISH that breaks the
+    rules, among them a CONNACK or DISCONNECT with bad properties and a SUBACK or
+    UNSUBACK whose reason codes cannot be found. After a ``MalformedPacket`` the reader
+    is spent (the connection is closed)."""
 
     cdef public bint v5
     cdef public Py_ssize_t max_packet
@@ -441,7 +581,7 @@ cdef class Reader:
             if total > self.max_packet:
                 c.i = i + 1 + used
                 c.end = n if n - i < total else i + total
-                item = self._oversized(c, p[i], total)
+                item = self._oversized(c, p[i], i + total, total)
                 if item is None:
                     break             # its topic and packet id are not all here yet
                 out.append(item)
@@ -456,7 +596,7 @@ cdef class Reader:
                 break
             c.i = i + 1 + used
             c.end = i + total
-            out.append(self._packet(c, p[i]))
+            self._packet(c, p[i], out)
             i = c.end
         if i < n:
             self._rest = buf[i:]
@@ -466,97 +606,98 @@ cdef class Reader:
                 self._rest = b""
         return out
 
-    cdef object _oversized(self, _Cursor c, unsigned int first, Py_ssize_t total):
+    cdef object _oversized(self, _Cursor c, unsigned int first, Py_ssize_t end,
+                           Py_ssize_t total):
         """A PUBLISH larger than ``max_packet``: its topic, QoS and packet id (so it is
-        acknowledged and counted, not parsed), or None until those bytes are here;
-        any other packet that large is refused."""
-        cdef unsigned int qos = (first >> 1) & 3, mid = 0
-        cdef Py_ssize_t tlen
-        if first >> 4 != PUBLISH or qos == 3:
+        acknowledged and counted, not parsed), a DROPPED item when those break the
+        rules, or None until they are here; any other packet that large is refused."""
+        cdef unsigned int mid = 0
+        if first >> 4 != T_PUBLISH:
             raise MalformedPacket(f"a packet of {total} bytes, more than the "
                                   f"{self.max_packet} allowed", PACKET_TOO_LARGE)
-        if c.end - c.i < 2:
-            return None
-        tlen = _u16(c.p + c.i)
-        if c.end - c.i < 2 + tlen + (2 if qos else 0):
-            return None
-        topic = _utf8(c.p + c.i + 2, tlen, "topic")
-        if qos:
-            mid = _u16(c.p + c.i + 2 + tlen)
-        return (OVERSIZED, topic, qos, mid, total)
+        head = _publish_head(c, first & 0x0F, end, &mid)
+        if head is None or type(head) is tuple:
+            return head
+        return (T_OVERSIZED, head, (first >> 1) & 3, mid, total)
 
-    cdef object _packet(self, _Cursor c, unsigned int first):
-        cdef unsigned int ptype = first >> 4, flags = first & 0x0F, qos, mid = 0
-        cdef Py_ssize_t tlen
-        cdef str topic
+    cdef int _packet(self, _Cursor c, unsigned int first, list out) except -1:
+        cdef unsigned int ptype = first >> 4, flags = first & 0x0F, mid = 0
         cdef Message m
-        if ptype == PUBLISH:
-            qos = (flags >> 1) & 3
-            if qos == 3:
-                raise MalformedPacket("PUBLISH with QoS 3")
-            if qos == 0 and flags & 8:
-                raise MalformedPacket("PUBLISH with QoS 0 and DUP set")
-            tlen = c.u16("topic")
-            c.need(tlen, "topic")
-            topic = _utf8(c.p + c.i, tlen, "topic")
-            c.i += tlen
-            if not topic or "+" in topic or "#" in topic:
-                raise MalformedPacket(f"PUBLISH to {topic[:80]!r}, no topic name",
-                                      TOPIC_NAME_INVALID)
-            if qos:
-                mid = c.u16("packet identifier")
-                if mid == 0:
-                    raise MalformedPacket("PUBLISH with packet identifier 0")
+        cdef Properties given = None
+        if ptype == T_PUBLISH:
+            topic = _publish_head(c, flags, c.end, &mid)
+            if type(topic) is not str:
+                out.append(topic)         # DROPPED: never None, the packet is all here
+                return 0
+            if self.v5:
+                if c.i < c.end and c.p[c.i] == 0:
+                    c.i += 1                  # no properties: most messages
+                else:
+                    try:
+                        given = _publish_props(c)
+                    except MalformedPacket as e:
+                        out.append((T_DROPPED, topic, (flags >> 1) & 3, mid, "bad_properties",
+                                    str(e)))
+                        return 0
             m = Message.__new__(Message)
             m.topic = topic
-            m.qos = qos
+            m.qos = (flags >> 1) & 3
             m.retain = flags & 1
             m.dup = (flags >> 3) & 1
             m.mid = mid
-            if self.v5:
-                m.properties = _publish_props(c)
+            m.properties = given
             m.payload = PyBytes_FromStringAndSize(<const char*>c.p + c.i, c.end - c.i)
-            return m
-        if ptype == PUBACK or ptype == PUBREC or ptype == PUBCOMP or ptype == PUBREL:
-            if flags != (2 if ptype == PUBREL else 0):
+            out.append(m)
+            return 0
+        if ptype == T_PUBACK or ptype == T_PUBREC or ptype == T_PUBCOMP or ptype == T_PUBREL:
+            if flags != (2 if ptype == T_PUBREL else 0):
                 raise MalformedPacket(f"packet type {ptype} with reserved flags {flags}")
-            mid = c.u16("packet identifier")
+            mid = c.u16("the packet identifier")
             reason = 0
             if self.v5 and c.end > c.i:
-                reason = c.byte("reason code")
+                reason = c.byte("the reason code")
                 if c.end > c.i:
-                    _read_props(c, PUBACK)
+                    why = _ack_props(c, ptype)
+                    if why is not None:
+                        out.append((T_IGNORED, ptype, why))
             elif c.end != c.i:
                 raise MalformedPacket("acknowledgement longer than its packet identifier")
-            return (ptype, mid, reason)
+            out.append((ptype, mid, reason))
+            return 0
         if flags:
             raise MalformedPacket(f"packet type {ptype} with reserved flags {flags}")
-        if ptype == CONNACK:
-            ack = c.byte("CONNACK flags")
+        if ptype == T_CONNACK:
+            ack = c.byte("the CONNACK flags")
             if ack & 0xFE:
                 raise MalformedPacket("CONNACK with reserved flags")
-            reason = c.byte("CONNACK reason code")
-            props = _read_props(c, CONNACK) if self.v5 and c.end > c.i else {}
+            reason = c.byte("the CONNACK reason code")
+            props = _read_props(c, T_CONNACK) if self.v5 and c.end > c.i else {}
             self._done(c)
-            return (CONNACK, bool(ack & 1), reason, props)
-        if ptype == SUBACK or ptype == UNSUBACK:
-            mid = c.u16("packet identifier")
+            out.append((T_CONNACK, bool(ack & 1), reason, props))
+            return 0
+        if ptype == T_SUBACK or ptype == T_UNSUBACK:
+            mid = c.u16("the packet identifier")
             if self.v5:
-                _read_props(c, ptype)
+                why = _ack_props(c, ptype)
+                if why is not None:
+                    out.append((T_IGNORED, ptype, why))
             codes = [c.p[k] for k in range(c.i, c.end)]
             c.i = c.end
-            if ptype == SUBACK and not codes:
+            if ptype == T_SUBACK and not codes:
                 raise MalformedPacket("SUBACK without reason codes", PROTOCOL_ERROR)
-            return (ptype, mid, codes)
-        if ptype == PINGRESP:
+            out.append((ptype, mid, codes))
+            return 0
+        if ptype == T_PINGRESP:
             self._done(c)
-            return (PINGRESP,)
-        if ptype == DISCONNECT and self.v5:
-            reason = c.byte("reason code") if c.end > c.i else 0
-            props = _read_props(c, DISCONNECT) if c.end > c.i else {}
+            out.append((T_PINGRESP,))
+            return 0
+        if ptype == T_DISCONNECT and self.v5:
+            reason = c.byte("the reason code") if c.end > c.i else 0
+            props = _read_props(c, T_DISCONNECT) if c.end > c.i else {}
             self._done(c)
-            return (DISCONNECT, reason, props)
-        if ptype == AUTH and self.v5:
+            out.append((T_DISCONNECT, reason, props))
+            return 0
+        if ptype == T_AUTH and self.v5:
             raise MalformedPacket("AUTH: no enhanced authentication was asked for",
                                   PROTOCOL_ERROR)
         raise MalformedPacket(f"packet type {ptype} is not sent by a server", PROTOCOL_ERROR)
@@ -595,7 +736,8 @@ cdef inline void _add_str(bytearray out, object s, str what) except *:
 
 
 cdef void _add_bin(bytearray out, object b, str what) except *:
-    cdef bytes v = bytes(b)
+    # through a memoryview: bytes(5) would be five zero bytes, not a TypeError
+    cdef bytes v = b if type(b) is bytes else bytes(memoryview(b))
     if len(v) > 0xFFFF:
         raise ValueError(f"{what} is longer than 65,535 bytes")
     _add_u16(out, len(v))
@@ -640,6 +782,15 @@ cdef const char* _text_view(object s, Py_ssize_t* n, str what) except NULL:
         raise ValueError(f"{what} is longer than 65,535 bytes")
     if n[0] and memchr(t, 0, n[0]) != NULL:
         raise ValueError(f"{what} has a U+0000 character")
+    return t
+
+
+cdef const char* _topic_view(object topic, Py_ssize_t* n, str what) except NULL:
+    """The UTF-8 of a topic to publish to (borrowed): a string field, not empty and
+    without a wildcard."""
+    cdef const char* t = _text_view(topic, n, what)
+    if n[0] == 0 or memchr(t, 0x2B, n[0]) != NULL or memchr(t, 0x23, n[0]) != NULL:
+        raise ValueError(f"{topic[:200]!r} is no topic to publish to")
     return t
 
 
@@ -746,12 +897,11 @@ cdef char* _put_props(char* w, Properties p, object cd, object ups) except NULL:
 def publish_into(bytearray out, topic, payload, int qos=0, bint retain=False, int mid=0,
                  properties=None, bint v5=True, bint dup=False):
     """Append a PUBLISH packet to ``out``. ``properties``: a ``Properties`` (MQTT 5
-    only; ignored on 3.1.1). Raises ValueError (or TypeError) for what cannot be sent,
-    leaving ``out`` as it was."""
+    only; ignored on 3.1.1). ``dup`` marks a message sent again; it is left off at QoS 0,
+    where the spec forbids it (a message the broker's Maximum QoS took down to 0). Raises
+    ValueError (or TypeError) for what cannot be sent, leaving ``out`` as it was."""
     cdef Py_ssize_t tn, pn, body = 0, section = 0, total, start, size
-    cdef const char* t = _text_view(topic, &tn, "topic")
-    if tn == 0 or memchr(t, 0x2B, tn) != NULL or memchr(t, 0x23, tn) != NULL:
-        raise ValueError(f"{topic[:200]!r} is no topic to publish to")
+    cdef const char* t = _topic_view(topic, &tn, "topic")
     cdef const unsigned char[:] view
     cdef const char* data
     if type(payload) is bytes:
@@ -789,7 +939,7 @@ def publish_into(bytearray out, topic, payload, int qos=0, bint retain=False, in
     size = 1 + _varint_len(total) + total
     PyByteArray_Resize(out, start + size)
     cdef char* w = PyByteArray_AS_STRING(out) + start
-    w[0] = <char>(0x30 | (8 if dup else 0) | (qos << 1) | (1 if retain else 0))
+    w[0] = <char>(0x30 | (8 if dup and qos else 0) | (qos << 1) | (1 if retain else 0))
     w = _put_varint(w + 1, total)
     w = _put_u16(w, tn)
     memcpy(w, t, tn)
@@ -822,17 +972,39 @@ def ack_into(bytearray out, int ptype, int mid, int reason=0):
 
 
 def encode_connect(str client_id, int keepalive, bint v5=True, username=None, password=None,
-                   Py_ssize_t max_packet=0, int receive_max=0):
+                   Py_ssize_t max_packet=0, int receive_max=0, *, will_topic=None,
+                   will_payload=b"", int will_qos=0, bint will_retain=False,
+                   will_properties=None):
     """A CONNECT with a clean start (the link keeps its own queue across reconnects).
-    ``max_packet``/``receive_max`` (MQTT 5, 0 = unsaid): what the broker may send us."""
+    ``max_packet``/``receive_max`` (MQTT 5, 0 = unsaid): what the broker may send us.
+    With ``will_topic``, a Last Will the broker publishes when the connection ends
+    without a DISCONNECT: ``will_payload`` at ``will_qos``, retained with
+    ``will_retain``, with ``will_properties`` (a ``Properties``; MQTT 5 only, ignored on
+    3.1.1). Raises ValueError for what the spec forbids: a will topic that is no topic
+    name, will settings without a will topic, and on MQTT 3.1.1 a password without a
+    user name."""
     cdef bytearray body = bytearray(b"\x00\x04MQTT")
     cdef bytearray props = bytearray()
     cdef int flags = 0x02
+    cdef Py_ssize_t tn
+    cdef Properties wp = None
     body.append(5 if v5 else 4)
     if username is not None:
         flags |= 0x80
     if password is not None:
+        if not v5 and username is None:
+            # MQTT-3.1.2-22; brokers close such a connection
+            raise ValueError("MQTT 3.1.1 sends a password only with a user name")
         flags |= 0x40
+    if will_topic is not None:
+        _topic_view(will_topic, &tn, "will topic")
+        if not 0 <= will_qos <= 2:
+            raise ValueError(f"will QoS {will_qos}")
+        if v5 and will_properties is not None:
+            wp = <Properties?>will_properties
+        flags |= 0x04 | (will_qos << 3) | (0x20 if will_retain else 0)
+    elif will_qos or will_retain or will_payload or will_properties is not None:
+        raise ValueError("will settings without a will topic")
     body.append(flags)
     if not 0 <= keepalive <= 0xFFFF:
         raise ValueError(f"keepalive {keepalive}")
@@ -848,6 +1020,11 @@ def encode_connect(str client_id, int keepalive, bint v5=True, username=None, pa
         _add_varint(body, len(props))
         body += props
     _add_str(body, client_id, "client id")
+    if will_topic is not None:
+        if v5:
+            body += wp.pack() if wp is not None else b"\x00"
+        _add_str(body, will_topic, "will topic")
+        _add_bin(body, will_payload, "will payload")
     if username is not None:
         _add_str(body, username, "user name")
     if password is not None:

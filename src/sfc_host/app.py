@@ -29,6 +29,7 @@ from sfc_host.equipment_mqtt import EquipmentIn, MqttSink
 from sfc_host.host import Host
 from sfc_host.http_endpoint import Extension, HttpEndpoint
 from sfc_host.mes.control import MesControl
+from sfc_host.mes.presence import Presence, presence_topic
 from sfc_host.metrics import COUNTERS, Metrics
 from sfc_host.mqtt import MqttLink
 from sfc_host.preflight import build_problems, check_missions, listen_error
@@ -54,6 +55,11 @@ class App:
         self.host = Host(config, self.sink, metrics=self.metrics, loops=False)
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
         self.mes = MesControl(self.host, self.link)
+        self.presence = Presence(self.link, config.consumer_name,
+                                 lambda: self.host.streams.scopes.keys())
+        # a message of our own must come back through a shared subscription before the
+        # host says it is ready: a broker may grant $share/… and deliver nothing
+        self.link.probe_topic = f"{presence_topic(config.mes_prefix, config.consumer_name)}/probe"
         self.metrics.declare([*COUNTERS, *(f"loop_errors_{n}" for n, _ in self.host.passes())])
         self._closed = asyncio.Event()
         self._closing = False
@@ -103,6 +109,7 @@ class App:
         await self.host.start()                  # discovery and recovery
         self.recovered = True
         await self.mes.start()
+        self.presence.start()
         await self.engine.start()                # the host's loops and the scripts' Tasks
         for name, args in missions:
             inst = await self.engine.start_mission(name, **args)
@@ -134,10 +141,7 @@ class App:
         for name, link in (("mqtt", self.link), ("mqtt (scripts)", self.script_link)):
             if link is None:
                 continue
-            if not link.connected.is_set():
-                missing.append(f"{name}: not connected")
-            elif not link.listening:
-                missing.append(f"{name}: subscriptions not acknowledged yet")
+            missing.extend(f"{name}: {why}" for why in link.not_listening())
         if self.engine.state != "Running":
             missing.append(f"engine: {self.engine.state}")
         if not self.recovered:
@@ -160,6 +164,8 @@ class App:
             await self.script_link.aclose()
         await self.host.aclose()
         await self.mes.aclose()
+        if self.link.connected.is_set():
+            await self.presence.stop()
         await self.link.aclose()
         if self._empty is not None:
             self._empty.cleanup()

@@ -88,7 +88,9 @@ class HostConfig:
     mqtt_cert_file: str = ""             # TLS client certificate
     mqtt_key_file: str = ""
     mqtt_shared_group: str = "sfc"       # $share/{group}/… so several hosts split the load
-    mqtt_qos: int = 1
+    mqtt_qos: int = 1                    # 0 or 1 (sessions are clean: no QoS 2)
+    mqtt_keepalive_s: int = 30           # a dead broker is found within 1.5x this
+    mqtt_receive_maximum: int = 256      # messages taken and not yet handled (backlog)
     mqtt_queue_size: int = 100_000       # outgoing messages waiting; a full queue is counted
     mqtt_max_payload: int = 1 << 20      # bytes; a larger message is refused (logged, counted)
     mes_prefix: str = "mes"              # may have several levels ("app/jobs")
@@ -199,8 +201,21 @@ class HostConfig:
                    "mqtt://host:port or mqtts://host:port")
         if self.mqtt_version not in (3, 5):
             raise ConfigError(f"setting mqtt_version: expected 3 or 5, got {self.mqtt_version}")
-        if self.mqtt_qos not in (0, 1, 2):
-            raise ConfigError(f"setting mqtt_qos: expected 0, 1 or 2, got {self.mqtt_qos}")
+        if self.mqtt_qos == 2:
+            raise ConfigError("setting mqtt_qos: 2 is not offered: the host's MQTT sessions "
+                              "are clean, so QoS 2 would be at least once across a "
+                              "reconnect; use 1 (commands carry ids, receivers deduplicate)")
+        if self.mqtt_qos not in (0, 1):
+            raise ConfigError(f"setting mqtt_qos: expected 0 or 1, got {self.mqtt_qos}")
+        if not 1 <= self.mqtt_keepalive_s <= 65535:
+            raise ConfigError(f"setting mqtt_keepalive_s: expected 1 to 65535 seconds, got "
+                              f"{self.mqtt_keepalive_s}")
+        if not 1 <= self.mqtt_receive_maximum <= 65535:
+            raise ConfigError(f"setting mqtt_receive_maximum: expected 1 to 65535, got "
+                              f"{self.mqtt_receive_maximum}")
+        if self.mqtt_version == 3 and self.mqtt_password and not self.mqtt_username:
+            raise ConfigError("setting mqtt_password: MQTT 3.1.1 sends a password only with "
+                              "a user name; set mqtt_username too")
         for name in ("mes_prefix", "equipment_prefix", "mqtt_shared_group"):
             v = getattr(self, name)
             if any(c in v for c in "+#\0") or (name == "mqtt_shared_group" and "/" in v):

@@ -163,6 +163,7 @@ class EquipmentIn:
             if prev_end is not None:
                 prev_end(scope, job, decision)
         host.settler.on_end = on_end
+        host.on_answers_done = link.release_acks
         link.subscribe(f"{self.prefix}/+/responses", self.on_answer)
         link.subscribe(f"{self.prefix}/+/events", self.on_event)
 
@@ -209,7 +210,8 @@ class EquipmentIn:
             job = job_of_command(event.command_id)
             arrived.pop(job, None)
             arrived[job] = time.perf_counter()
-        self.host.answer(scope, event)
+        # acknowledged once settled: a host that dies first never acknowledged it
+        self.host.answer(scope, event, self.link.hold_ack(message))
 
     async def on_event(self, message: Message) -> None:
         got = self._receive(message, "events", "events")

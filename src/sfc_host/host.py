@@ -111,7 +111,9 @@ class Host:
         self._gc_was: tuple[int, int, int] | None = None
         self._loops = loops
         self._tasks: list[asyncio.Task[None]] = []
-        self._answers: list[tuple[str, BaseEvent]] = []
+        # (scope, event) or (scope, event, receipt): see ``answer``
+        self._answers: list[tuple[Any, ...]] = []
+        self.on_answers_done: Callable[[list[Any]], None] | None = None
         self._answers_dropping = False       # warned about this overflow already
         self._answers_ready = WakeOne()      # one worker an arrival, not all of them
         self._closing = False
@@ -339,20 +341,24 @@ class Host:
 
     # ---- answers from equipment (the MQTT path calls these)
 
-    def answer(self, scope: str, event: BaseEvent) -> None:
+    def answer(self, scope: str, event: BaseEvent, receipt: Any = None) -> None:
         """Queue an answer (Completed, Failed, Held, NotHeld) for the applier. Beyond
         ``answer_queue_max`` (Redis away) the oldest 1 % go: a dropped answer is settled
-        by its action's deadline (the command goes out again and is answered again)."""
+        by its action's deadline (the command goes out again and is answered again).
+        ``receipt`` (the MQTT acknowledgement the answer's message waits for) goes to
+        ``on_answers_done`` once the answer is applied, absorbed, refused or dropped:
+        never while it may still be lost with this process."""
         answers = self._answers
         if not answers:
             # a worker is woken when the queue fills; one that leaves answers behind
             # wakes the next (see _answer_pass)
             self._answers_ready.ring()
-        answers.append((scope, event))
+        answers.append((scope, event) if receipt is None else (scope, event, receipt))
         limit = self.config.answer_queue_max
         if len(answers) > limit:
             # in chunks: deleting one at the front per answer moves the whole list each time
             n = len(answers) - limit + (limit - 1) // 100
+            self._done_with(answers[:n])
             del answers[:n]
             self.metrics.inc("answers_dropped", n)
             if not self._answers_dropping:
@@ -366,13 +372,22 @@ class Host:
         """Answers and delivered entries waiting for a pass."""
         return len(self._answers) + len(self._local)
 
-    async def settle_answers(self, answers: Sequence[tuple[str, BaseEvent]]) -> list[Item]:
+    def _done_with(self, answers: Sequence[tuple[Any, ...]]) -> None:
+        """The receipts of answers this host is done with, to ``on_answers_done``."""
+        done = self.on_answers_done
+        if done is not None:
+            receipts = [a[2] for a in answers if len(a) > 2]
+            if receipts:
+                done(receipts)
+
+    async def settle_answers(self, answers: Sequence[tuple[Any, ...]]) -> list[Item]:
         """Apply answers now; faults are counted and logged: an answer that cannot be
         applied is left to the action's deadline. Only Redis being away (a connection
         error or timeout after the client's retries) is raised: the caller keeps the
         answers for later."""
         items = []
-        for scope, ev in answers:
+        for a in answers:
+            scope, ev = a[0], a[1]
             cid = getattr(ev, "command_id", "")
             job = job_of_command(cid)
             if not job:
@@ -411,6 +426,7 @@ class Host:
                 # bring back (a station answering at once would never let us stop).
                 batch, self._answers = self._answers, []
                 await self.settle_answers(batch)
+                self._done_with(batch)
                 return
             n = self.config.answer_batch
             batch, self._answers = self._answers[:n], self._answers[n:]
@@ -424,6 +440,7 @@ class Host:
                 self._answers[:0] = batch
                 self._answers_ready.ring()
                 raise
+            self._done_with(batch)
         self._answers_dropping = False   # drained: the next overflow is warned of again
 
     async def queue_event(self, scope: str, type_id: str, subject: str | None = None,

@@ -82,6 +82,18 @@ HELP: dict[str, str] = {
                            "unacknowledged in the MQTT link; joined to that copy, not sent twice.",
     "mqtt_unsendable": "MQTT messages not published because they could not be encoded.",
     "mqtt_subscribe_refused": "MQTT subscriptions the broker refused.",
+    "mqtt_messages_dropped": "MQTT messages dropped, by reason: from the broker, an "
+                             "invalid topic, properties or packet (acknowledged and "
+                             "passed over) or no room in the backlog of unhandled "
+                             "messages; to the broker, one it closed the connection on "
+                             "twice (broker_refused).",
+    "mqtt_ignored_properties": "MQTT acknowledgements from the broker with invalid "
+                               "properties, used without them.",
+    "mqtt_keepalive_timeouts": "MQTT connections left because the broker stopped "
+                               "answering (no PINGRESP, or an acknowledgement overdue by "
+                               "more than the keep alive).",
+    "mqtt_takeovers": "MQTT connections the broker ended because another client "
+                      "connected with the same client id.",
     "mqtt_status_dropped": "MES status events and retained state not sent because they "
                            "filled 80 % of the outgoing MQTT queue.",
     "order_hook_errors": "Job order changes whose publishing hook raised.",
@@ -108,7 +120,9 @@ HISTOGRAMS = frozenset(("evolve_seconds", "answer_to_command_seconds",
                         "event_to_command_seconds"))
 # The counters a host exports from the start, at 0 until their first increment (a rate
 # or an alert needs the series before the first event, not from it on).
-COUNTERS: tuple[str, ...] = tuple(n for n in HELP if n not in HISTOGRAMS)
+# Counter families with one label (``inc_labeled``); exported from their first count.
+LABELED = frozenset(("mqtt_messages_dropped",))
+COUNTERS: tuple[str, ...] = tuple(n for n in HELP if n not in HISTOGRAMS and n not in LABELED)
 _HELP_PREFIXES: tuple[tuple[str, str], ...] = (
     ("loop_errors_", "Errors in the host loop {}."),
 )
@@ -263,6 +277,8 @@ class Metrics:
         self.buckets: tuple[float, ...] = tuple(Histogram(buckets).bounds)
         self.declared: set[str] = set()
         self.infos: dict[str, tuple[dict[str, str], str]] = {}
+        # (name, label, value) -> count: a counter family with one label
+        self.labeled: Counter[tuple[str, str, str]] = Counter()
 
     def declare(self, names: Iterable[str]) -> None:
         """Export these counters at 0 until their first increment."""
@@ -274,6 +290,14 @@ class Metrics:
 
     def inc(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
+
+    def inc_labeled(self, name: str, label: str, value: str, n: int = 1) -> None:
+        """Count in the family ``name`` under ``{label="value"}``."""
+        self.labeled[(name, label, value)] += n
+
+    def by_label(self, name: str) -> dict[str, int]:
+        """The counts of family ``name`` by its label's value."""
+        return {v: c for (n, _, v), c in self.labeled.items() if n == name}
 
     def __getitem__(self, name: str) -> int:
         return self.counts[name]
@@ -355,6 +379,18 @@ class Metrics:
             lines.append(f"# HELP {full} {_escape_help(_help_text(name))}")
             lines.append(f"# TYPE {full} counter")
             lines.append(f"{full}{plain} {value}")
+        families: dict[str, list[tuple[str, str, str, int]]] = {}
+        for (name, label, value), n in list(self.labeled.items()):
+            full = metric_name(prefix + name)
+            if not full.endswith("_total"):
+                full += "_total"
+            families.setdefault(full, []).append((name, label, value, n))
+        for full in sorted(families):
+            rows = sorted(families[full])
+            lines.append(f"# HELP {full} {_escape_help(_help_text(rows[0][0]))}")
+            lines.append(f"# TYPE {full} counter")
+            for _, label, value, n in rows:
+                lines.append(f'{full}{{{sep}{label}="{_escape_value(value)}"}} {n}')
         for full in sorted(hists):
             name, h = hists[full]
             lines.append(f"# HELP {full} {_escape_help(_help_text(name))}")

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sfc_host.mqtt import topic_matches
+from sfc_host.mqtt import filter_problem, topic_matches
 
 if TYPE_CHECKING:
     from sfc_host.engine.manager import Engine
@@ -237,6 +237,11 @@ class ScriptMqtt:
         return self._engine.run_on_loop(coro)
 
     def subscribe(self, topic_filter: str, handler: Handler) -> Callable[[], None]:
+        """``ScriptAPIError`` at once for what is no MQTT topic filter (the broker would
+        refuse it, or the link could not even send it)."""
+        problem = filter_problem(topic_filter)
+        if problem:
+            raise ScriptAPIError(f"api.mqtt.subscribe({str(topic_filter)[:200]!r}): {problem}")
         unsub = self._engine.mqtt.subscribe(topic_filter, handler)
         self._unsubs.append(unsub)
         return unsub

@@ -5,7 +5,8 @@
 - ``codec``: payloads, scopes, topics and envelopes (pure);
 - ``catalog``: what an MES configures for a scope, and the job acceptance checks;
 - ``control``: ``MesControl``, requests in and replies out;
-- ``publishing``: status events and retained order, result and state index.
+- ``publishing``: status events and retained order, result and state index;
+- ``presence``: the host's own retained status and its Last Will.
 
 This module re-exports the model only: ``control`` and ``publishing`` drive the host
 and are imported from their modules (the host's own modules use the model).

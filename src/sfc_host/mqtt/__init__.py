@@ -5,8 +5,8 @@ its ``Properties``."""
 
 from sfc_fast.mqtt5 import Message, Properties
 from sfc_host.mqtt.connection import MqttError
-from sfc_host.mqtt.link import IN_FLIGHT, MqttLink, MqttRefused
-from sfc_host.mqtt.topics import topic_matches
+from sfc_host.mqtt.link import IN_FLIGHT, MqttLink, MqttRefused, MqttUnsupported
+from sfc_host.mqtt.topics import filter_problem, topic_matches
 
-__all__ = ["IN_FLIGHT", "Message", "MqttError", "MqttLink", "MqttRefused", "Properties",
-           "topic_matches"]
+__all__ = ["IN_FLIGHT", "Message", "MqttError", "MqttLink", "MqttRefused", "MqttUnsupported",
+           "Properties", "filter_problem", "topic_matches"]

@@ -20,7 +20,21 @@ topic keeps to one lane, so a topic's messages stay in order.
 
 Incoming messages go to the handler of the first matching filter (the host's link,
 whose filters do not overlap) or, with ``fan_out`` (the script engine's link), to every
-matching subscription once; a handler's fault is logged and counted, never raised.
+matching subscription once; a handler's fault is logged and counted, never raised. A
+QoS 1 message whose handler is a coroutine is acknowledged once the handler is done,
+and at most ``mqtt_receive_maximum`` handlers run at once (the Receive Maximum we
+announce; past it the link stops reading), so what the host took and has not handled
+stays bounded, and a broker that hands a dead client's unacknowledged messages of a
+shared subscription to another member loses none of them.
+
+What a broker says in its CONNACK is honoured (docs/operations.md, "Brokers"): its
+Receive Maximum, Maximum Packet Size and Maximum QoS, its Server Keep Alive, Retain
+Available (retained messages then go out unretained), and whether it supports
+wildcard, shared subscriptions and subscription identifiers (a host that needs one it
+lacks stops with ``MqttUnsupported``). The link never loops on the broker: a message
+after which the broker closed the connection twice in a row is parked (dropped,
+counted, logged), and the backoff between connections grows with jitter and starts
+again only after a connection stayed up ``STABLE_S``.
 
 The packets are read and written by our own compiled codec (``sfc_fast.mqtt5``) over
 an asyncio connection (``connection.py``): a socket read becomes the handlers' calls and
@@ -33,6 +47,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import random
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -50,8 +66,14 @@ from sfc_fast.mqtt5 import (
 )
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
-from sfc_host.mqtt.connection import Connection, MqttError, reason_text
-from sfc_host.mqtt.topics import topic_matches
+from sfc_host.mqtt.connection import (
+    REDIRECTS,
+    TAKEN_OVER,
+    Connection,
+    MqttError,
+    reason_text,
+)
+from sfc_host.mqtt.topics import filter_problem, topic_matches
 from sfc_host.tls import client_context
 
 log = logging.getLogger("sfc_host.mqtt")
@@ -60,10 +82,26 @@ IN_FLIGHT = 256          # QoS 1 messages sent and not yet acknowledged
 # CONNACK codes that no retry changes: bad credentials, not authorized, banned, bad
 # authentication method (MQTT 3.1.1: 4, 5; MQTT 5: 134, 135, 138, 140)
 REFUSED_CODES = frozenset((4, 5, 134, 135, 138, 140))
-BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
-MAX_HANDLER_TASKS = 256
+# CONNACK codes about our will, which the next CONNECT changes: retain, QoS not supported
+WILL_REFUSED = frozenset((0x9A, 0x9B))
+# The waits between connection attempts, each taken at 50-100 % (jitter, so hosts that
+# lost one broker do not all come back at once); the next attempt's wait is the next
+# one, back to the first only after a connection stayed up STABLE_S
+BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+STABLE_S = 30.0
+# a connection the broker ends for another client with our id waits at least this
+TAKEOVER_BACKOFF_S = 2.0
+# a connection that ends this soon after its CONNACK without a word from the broker
+# (MQTT 3.1.1 has no DISCONNECT to the client) reads as taken over by a client with
+# the same id, when no message of ours is to blame
+TAKEOVER_S = 1.0
+# A refused subscription is asked for again after these waits (the last one repeats)
+RESUBSCRIBE_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+# the wait for our own message through a shared subscription (the broker delivers it)
+PROBE_S = 5.0
+# a broker closing the connection for these reasons says nothing of our last message
+NOT_BLAMED = frozenset((0x89, 0x8B, 0x8D, 0x8E, 0x98, 0x9C, 0x9D, 0x9F, 0xA0))
 ROUTES_MAX = 10_000      # topics whose handler is remembered (a scope's topics each)
-KEEPALIVE_S = 30
 CONNECT_TIMEOUT_S = 10.0
 WRITE_CHUNK = 1 << 18    # bytes gathered before a write within one pass
 # a packet the broker sends may be this much larger than the largest payload we take
@@ -74,6 +112,7 @@ PACKET_HEADROOM = 1 << 16
 # waits for one status message at most, and the MES's news keeps a quarter of the link
 # under a flood of commands (measured in docs/benchmarks.md)
 STATUS_EVERY = 3
+DROP_WARNED_MAX = 10_000   # (topic, reason) pairs already logged once
 
 Handler = Callable[[Message], Awaitable[None] | None]
 
@@ -84,8 +123,18 @@ def status_share(window: int) -> int:
     return max(1, window - max(1, window // 4))
 
 
+def backoff(fails: int) -> float:
+    """The wait before attempt ``fails + 1`` of a connection, with jitter."""
+    return BACKOFF_S[min(fails, len(BACKOFF_S) - 1)] * random.uniform(0.5, 1.0)
+
+
 class MqttRefused(ConnectionError):
     """The broker refused the credentials before the link was ever connected."""
+
+
+class MqttUnsupported(MqttRefused):
+    """The broker lacks what the host needs (shared or wildcard subscriptions): no
+    retry changes that."""
 
 
 def _follow(m: Outgoing, acked: asyncio.Future[None]) -> None:
@@ -116,6 +165,19 @@ class Outgoing:
     key: str | None = None                      # a command's id: one copy in the link
     status: bool = False                        # the status lane's (publish_nowait)
     seq: int = 0                                # order of queueing, over both lanes
+    sent_at: float = 0.0                        # loop time of its last write
+    strikes: int = 0                            # connections the broker closed on it
+
+
+class _Ack:
+    """The deferred PUBACK of one message: sent once its last handler is done."""
+
+    __slots__ = ("conn", "left", "mid")
+
+    def __init__(self, conn: Connection, mid: int) -> None:
+        self.conn = conn
+        self.mid = mid
+        self.left = 0
 
 
 class MqttLink:
@@ -134,6 +196,8 @@ class MqttLink:
         self.v5 = config.mqtt_version == 5
         # the largest packet taken from the broker (0: mqtt_max_payload and headroom)
         self.max_packet = max_packet or config.mqtt_max_payload + PACKET_HEADROOM
+        self.keepalive_s = float(config.mqtt_keepalive_s)   # this connection's, see CONNACK
+        self.receive_max = config.mqtt_receive_maximum
         self._queue: deque[Outgoing] = deque()       # commands, replies: first
         self._status: deque[Outgoing] = deque()      # MES status traffic: after them
         self._unacked: dict[int, Outgoing] = {}      # packet id -> message in flight
@@ -148,6 +212,8 @@ class MqttLink:
         self._status_window = status_share(IN_FLIGHT)
         self._server_max_packet = 0                 # the broker's limit (MQTT 5), 0: none
         self._server_max_qos = 2
+        self._retain_ok = True                      # the broker keeps retained messages
+        self._sub_ids_ok = True                     # ... and subscription identifiers
         self._mid = 0
         self._pump_soon = False
         self._subs: list[tuple[str, str, Handler]] = []   # (filter, subscribed as, handler)
@@ -157,8 +223,10 @@ class MqttLink:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.connected = asyncio.Event()
-        self._handler_slots = asyncio.Semaphore(MAX_HANDLER_TASKS)
         self._handler_tasks: set[asyncio.Task[None]] = set()
+        self._running = 0                            # handlers of messages not done
+        # handlers not started yet: the backlog was full (reading stops meanwhile)
+        self._waiting: deque[tuple[Awaitable[None], str, _Ack | None]] = deque()
         self.connects = 0
         self.last_error = ""         # why the last connection failed or ended (no secrets)
         self._refused = asyncio.Event()   # the first connect was refused (credentials)
@@ -178,11 +246,48 @@ class MqttLink:
         # every registered filter acknowledged by the broker on the live connection:
         # until then a request sent to a shared subscription may reach no host at all
         self._acked = False
+        self.refused: dict[str, str] = {}     # filter as subscribed -> the broker's reason
+        self._resubscribing: asyncio.Task[None] | None = None
+        # What keeps the link from serving, in one line (a broker that lacks a feature
+        # the host needs, shared subscriptions that deliver nothing); "" when nothing
+        self.problem = ""
+        # A topic no one else uses, under which a message of our own must come back
+        # through a shared subscription before the link reports it listens (the host
+        # sets it; None: no such check)
+        self.probe_topic: str | None = None
+        self._probe: tuple[str, bytes, asyncio.Future[None]] | None = None
+        self._will: tuple[str, bytes, Properties | None] | None = None
+        self._will_qos = 1
+        self.on_connect: list[Callable[[], None]] = []   # after each (re)connect
+        self._drop_warned: set[tuple[str, str]] = set()
+        self._suspect: Outgoing | None = None   # the message the broker last closed on
+        self._held = False                      # the running handler took its PUBACK
 
     @property
     def listening(self) -> bool:
-        """Connected, and the broker acknowledged every subscription (``/readyz``)."""
-        return self._acked and self.connected.is_set()
+        """Connected, and the broker granted every subscription, and the shared ones
+        deliver (``/readyz``)."""
+        return (self._acked and not self.refused and not self.problem
+                and self.connected.is_set())
+
+    def not_listening(self) -> list[str]:
+        """Why the link does not listen, one line each (``/readyz``); empty when it does."""
+        if not self.connected.is_set():
+            return [f"not connected ({self.last_error})" if self.last_error
+                    else "not connected"]
+        why = [f"subscription {f} refused by the broker: {r}"
+               for f, r in self.refused.items()]
+        if self.problem:
+            why.append(self.problem)
+        if not why and not self._acked:
+            why.append("subscriptions not acknowledged yet")
+        return why
+
+    def set_will(self, topic: str, payload: bytes,
+                 properties: Properties | None = None) -> None:
+        """A retained Last Will: the broker publishes it when the connection ends
+        without our DISCONNECT (from the next connection on)."""
+        self._will = (topic, payload, properties)
 
     # ---- setup
 
@@ -191,7 +296,8 @@ class MqttLink:
         """Shared: ``$share/{group}/{filter}``, so each message goes to one of the hosts.
         Before ``start`` or at any time after (scripts subscribe while they run); every
         reconnect subscribes again (on a link started with ``subscribe=False``, only from
-        ``open_subscriptions`` on). Returns a function that ends the subscription."""
+        ``open_subscriptions`` on). Returns a function that ends the subscription.
+        ``ValueError`` at once for what is no topic filter."""
         as_, end, conn = self._register(topic_filter, handler, shared)
         if conn is not None:
             self._later(self._subscribe(conn, as_), as_)
@@ -212,6 +318,9 @@ class MqttLink:
         send its SUBSCRIBE on now (None: not connected, or the filter is already on)."""
         group = self.config.mqtt_shared_group
         as_ = f"$share/{group}/{topic_filter}" if shared and group else topic_filter
+        problem = filter_problem(topic_filter) or filter_problem(as_)
+        if problem:
+            raise ValueError(f"{str(topic_filter)[:200]!r}: {problem}")
         new = not any(s[1] == as_ for s in self._subs)
         entry = (topic_filter, as_, handler)
         self._subs.append(entry)
@@ -224,23 +333,122 @@ class MqttLink:
                 return
             self._subs.remove(entry)
             self._routes.clear()
+            if any(s[1] == as_ for s in self._subs):
+                return
+            self.refused.pop(as_, None)
             conn = self._live
-            if (conn is not None and self.subscribing
-                    and not any(s[1] == as_ for s in self._subs)):
+            if conn is not None and self.subscribing:
                 mid = self._next_mid()
-                self._later(conn.request(mid, encode_unsubscribe(mid, (as_,), self.v5)), as_)
+                self._later(conn.request(mid, encode_unsubscribe(mid, (as_,), self.v5),
+                                         self.keepalive_s), as_)
         now = self._live if new and self.subscribing else None
         return as_, unsubscribe, now
 
-    async def _subscribe(self, conn: Connection, as_: str) -> None:
+    async def _subscribe(self, conn: Connection, as_: str) -> bool:
+        """Subscribe one filter; False (logged, counted, kept in ``refused``) when the
+        broker refuses it."""
         mid = self._next_mid()
+        sub_id = self._sub_ids.get(as_, 0) if self.v5 and self._sub_ids_ok else 0
         codes = await conn.request(mid, encode_subscribe(
-            mid, (as_,), self.config.mqtt_qos, self._sub_ids.get(as_, 0) if self.v5 else 0,
-            self.v5))
-        if any(c >= 0x80 for c in codes):
-            self.metrics.inc("mqtt_subscribe_refused")
-            log.warning("the broker refused the subscription to %s (%s)", as_,
-                        reason_text(max(codes)))
+            mid, (as_,), self.config.mqtt_qos, sub_id, self.v5), self.keepalive_s)
+        if all(c < 0x80 for c in codes):
+            if self.refused.pop(as_, None) is not None:
+                log.info("the broker granted the subscription to %s now", as_)
+            return True
+        reason = reason_text(max(codes), self.v5)
+        self.metrics.inc("mqtt_subscribe_refused")
+        if self.refused.get(as_) != reason:
+            log.error("the broker refused the subscription to %s (%s): the host takes "
+                      "nothing on it and is not ready; asked again with backoff (check "
+                      "the broker's ACL for client %s)", as_, reason, self.client_id)
+        self.refused[as_] = reason
+        return False
+
+    async def _subscribe_all(self, conn: Connection) -> None:
+        """Every registered filter, then (for shared ones) the check that they deliver;
+        what is refused is asked for again with backoff."""
+        for as_ in dict.fromkeys(s[1] for s in self._subs):
+            await self._subscribe(conn, as_)
+        self._acked = self._live is conn
+        if self.refused:
+            self._resubscribe(conn)
+        await self._check_shared(conn)
+
+    def _resubscribe(self, conn: Connection) -> None:
+        if self._resubscribing is not None and not self._resubscribing.done():
+            return
+
+        async def again() -> None:
+            for attempt in range(1_000_000):
+                await asyncio.sleep(RESUBSCRIBE_S[min(attempt, len(RESUBSCRIBE_S) - 1)])
+                if self._live is not conn:
+                    return                # the reconnect subscribes them all anyway
+                for as_ in list(self.refused):
+                    if any(s[1] == as_ for s in self._subs):
+                        await self._subscribe(conn, as_)
+                    else:
+                        self.refused.pop(as_, None)
+                if not self.refused:
+                    await self._check_shared(conn)
+                    if not self.problem:
+                        return
+        self._resubscribing = asyncio.get_running_loop().create_task(self._guarded(again()))
+
+    async def _guarded(self, aw: Awaitable[None]) -> None:
+        try:
+            await aw
+        except (MqttError, TimeoutError) as e:
+            log.debug("MQTT subscribing again ended with the connection: %s", e)
+        except Exception:
+            log.exception("MQTT subscribing again failed")
+
+    async def _check_shared(self, conn: Connection) -> None:
+        """A message of our own through a shared subscription of our own: a broker that
+        grants ``$share/…`` filters but delivers nothing through them (MQTT 3.1.1 has no
+        way to say it lacks them) would leave a ready host deaf."""
+        group = self.config.mqtt_shared_group
+        if (self.probe_topic is None or not group
+                or not any(s[1].startswith("$share/") for s in self._subs)):
+            return
+        topic = self.probe_topic
+        flt = f"$share/{group}/{topic}"
+        nonce = os.urandom(8).hex().encode()
+        got: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._probe = (topic, nonce, got)
+        try:
+            mid = self._next_mid()
+            codes = await conn.request(mid, encode_subscribe(mid, (flt,), 1, 0, self.v5),
+                                       self.keepalive_s)
+            if any(c >= 0x80 for c in codes):
+                why = (f"the broker refused the shared subscription {flt} "
+                       f"({reason_text(max(codes), self.v5)})")
+            else:
+                # ahead of whatever waits: the check must not time out behind a backlog
+                self._seq += 1
+                self._queue.appendleft(Outgoing(topic, nonce, None, 1, False, seq=self._seq))
+                self._pump()
+                try:
+                    await asyncio.wait_for(asyncio.shield(got), PROBE_S)
+                    why = ""
+                except TimeoutError:
+                    why = (f"the broker granted the shared subscription {flt} but "
+                           f"delivered nothing through it within {PROBE_S:g} s")
+            mid = self._next_mid()
+            with contextlib.suppress(MqttError, TimeoutError):
+                await conn.request(mid, encode_unsubscribe(mid, (flt,), self.v5),
+                                   self.keepalive_s)
+        finally:
+            self._probe = None
+        if why:
+            why += ("; this broker does not serve shared subscriptions: set "
+                    "mqtt_shared_group = \"\" (one host only) or use a broker that does")
+            if why != self.problem:
+                log.error("%s", why)
+            self.problem = why
+            self._resubscribe(conn)
+        elif self.problem:
+            log.info("shared subscriptions deliver now")
+            self.problem = ""
 
     def _later(self, aw: Awaitable[Any], what: str) -> None:
         # a (un)subscribe on the live connection; if the connection drops first, the
@@ -267,7 +475,8 @@ class MqttLink:
     async def open_subscriptions(self) -> None:
         """Subscribe every registered filter now (if connected) and on every reconnect.
         Returns once the broker acknowledged them, or once the connection dropped (the
-        reconnect subscribes them all)."""
+        reconnect subscribes them all). ``MqttUnsupported`` when the broker granted the
+        shared subscriptions but delivers nothing through them."""
         if self.subscribing:
             return
         self.subscribing = True
@@ -275,16 +484,17 @@ class MqttLink:
         if conn is None:
             return
         try:
-            for as_ in dict.fromkeys(s[1] for s in self._subs):
-                await self._subscribe(conn, as_)
-            self._acked = self._live is conn
+            await self._subscribe_all(conn)
         except (MqttError, TimeoutError) as e:
             log.warning("MQTT subscribe failed (%s); the reconnect subscribes again", e)
+            return
+        if self.problem:
+            raise MqttUnsupported(f"the broker at {self.host}:{self.port}: {self.problem}")
 
     async def wait_connected(self, timeout: float = 10.0) -> None:
         """Until connected; ``MqttRefused`` at once when the broker refuses the
-        credentials (retrying would wait out ``timeout`` for nothing), ``TimeoutError``
-        when it cannot be reached."""
+        credentials (retrying would wait out ``timeout`` for nothing) or lacks what the
+        host needs (``MqttUnsupported``), ``TimeoutError`` when it cannot be reached."""
         waits = [asyncio.ensure_future(e.wait())
                  for e in (self.connected, self._refused, self._gave_up)]
         try:
@@ -295,6 +505,9 @@ class MqttLink:
         if self.connected.is_set():
             return
         if self._refused.is_set():
+            if self.problem:
+                raise MqttUnsupported(f"the broker at {self.host}:{self.port}: "
+                                      f"{self.problem}")
             raise MqttRefused(f"the broker at {self.host}:{self.port} refused the "
                               f"connection ({self.last_error})")
         if self._gave_up.is_set():
@@ -308,12 +521,15 @@ class MqttLink:
         await self.aclose()
 
     async def aclose(self, drain_s: float = 2.0) -> None:
-        """Stop after sending what is queued and having it acknowledged (up to
-        ``drain_s``)."""
+        """Stop after the running handlers are done (their messages acknowledged) and
+        what is queued is sent and acknowledged (up to ``drain_s`` in all)."""
         if self._task is None:
             return
         loop = asyncio.get_running_loop()
         end = loop.time() + drain_s
+        while ((self._running or self._waiting) and self.connected.is_set()
+               and loop.time() < end):
+            await asyncio.sleep(0.01)
         while ((self._queue or self._status or self._unacked) and self.connected.is_set()
                and loop.time() < end):
             await asyncio.sleep(0.01)
@@ -322,8 +538,14 @@ class MqttLink:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
         self._task = None
+        if self._resubscribing is not None:
+            self._resubscribing.cancel()
         for t in list(self._handler_tasks):
             t.cancel()
+        while self._waiting:
+            aw = self._waiting.popleft()[0]
+            if asyncio.iscoroutine(aw):
+                aw.close()
 
     # ---- sending
 
@@ -336,8 +558,9 @@ class MqttLink:
         (MES status events and retained state) is refused once status messages fill 80 %
         of the queue, so they never crowd out equipment commands and replies. ``acked`` is
         set once the broker has the message (QoS 1: its PUBACK; QoS 0: written), and
-        cancelled when the broker refuses it (a PUBACK with an error code). A ``key``
-        already queued or in flight is not queued again: ``acked`` follows that copy."""
+        cancelled when the broker refuses it (a PUBACK with an error code, or the
+        connection closed on it twice). A ``key`` already queued or in flight is not
+        queued again: ``acked`` follows that copy."""
         if not topic or "+" in topic or "#" in topic or len(topic) > 16_000:
             # a reply to a request's response topic, say: refused here, never on the wire
             self.metrics.inc("mqtt_bad_topic")
@@ -393,10 +616,12 @@ class MqttLink:
         out = conn.out
         v5 = self.v5
         max_qos = self._server_max_qos
+        retain_ok = self._retain_ok
         limit = self._server_max_packet
         metrics = self.metrics
         run = self._commands_run
         crowded = self.config.mqtt_queue_size // 10
+        now = conn.loop.time()
         while len(unacked) < window:
             if q and sq and len(sq) >= crowded:
                 # a lasting overload: one queue again, oldest first (status messages
@@ -417,8 +642,8 @@ class MqttLink:
             mid = self._next_mid() if qos else 0
             before = len(out)
             try:
-                publish_into(out, m.topic, m.payload, qos, m.retain, mid, m.properties, v5,
-                             m.dup)
+                publish_into(out, m.topic, m.payload, qos, m.retain and retain_ok, mid,
+                             m.properties, v5, m.dup and qos > 0)
                 if limit and len(out) - before > limit:
                     del out[before:]
                     raise ValueError(f"{len(m.payload)} bytes: larger than the broker takes")
@@ -430,6 +655,7 @@ class MqttLink:
                     m.acked.cancel()
                 continue
             if qos:
+                m.sent_at = now
                 unacked[mid] = m
                 if m.status:
                     self._status_flight += 1
@@ -452,6 +678,8 @@ class MqttLink:
         if m.status:
             self._status_flight -= 1
         self._release(m)
+        if self._suspect is m:
+            self._suspect = None
         if code >= 0x80:
             # refused (quota, not authorized, ...): not sent; a command's sender sees it
             # as unacknowledged and its deadline sends it again
@@ -472,6 +700,12 @@ class MqttLink:
         if m.key is not None and self._keyed.get(m.key) is m:
             del self._keyed[m.key]
 
+    def _oldest_sent(self) -> float | None:
+        """When the oldest message still unacknowledged was written, if any."""
+        for m in self._unacked.values():
+            return m.sent_at
+        return None
+
     # ---- the connection
 
     def _tls_context(self) -> ssl.SSLContext | None:
@@ -480,19 +714,28 @@ class MqttLink:
         c = self.config
         return client_context(c.mqtt_ca_file, c.mqtt_cert_file, c.mqtt_key_file)
 
+    def _connect_packet(self) -> bytes:
+        c = self.config
+        will: dict[str, Any] = {}
+        if self._will is not None:
+            topic, payload, props = self._will
+            will = {"will_topic": topic, "will_payload": payload, "will_qos": self._will_qos,
+                    "will_retain": self._retain_ok,
+                    "will_properties": props if self.v5 else None}
+        return encode_connect(self.client_id, self.config.mqtt_keepalive_s, self.v5,
+                              c.mqtt_username or None, c.mqtt_password or None,
+                              receive_max=self.receive_max if self.v5 else 0, **will)
+
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
-        c = self.config
         conn = Connection(v5=self.v5, max_packet=self.max_packet, metrics=self.metrics,
                           on_message=self._dispatch, on_ack=self._on_ack,
-                          on_writable=self._pump)
+                          on_writable=self._pump, on_dropped=self._dropped)
         tls = self._tls_context()
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             await loop.create_connection(lambda: conn, self.host, self.port, ssl=tls,
                                          server_hostname=self.host if tls else None)
-            conn.write(encode_connect(
-                self.client_id, KEEPALIVE_S, self.v5, c.mqtt_username or None,
-                c.mqtt_password or None))
+            conn.write(self._connect_packet())
             try:
                 _, code, props = await conn.connack
             except BaseException:
@@ -500,64 +743,214 @@ class MqttLink:
                 raise
         if code:
             conn.abort(0, "")
-            raise MqttError(reason_text(code), code)
+            raise self._connack_refusal(code, props)
+        self._settings(props)
+        return conn
+
+    def _connack_refusal(self, code: int, props: dict[str, Any]) -> MqttError:
+        """The error of a CONNACK that refused us; a will the broker cannot take is
+        changed for the next attempt."""
+        text = reason_text(code, self.v5)
+        if props.get("ReasonString"):
+            text += f": {props['ReasonString']}"
+        if code in REDIRECTS:
+            ref = props.get("ServerReference")
+            text += (f" (the broker points to {ref!r}; the host keeps to mqtt_url: "
+                     "change it to move)" if ref else "")
+        if self.v5 and code == 0x9A and self._retain_ok:
+            self._retain_ok = False
+            log.warning("the broker at %s:%d keeps no retained messages (%s): the Last "
+                        "Will and the retained MES state go out unretained", self.host,
+                        self.port, text)
+        elif self.v5 and code == 0x9B and self._will_qos:
+            self._will_qos = 0
+        return MqttError(text, code)
+
+    def _settings(self, props: dict[str, Any]) -> None:
+        """What the broker's CONNACK says of its limits and features."""
+        if props.get("ReasonString"):
+            log.info("MQTT broker at %s:%d: %s", self.host, self.port, props["ReasonString"])
         self._window = min(IN_FLIGHT, props.get("ReceiveMaximum", IN_FLIGHT))
         self._status_window = status_share(self._window)
         self._server_max_packet = props.get("MaximumPacketSize", 0)
         self._server_max_qos = props.get("MaximumQoS", 2)
-        return conn
+        server_ka = props.get("ServerKeepAlive")
+        ours = float(self.config.mqtt_keepalive_s)
+        self.keepalive_s = float(min(ours, server_ka)) if server_ka else ours
+        retain = bool(props.get("RetainAvailable", 1))
+        if not retain and self._retain_ok:
+            log.warning("the broker at %s:%d keeps no retained messages (Retain Available "
+                        "0): the MES's retained state and the host's status go out "
+                        "unretained, so a client that connects later does not get them",
+                        self.host, self.port)
+        self._retain_ok = retain and self._retain_ok
+        self._sub_ids_ok = bool(props.get("SubscriptionIdentifierAvailable", 1))
+        filters = [s[1] for s in self._subs]
+        if not props.get("SharedSubscriptionAvailable", 1) and any(
+                f.startswith("$share/") for f in filters):
+            raise MqttUnsupported(
+                "it does not support shared subscriptions (Shared Subscription Available "
+                "0); set mqtt_shared_group = \"\" to run one host without them, or use a "
+                "broker that supports them")
+        if not props.get("WildcardSubscriptionAvailable", 1):
+            wild = next((f for f in filters if "+" in f or "#" in f), None)
+            if wild is not None:
+                raise MqttUnsupported(
+                    f"it does not support wildcard subscriptions (Wildcard Subscription "
+                    f"Available 0), which the host needs ({wild})")
 
     async def _run(self) -> None:
         fails = 0
+        loop = asyncio.get_running_loop()
         while not self._closing:
             conn: Connection | None = None
             try:
                 conn = await self._connect()
                 self._live = conn     # from here subscribe() goes straight out
                 if self.subscribing:
-                    for as_ in dict.fromkeys(s[1] for s in self._subs):
-                        await self._subscribe(conn, as_)
-                    self._acked = True
+                    await self._subscribe_all(conn)
                 self.connects += 1
                 if fails or self.connects > 1:
                     log.info("MQTT connected again to %s:%d", self.host, self.port)
-                fails = 0
                 self.connected.set()
                 self._pump()
-                while not conn.closed.done():
-                    # keepalive: a ping when idle, the end when it goes unanswered
-                    await asyncio.wait((conn.closed,), timeout=KEEPALIVE_S / 2)
-                    if not conn.closed.done():
-                        conn.keepalive(KEEPALIVE_S)
+                self._connected_hooks()
+                await self._watch(conn)
                 raise MqttError(conn.why or "connection closed by the broker")
             except asyncio.CancelledError:
                 if conn is not None:
                     conn.close()
                 raise
-            except (MqttError, OSError, TimeoutError, ssl.SSLError) as e:
+            except MqttUnsupported as e:
                 if conn is not None:
                     conn.abort(0, "")
-                delay = BACKOFF_S[min(fails, len(BACKOFF_S) - 1)]
-                fails += 1
-                self.metrics.inc("mqtt_reconnects")
-                self.last_error = str(e) or type(e).__name__
-                code = getattr(e, "rc", None)
-                if not self.connects and code in REFUSED_CODES:
+                self.problem = str(e)
+                self.last_error = f"the broker at {self.host}:{self.port}: {e}"
+                if not self.connects:
                     self._refused.set()
-                if self.once and not self.connects:
                     self._gave_up.set()
                     return
-                # The error names the broker, never the credentials.
-                log.warning("MQTT connection to %s:%d lost or refused (%s); again in %.1f s",
-                            self.host, self.port, self.last_error, delay)
-                self._lost()
-                await asyncio.sleep(delay)
+                log.error("MQTT %s; the host is not ready, and tries again", self.last_error)
+                self._lost(conn)
+                await asyncio.sleep(BACKOFF_S[-1])
+                fails += 1
+            except (MqttError, OSError, TimeoutError, ssl.SSLError) as e:
+                fails = await self._after(conn, e, fails, loop.time())
+                if fails < 0:
+                    return
+            except Exception as e:
+                # a fault of ours: the link must not end silently
+                log.exception("the MQTT link failed; it connects again")
+                if conn is not None:
+                    conn.abort(0, "")
+                self.last_error = f"{type(e).__name__}: {e}"
+                self._lost(conn)
+                await asyncio.sleep(backoff(fails))
+                fails += 1
             finally:
-                self._lost()
+                self._lost(conn)
 
-    def _lost(self) -> None:
+    async def _after(self, conn: Connection | None, e: BaseException, fails: int,
+                     now: float) -> int:
+        """What a lost or refused connection leads to: the log, the blame of a message,
+        the wait; returns the new count of failures (-1: the link gives up)."""
+        up = now - conn.connected_at if conn is not None and conn.connected_at else 0.0
+        if conn is not None:
+            conn.shut()
+        if up >= STABLE_S:
+            fails = 0
+        self.metrics.inc("mqtt_reconnects")
+        self.last_error = str(e) or type(e).__name__
+        code = getattr(e, "rc", None)
+        if not self.connects and code in REFUSED_CODES:
+            self._refused.set()
+        if self.once and not self.connects:
+            self._gave_up.set()
+            return -1
+        delay = backoff(fails)
+        taken = conn is not None and self._taken_over(conn, up)
+        if taken:
+            delay = max(delay, TAKEOVER_BACKOFF_S * random.uniform(1.0, 1.5))
+        elif conn is not None and conn.disconnect_code in REDIRECTS:
+            log.error("MQTT broker at %s:%d redirects the host (%s); the host keeps to "
+                      "mqtt_url and connects there again", self.host, self.port,
+                      (f"to {conn.server_reference!r}" if conn.server_reference
+                       else "without saying where"))
+        if code in WILL_REFUSED:
+            delay = 0.0                   # the next CONNECT asks for what the broker takes
+        # The error names the broker, never the credentials.
+        log.warning("MQTT connection to %s:%d lost or refused (%s); again in %.1f s",
+                    self.host, self.port, self.last_error, delay)
+        if conn is not None:
+            self._blame(conn, up)
+        self._lost(conn)
+        await asyncio.sleep(delay)
+        return fails + 1
+
+    def _taken_over(self, conn: Connection, up: float) -> bool:
+        """Whether the broker ended this connection for another client with our id:
+        it says so (0x8E), or (MQTT 3.1.1) it closed a fresh connection unasked with no
+        message of ours in flight."""
+        said = conn.disconnect_code == TAKEN_OVER
+        guessed = (not self.v5 and not conn.ours and up < TAKEOVER_S
+                   and not self._unacked and conn.disconnect_code is None)
+        if not (said or guessed):
+            return False
+        self.metrics.inc("mqtt_takeovers")
+        log.error("MQTT broker at %s:%d ended the session of client id %r%s: another "
+                  "client connected with the same client id; every host needs its own "
+                  "(mqtt_client_id, default sfc-{consumer}); backing off", self.host,
+                  self.port, self.client_id, "" if said else " right after accepting it")
+        return True
+
+    def _blame(self, conn: Connection, up: float) -> None:
+        """The broker closed the connection: its oldest unacknowledged message is the
+        likely cause (a broker acknowledges in order). Closed on twice in a row, it is
+        parked, so the messages behind it go out."""
+        if conn.ours or conn.disconnect_code in NOT_BLAMED or not self._unacked:
+            self._suspect = None
+            return
+        mid, m = next(iter(self._unacked.items()))
+        if self._suspect is m:
+            m.strikes += 1
+        else:
+            self._suspect = m
+            m.strikes = 1
+        if m.strikes < 2:
+            return
+        del self._unacked[mid]
+        if m.status:
+            self._status_flight -= 1
+        self._suspect = None
+        self._release(m)
+        self.metrics.inc_labeled("mqtt_messages_dropped", "reason", "broker_refused")
+        why = conn.why or "closed"
+        log.error("MQTT message on %s (%d bytes) parked: the broker closed the "
+                  "connection on it twice in a row (%s); the messages behind it go out",
+                  m.topic[:200], len(m.payload), why)
+        if m.acked is not None:
+            m.acked.cancel()
+
+    async def _watch(self, conn: Connection) -> None:
+        """Until the connection ends: pings on silence, the end on a broker gone quiet."""
+        tick = max(0.05, self.keepalive_s / 8)
+        while not conn.closed.done():
+            await asyncio.wait((conn.closed,), timeout=tick)
+            if not conn.closed.done():
+                conn.keepalive(self.keepalive_s, self._oldest_sent())
+
+    def _connected_hooks(self) -> None:
+        for hook in self.on_connect:
+            try:
+                hook()
+            except Exception:
+                log.exception("an MQTT on-connect hook failed")
+
+    def _lost(self, conn: Connection | None = None) -> None:
         """The connection is over: what was not acknowledged goes back to the front of
         the queue, in the order it was sent, marked DUP."""
+        if conn is not None and self._live is not conn and self._live is not None:
+            return
         self._live = None
         self._acked = False
         self.connected.clear()
@@ -570,11 +963,44 @@ class MqttLink:
 
     # ---- receiving
 
-    def _dispatch(self, message: Message) -> None:
-        topic = message.topic
-        if self.fan_out:
-            self._fan_out(message, topic)
+    def hold_ack(self, message: Message) -> tuple[Connection, int] | None:
+        """Called by a handler while it runs: the message's PUBACK waits until the
+        handler's owner passes the returned token to ``release_acks`` (once the
+        message's effect is stored). None for a message that needs no acknowledgement."""
+        conn = self._live
+        if message.qos != 1 or conn is None:
+            return None
+        self._held = True
+        return conn, message.mid
+
+    @staticmethod
+    def release_acks(tokens: list[tuple[Connection, int]]) -> None:
+        """Send the PUBACKs ``hold_ack`` held (on the connection that took each message:
+        one that has ended takes none, and the broker redelivers or gives it up)."""
+        for conn, mid in tokens:
+            conn.ack(mid)
+
+    def _dropped(self, topic: str, reason: str, why: str) -> None:
+        """A message from the broker passed over (acknowledged, not handled)."""
+        self.metrics.inc_labeled("mqtt_messages_dropped", "reason", reason)
+        key = (topic, reason)
+        if key in self._drop_warned:
             return
+        if len(self._drop_warned) < DROP_WARNED_MAX:
+            self._drop_warned.add(key)
+        log.warning("an MQTT message on %r dropped: %s (logged once per topic and reason; "
+                    "counted in sfc_mqtt_messages_dropped_total{reason=%r})", topic[:200],
+                    why, reason)
+
+    def _dispatch(self, message: Message) -> bool:
+        """Hand a message to its handler(s); True when its PUBACK waits for them."""
+        topic = message.topic
+        if self._probe is not None and topic == self._probe[0]:
+            if message.payload == self._probe[1] and not self._probe[2].done():
+                self._probe[2].set_result(None)
+            return False
+        if self.fan_out:
+            return self._fan_out(message, topic)
         routes = self._routes
         try:
             handler = routes[topic]
@@ -584,10 +1010,10 @@ class MqttLink:
                 routes[topic] = handler
         if handler is None:
             self.metrics.inc("mqtt_unrouted")
-            return
-        self._handle(handler, message, topic)
+            return False
+        return self._handle(handler, message, topic, None)
 
-    def _fan_out(self, message: Message, topic: str) -> None:
+    def _fan_out(self, message: Message, topic: str) -> bool:
         p = message.properties
         ids = p.SubscriptionIdentifier if p is not None else None
         sub_ids = self._sub_ids
@@ -595,29 +1021,66 @@ class MqttLink:
                     if (sub_ids.get(as_) in ids if ids else topic_matches(f, topic))]
         if not handlers:
             self.metrics.inc("mqtt_unrouted")
+            return False
+        ack = _Ack(self._live, message.mid) if (
+            message.qos == 1 and self._live is not None) else None
         for h in handlers:
-            self._handle(h, message, topic)
+            self._handle(h, message, topic, ack)
+        return ack is not None and ack.left > 0
 
-    def _handle(self, handler: Handler, message: Message, topic: str) -> None:
+    def _handle(self, handler: Handler, message: Message, topic: str,
+                ack: _Ack | None) -> bool:
+        """Run one handler; True when it runs on (a coroutine) and the message's
+        acknowledgement waits for it."""
         self.metrics.inc("mqtt_received")
+        self._held = False
         try:
             res = handler(message)
         except Exception:
             self.metrics.inc("mqtt_handler_errors")
             log.exception("handling a message on %s failed", topic)
-            return
-        if res is not None:
-            t = asyncio.ensure_future(self._guard(res, topic))
-            self._handler_tasks.add(t)
-            t.add_done_callback(self._handler_tasks.discard)
+            return self._held
+        if res is None:
+            return self._held
+        if ack is None and message.qos == 1 and self._live is not None:
+            ack = _Ack(self._live, message.mid)
+        if ack is not None:
+            ack.left += 1
+        if self._running >= self.receive_max:
+            # the backlog is full: this one waits, and the broker with the rest
+            self._waiting.append((res, topic, ack))
+            if self._live is not None:
+                self._live.pause_reading()
+        else:
+            self._start(res, topic, ack)
+        return ack is not None
+
+    def _start(self, aw: Awaitable[None], topic: str, ack: _Ack | None) -> None:
+        t = asyncio.ensure_future(self._guard(aw, topic))
+        self._handler_tasks.add(t)
+        self._running += 1
+        t.add_done_callback(lambda t: self._handled(t, ack))
+
+    def _handled(self, t: asyncio.Task[None], ack: _Ack | None) -> None:
+        self._handler_tasks.discard(t)
+        self._running -= 1
+        if ack is not None:
+            ack.left -= 1
+            if ack.left == 0 and not t.cancelled():
+                ack.conn.ack(ack.mid)
+        waiting = self._waiting
+        while waiting and self._running < self.receive_max:
+            self._start(*waiting.popleft())
+        conn = self._live
+        if (not waiting and conn is not None and conn.reading_paused
+                and self._running <= self.receive_max // 2):
+            conn.resume_reading()
 
     async def _guard(self, aw: Awaitable[None], topic: str) -> None:
-        async with self._handler_slots:
-            try:
-                await aw
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.metrics.inc("mqtt_handler_errors")
-                log.exception("handling a message on %s failed", topic)
-
+        try:
+            await aw
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.metrics.inc("mqtt_handler_errors")
+            log.exception("handling a message on %s failed", topic)
