@@ -714,3 +714,33 @@ def test_an_answer_is_acknowledged_once_its_owner_releases_it() -> None:
             await until(lambda: acks)
             assert acks == [b"\x40\x02\x00\x0b"]
     run(main())
+
+
+@pytest.mark.parametrize("case", ["unavailable", "deaf"])
+def test_sfc_host_run_stops_with_one_line_naming_the_setting(
+        case: str, redis_url: str, tmp_path: Any) -> None:
+    """A broker that says it lacks shared subscriptions, or (MQTT 3.1.1) grants them and
+    delivers nothing: ``sfc-host run`` exits 1 with one line naming mqtt_shared_group."""
+    import sys
+
+    v5 = case == "unavailable"
+
+    async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await grant_all(n, r, w, v5=v5)
+
+    answer = connack(0, props(prop_byte(0x2A, 0))) if v5 else connack(v5=False)
+
+    async def main() -> None:
+        async with ScriptedBroker(script, answer) as b:
+            conf = tmp_path / "host.toml"
+            conf.write_text(f'redis_url = "{redis_url}"\nmqtt_url = "{b.url}"\n'
+                            f'mqtt_version = {5 if v5 else 3}\nconsumer = "deaf"\n')
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sfc_host", "run", "--config", str(conf),
+                stderr=asyncio.subprocess.PIPE)
+            _, err = await asyncio.wait_for(proc.communicate(), 40)
+        assert proc.returncode == 1, err
+        last = err.decode().strip().splitlines()[-1]
+        assert last.startswith("sfc-host: error: ") and 'mqtt_shared_group = ""' in last, last
+        assert "Traceback" not in err.decode()
+    run(main())

@@ -744,7 +744,11 @@ class MqttLink:
         if code:
             conn.abort(0, "")
             raise self._connack_refusal(code, props)
-        self._settings(props)
+        try:
+            self._settings(props)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def _connack_refusal(self, code: int, props: dict[str, Any]) -> MqttError:
