@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 import pytest
+from hosts import wait_until
 from scripted_broker import (
     ScriptedBroker,
     connack,
@@ -36,15 +37,6 @@ from sfc_host.mqtt import link as link_module
 def config(url: str, **kw: Any) -> HostConfig:
     return HostConfig(redis_url="redis://127.0.0.1:1", mqtt_url=url,
                       consumer=kw.pop("consumer", "s"), **kw)
-
-
-async def until(cond: Any, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def run(coro: Any) -> None:
@@ -88,7 +80,7 @@ def test_a_retained_message_with_a_bad_property_is_dropped_not_the_connection(
             async with MqttLink(config(b.url), metrics) as link:
                 link.subscribe("equipment/+/events", lambda m: got.append(m.payload),
                                shared=False)
-                await until(lambda: got and len(acks) == 3)
+                await wait_until(lambda: got and len(acks) == 3)
                 await asyncio.sleep(0.2)
             assert got == [b"good"] and b.connections == 1
             assert acks == [b"\x40\x02\x00\x07"] * 2 + [b"\x40\x02\x00\x08"]
@@ -114,7 +106,7 @@ def test_a_bad_topic_is_dropped_and_acknowledged() -> None:
             metrics = Metrics()
             async with MqttLink(config(b.url), metrics) as link:
                 link.subscribe("a/#", lambda m: got.append(m.payload), shared=False)
-                await until(lambda: got)
+                await wait_until(lambda: got)
             assert got == [b"y"] and b.connections == 1
             assert metrics.by_label("mqtt_messages_dropped") == {"bad_topic": 1}
     run(main())
@@ -214,7 +206,7 @@ def test_server_keep_alive_is_used() -> None:
                 await link.wait_connected()
                 t0 = asyncio.get_running_loop().time()
                 assert link.keepalive_s == 2
-                await until(lambda: len(pings) >= 2, 5)
+                await wait_until(lambda: len(pings) >= 2, 5)
             assert pings[0] - t0 < 1.5        # not the 30 s of our setting
     run(main())
 
@@ -301,9 +293,12 @@ def test_a_message_the_broker_closes_on_twice_is_parked_and_the_rest_go_out(
 
 
 def test_a_broker_that_closes_every_connection_is_not_hammered() -> None:
-    """Backoff grows with jitter and does not start again at every CONNACK."""
+    """Backoff grows with jitter and does not start again at every CONNACK (here a
+    busy broker that accepts each connection and ends it at once)."""
     async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await asyncio.sleep(0.05)
+        w.write(disconnect(0x89))
+        await w.drain()
 
     async def main() -> None:
         async with ScriptedBroker(script) as b:
@@ -415,7 +410,7 @@ def test_a_refused_subscription_means_not_ready_until_it_is_granted(
                 why = link.not_listening()
                 assert why == ["subscription $share/sfc/mes/+/commands refused by the "
                                "broker: [code:135] Not authorized"]
-                await until(lambda: link.listening, 5)
+                await wait_until(lambda: link.listening, 5)
                 assert link.not_listening() == []
             finally:
                 await link.aclose()
@@ -537,7 +532,7 @@ def test_a_redirect_is_logged_with_its_server_reference(
     async def main() -> None:
         async with ScriptedBroker(script) as b, MqttLink(config(b.url), Metrics()) as link:
             await link.wait_connected()
-            await until(lambda: b.connections == 2)
+            await wait_until(lambda: b.connections == 2)
     with caplog.at_level(logging.WARNING, "sfc_host.mqtt"):
         run(main())
     assert any("broker2.plant:1883" in r.getMessage() and r.levelno == logging.ERROR
@@ -559,7 +554,7 @@ def test_reason_strings_and_names_of_a_refusal_and_a_disconnect_are_logged(
         async with ScriptedBroker(script, answer) as b, MqttLink(config(b.url),
                                                                 Metrics()) as link:
             await link.wait_connected()
-            await until(lambda: b.connections >= 3)
+            await wait_until(lambda: b.connections >= 3)
     with caplog.at_level(logging.WARNING, "sfc_host.mqtt"):
         run(main())
     text = "\n".join(r.getMessage() for r in caplog.records)
@@ -593,11 +588,11 @@ def test_a_message_is_acknowledged_once_its_handler_is_done() -> None:
 
             async with MqttLink(config(b.url), Metrics()) as link:
                 link.subscribe("mes/+/commands", handler)
-                await until(lambda: events)
+                await wait_until(lambda: events)
                 await asyncio.sleep(0.3)
                 assert events == ["handling"]          # no PUBACK while it runs
                 release.set()
-                await until(lambda: "puback" in events)
+                await wait_until(lambda: "puback" in events)
             assert events == ["handling", "stored", "puback"]
             connect = b.connects[0][1]
             assert b"\x21\x01\x00" in connect[:40]     # Receive Maximum 256 announced
@@ -630,7 +625,7 @@ def test_the_backlog_of_unhandled_messages_is_bounded() -> None:
         async with ScriptedBroker(script) as b, MqttLink(
                 config(b.url, mqtt_receive_maximum=50), Metrics()) as link:
             link.subscribe("mes/+/commands", handler)
-            await until(lambda: done == 2000, 30)
+            await wait_until(lambda: done == 2000, 30)
         assert peak == 50
     run(main())
 
@@ -707,11 +702,11 @@ def test_an_answer_is_acknowledged_once_its_owner_releases_it() -> None:
             def on_answer(m: Message) -> None:
                 held.append(link.hold_ack(m))
             link.subscribe("equipment/+/responses", on_answer)
-            await until(lambda: len(held) == 2)
+            await wait_until(lambda: len(held) == 2)
             await asyncio.sleep(0.2)
             assert acks == [] and held[1] is None          # QoS 0: nothing to hold
             link.release_acks([held[0]])
-            await until(lambda: acks)
+            await wait_until(lambda: acks)
             assert acks == [b"\x40\x02\x00\x0b"]
     run(main())
 

@@ -92,8 +92,9 @@ STABLE_S = 30.0
 # a connection the broker ends for another client with our id waits at least this
 TAKEOVER_BACKOFF_S = 2.0
 # a connection that ends this soon after its CONNACK without a word from the broker
-# (MQTT 3.1.1 has no DISCONNECT to the client) reads as taken over by a client with
-# the same id, when no message of ours is to blame
+# reads as taken over by a client with the same id, when no message of ours is to
+# blame: MQTT 3.1.1 has no DISCONNECT to the client, and mosquitto 2.0 sends none on
+# MQTT 5 either
 TAKEOVER_S = 1.0
 # A refused subscription is asked for again after these waits (the last one repeats)
 RESUBSCRIBE_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
@@ -424,15 +425,19 @@ class MqttLink:
                        f"({reason_text(max(codes), self.v5)})")
             else:
                 # ahead of whatever waits: the check must not time out behind a backlog
+                sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._seq += 1
-                self._queue.appendleft(Outgoing(topic, nonce, None, 1, False, seq=self._seq))
+                self._queue.appendleft(Outgoing(topic, nonce, None, 1, False, sent,
+                                                seq=self._seq))
                 self._pump()
-                try:
-                    await asyncio.wait_for(asyncio.shield(got), PROBE_S)
-                    why = ""
-                except TimeoutError:
-                    why = (f"the broker granted the shared subscription {flt} but "
-                           f"delivered nothing through it within {PROBE_S:g} s")
+                loop = asyncio.get_running_loop()
+                end = loop.time() + PROBE_S
+                await asyncio.wait((got, sent), timeout=PROBE_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if not got.done() and not sent.cancelled() and end > loop.time():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(got), end - loop.time())
+                why = self._probe_failure(flt, topic, got, sent)
             mid = self._next_mid()
             with contextlib.suppress(MqttError, TimeoutError):
                 await conn.request(mid, encode_unsubscribe(mid, (flt,), self.v5),
@@ -440,8 +445,6 @@ class MqttLink:
         finally:
             self._probe = None
         if why:
-            why += ("; this broker does not serve shared subscriptions: set "
-                    "mqtt_shared_group = \"\" (one host only) or use a broker that does")
             if why != self.problem:
                 log.error("%s", why)
             self.problem = why
@@ -449,6 +452,20 @@ class MqttLink:
         elif self.problem:
             log.info("shared subscriptions deliver now")
             self.problem = ""
+
+    def _probe_failure(self, flt: str, topic: str, got: asyncio.Future[None],
+                       sent: asyncio.Future[None]) -> str:
+        """Why the check of the shared subscriptions failed, in one line ("" if not)."""
+        if got.done():
+            return ""
+        if sent.cancelled():
+            return (f"the broker refused the host's check message on {topic}: its ACL "
+                    f"must let client {self.client_id} publish and subscribe there "
+                    f"(docs/operations.md, the broker's ACL)")
+        return (f"the broker granted the shared subscription {flt} but delivered nothing "
+                f"through it within {PROBE_S:g} s; this broker does not serve shared "
+                f"subscriptions (set mqtt_shared_group = \"\" for one host only, or use a "
+                f"broker that does), or its ACL keeps {topic} from client {self.client_id}")
 
     def _later(self, aw: Awaitable[Any], what: str) -> None:
         # a (un)subscribe on the live connection; if the connection drops first, the
@@ -893,11 +910,11 @@ class MqttLink:
 
     def _taken_over(self, conn: Connection, up: float) -> bool:
         """Whether the broker ended this connection for another client with our id:
-        it says so (0x8E), or (MQTT 3.1.1) it closed a fresh connection unasked with no
-        message of ours in flight."""
+        it says so (0x8E), or it closed a fresh connection unasked with no message of
+        ours in flight."""
         said = conn.disconnect_code == TAKEN_OVER
-        guessed = (not self.v5 and not conn.ours and up < TAKEOVER_S
-                   and not self._unacked and conn.disconnect_code is None)
+        guessed = (not conn.ours and up < TAKEOVER_S and not self._unacked
+                   and conn.disconnect_code is None)
         if not (said or guessed):
             return False
         self.metrics.inc("mqtt_takeovers")
