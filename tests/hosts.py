@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +42,17 @@ def start_sfc_host(args: list[str], env: dict[str, str], marker: str,
             break
     assert marker in line, f"{marker!r} not seen: {line!r}"
     return p
+
+
+def stop_cleanly(p: subprocess.Popen[str]) -> None:
+    """SIGTERM to an ``sfc-host`` process, which must exit 0 within 15 s (killed if
+    not, so no test leaves one behind)."""
+    p.send_signal(signal.SIGTERM)
+    try:
+        assert p.wait(15) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
 
 
 def quick_config(redis_url: str, **kw: Any) -> HostConfig:

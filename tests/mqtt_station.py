@@ -1,7 +1,9 @@
 """A simulated station for MQTT tests: its own aiomqtt client, separate from the host's
 code. It receives commands on ``equipment/{scope}/commands`` and answers on the
 command's response topic, written by hand in either CloudEvents mode (structured JSON
-or MQTT 5 binary with user properties), as equipment software would."""
+or MQTT 5 binary with user properties), as equipment software would. On MQTT 3.1.1
+(``version=3``) it is structured and answers on ``{prefix}/{scope}/responses``, as a
+3.1.1 command has no response topic."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def _props(msg: aiomqtt.Message) -> dict[str, Any]:
 
 class MqttStation:
     def __init__(self, url: str, answer: Answer, *, structured: bool = False,
-                 prefix: str = "equipment", **client_kw: Any) -> None:
+                 prefix: str = "equipment", version: int = 5, **client_kw: Any) -> None:
         # client_kw: more aiomqtt.Client arguments (username, password, tls_context).
         # A short timeout: the station answers inline, and a publish on a connection
         # the broker dropped would otherwise hold its message loop for aiomqtt's 10 s.
@@ -53,7 +55,8 @@ class MqttStation:
         u = urlparse(url)
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 1883
         self.answer = answer
-        self.structured = structured
+        self.v5 = version == 5
+        self.structured = structured or not self.v5
         self.prefix = prefix
         self.commands: list[dict[str, Any]] = []    # every command as received
         self.client: aiomqtt.Client | None = None
@@ -74,15 +77,19 @@ class MqttStation:
     async def _run(self) -> None:
         while True:
             try:
+                proto = (aiomqtt.ProtocolVersion.V5 if self.v5
+                         else aiomqtt.ProtocolVersion.V311)
                 async with aiomqtt.Client(self.host, self.port,
                                           identifier=f"station-{uuid.uuid4().hex[:8]}",
-                                          protocol=aiomqtt.ProtocolVersion.V5,
-                                          **self.client_kw) as c:
+                                          protocol=proto, **self.client_kw) as c:
                     self.client = c
                     await c.subscribe(f"{self.prefix}/+/commands", qos=1)
                     self.ready.set()
                     async for msg in c.messages:
-                        await self._on_command(msg)
+                        # a broker may send more than was subscribed (amqtt: on connect,
+                        # the retained messages that match any client's filters)
+                        if msg.topic.matches(f"{self.prefix}/+/commands"):
+                            await self._on_command(msg)
             except aiomqtt.MqttError:
                 # a publish that failed on the lost connection leaves aiomqtt's
                 # disconnection error unread (asyncio would print it at exit)
@@ -94,11 +101,14 @@ class MqttStation:
     async def _on_command(self, msg: aiomqtt.Message) -> None:
         props = _props(msg)
         payload = bytes(msg.payload) if isinstance(msg.payload, (bytes, bytearray)) else b""
-        if props.get("ContentType", "").startswith("application/cloudevents"):
+        if not self.v5 or props.get("ContentType", "").startswith("application/cloudevents"):
             ev = json.loads(payload)
+            # 3.1.1: no response topic; the scope's responses topic beside its commands
+            reply_to = props.get("ResponseTopic") or \
+                msg.topic.value.removesuffix("/commands") + "/responses"
             cmd = {"id": ev["id"], "type": ev["type"], "subject": ev.get("subject"),
                    "correlationid": ev.get("correlationid"), "data": ev.get("data"),
-                   "response_topic": props.get("ResponseTopic")}
+                   "response_topic": reply_to}
         else:
             cmd = {"id": props.get("id"), "type": props.get("type"),
                    "subject": props.get("subject"), "correlationid": props.get("correlationid"),
@@ -122,7 +132,8 @@ class MqttStation:
                   **{k: v for k, v in attrs.items() if v is not None}}
             p = Properties(PacketTypes.PUBLISH)
             p.ContentType = "application/cloudevents+json"
-            await self.client.publish(topic, json.dumps(ev), qos=1, properties=p)
+            await self.client.publish(topic, json.dumps(ev), qos=1,
+                                      properties=p if self.v5 else None)
         else:
             p = Properties(PacketTypes.PUBLISH)
             p.ContentType = "application/json"

@@ -222,3 +222,16 @@ async def grant_all(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter,
                 w.write(b"\x40\x02" + mid.to_bytes(2, "big"))
         elif kind == 14:
             return
+
+
+def big_then_small(link: Any) -> tuple[asyncio.Future[None], list[asyncio.Future[None]]]:
+    """Queue a 2,000-byte QoS 1 message on ``t/big``, then three small ones on ``t/0``
+    to ``t/2`` (payloads ``small0`` …): the acknowledgement futures of the big one and
+    of the rest."""
+    loop = asyncio.get_running_loop()
+    big: asyncio.Future[None] = loop.create_future()
+    rest: list[asyncio.Future[None]] = [loop.create_future() for _ in range(3)]
+    link.publish_nowait("t/big", b"x" * 2000, qos=1, acked=big)
+    for i, f in enumerate(rest):
+        link.publish_nowait(f"t/{i}", b"small%d" % i, qos=1, acked=f)
+    return big, rest

@@ -1,5 +1,6 @@
 """Real servers for the tests: redis-server (single and cluster) and mosquitto on free
-loopback ports.
+loopback ports; and independent MQTT brokers (aedes on Node.js, the pure-Python amqtt)
+from ``tests/peers``.
 
 Each server gets its own data folder under a temp dir, is waited for until it answers
 its protocol (PING / CONNACK; a cluster: ``cluster_state:ok`` on every node), and is
@@ -14,18 +15,19 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 from sfc_host.embedded import free_port
 
 START_TIMEOUT_S = 10.0
+PEERS = Path(__file__).resolve().parent / "peers"
 
 
 class ServerMissing(RuntimeError):
     """The server's binary is not on PATH."""
-
-
 
 
 def _wait(check, what: str, proc: subprocess.Popen, log: Path) -> None:
@@ -286,6 +288,12 @@ class MosquittoServer(_Server):
     binary = "mosquitto"
     name = "mosquitto"
 
+    def __init__(self, workdir: Path, port: int | None = None, *,
+                 extra: list[str] | None = None) -> None:
+        super().__init__(workdir, port)
+        # more mosquitto.conf lines (max_packet_size, acl_file, ...), after the defaults
+        self.extra = extra or []
+
     @property
     def url(self) -> str:
         return f"mqtt://127.0.0.1:{self.port}"
@@ -304,20 +312,74 @@ class MosquittoServer(_Server):
             "log_dest stderr\n"
             "log_type error\n"
             "log_type warning\n"
+            + "".join(f"{line}\n" for line in self.extra)
         )
         return [self.path, "-c", str(conf)]
 
     def _answers(self) -> bool:
-        # MQTT 3.1.1 CONNECT with a clean session and client id "probe"; expect CONNACK 0.
-        body = (b"\x00\x04MQTT\x04\x02\x00\x05" + b"\x00\x05probe")
-        packet = b"\x10" + bytes([len(body)]) + body
-        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-            s.sendall(packet)
-            reply = s.recv(4)
-            if reply[:1] == b"\x20" and len(reply) >= 4 and reply[3] == 0:
-                s.sendall(b"\xe0\x00")  # DISCONNECT
-                return True
-            return False
+        return _connack(self.port)
+
+
+def _connack(port: int) -> bool:
+    """An MQTT 3.1.1 CONNECT with a clean session and client id "probe" is answered
+    with CONNACK 0."""
+    body = (b"\x00\x04MQTT\x04\x02\x00\x05" + b"\x00\x05probe")
+    packet = b"\x10" + bytes([len(body)]) + body
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        s.sendall(packet)
+        reply = s.recv(4)
+        if reply[:1] == b"\x20" and len(reply) >= 4 and reply[3] == 0:
+            s.sendall(b"\xe0\x00")  # DISCONNECT
+            return True
+        return False
+
+
+class _PeerBroker(_Server):
+    """A broker of another implementation, run as ``binary script port`` from
+    ``tests/peers``."""
+
+    script: Path
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def _argv(self) -> list[str]:
+        return [self.path, str(self.script), str(self.port)]
+
+    def _answers(self) -> bool:
+        return _connack(self.port)
+
+
+class AedesServer(_PeerBroker):
+    """aedes (Node.js; ``tests/peers/broker.js``): MQTT 3.1 and 3.1.1 only, no shared
+    subscriptions (a ``$share/…`` filter is taken as a plain topic). In memory: a
+    restart forgets sessions and retained messages. ``.ci/setup`` installs it with npm."""
+
+    binary = "node"
+    name = "aedes"
+    script = PEERS / "broker.js"
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        if not (PEERS / "node_modules" / "aedes" / "package.json").is_file():
+            raise ServerMissing("aedes is not installed in tests/peers")
+        super().__init__(workdir, port)
+
+
+class AmqttServer(_PeerBroker):
+    """amqtt (pure Python; ``tests/peers/amqtt_broker.py``) in a process of its own:
+    MQTT 3.1.1 only, no shared subscriptions (a ``$share/…`` filter is granted and
+    receives nothing). In memory, as aedes."""
+
+    binary = sys.executable
+    name = "amqtt"
+    script = PEERS / "amqtt_broker.py"
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        if find_spec("amqtt") is None:
+            raise ServerMissing("the amqtt package is not installed")
+        super().__init__(workdir, port)
+
 
 
 def cpu_seconds(pid: int) -> float:

@@ -79,13 +79,16 @@ def _event(msg: aiomqtt.Message) -> dict[str, Any]:
 class Mes:
     """An MES written for the original: requests by hand as its sender makes them
     (subject = scope, a UUID correlationid and the same 16 bytes as CorrelationData),
-    sees replies, events and retained topics under ``prefix``."""
+    sees replies, events and retained topics under ``prefix``. ``version=3``: an MQTT
+    3.1.1 client, so structured, with no response topic (the host replies on
+    ``{prefix}/{scope levels}/replies``)."""
 
     def __init__(self, url: str, *, structured: bool = False, prefix: str = "mes",
-                 scope: str = S) -> None:
+                 scope: str = S, version: int = 5) -> None:
         u = urlparse(url)
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 1883
-        self.structured = structured
+        self.v5 = version == 5
+        self.structured = structured or not self.v5
         self.prefix = prefix
         self.scope = scope
         self.inbox = f"mes-client/{uuid.uuid4().hex[:8]}/replies"
@@ -108,9 +111,10 @@ class Mes:
             await self._task
 
     async def _run(self) -> None:
+        proto = aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311
         async with aiomqtt.Client(self.host, self.port,
                                   identifier=f"mes-{uuid.uuid4().hex[:8]}",
-                                  protocol=aiomqtt.ProtocolVersion.V5) as c:
+                                  protocol=proto) as c:
             self.client = c
             for f in (self.inbox, f"{self.prefix}/#"):
                 await c.subscribe(f, qos=1)
@@ -135,6 +139,7 @@ class Mes:
         rid = rid or str(uuid.uuid4())
         corr = uuid.uuid4()
         p = Properties(PacketTypes.PUBLISH)
+        inbox = inbox and self.v5
         if inbox:
             p.ResponseTopic = self.inbox
             p.CorrelationData = corr.bytes
@@ -144,7 +149,8 @@ class Mes:
             p.ContentType = "application/cloudevents+json"
             ev = {"specversion": "1.0", "id": rid, "source": "urn:example:mes", "type": type_,
                   "datacontenttype": "application/json", "data": data, **attrs}
-            await self.client.publish(self.topic(scope), json.dumps(ev), qos=1, properties=p)
+            await self.client.publish(self.topic(scope), json.dumps(ev), qos=1,
+                                      properties=p if self.v5 else None)
         else:
             p.ContentType = "application/json; charset=utf-8"
             p.PayloadFormatIndicator = 1

@@ -7,12 +7,11 @@ queries by id and by state, and a second MES resyncs from the retained state."""
 from __future__ import annotations
 
 import copy
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from hosts import flush, start_sfc_host, wait_until
+from hosts import flush, start_sfc_host, stop_cleanly, wait_until
 from mqtt_station import MqttStation
 from test_mes import BY_ID, BY_STATE, JC, Mes, configure, ref, run, same_shape
 
@@ -121,10 +120,5 @@ def test_an_mes_of_the_original_runs_jobs_through_sfc_host_run(
                     assert order["State"] == state_list("NotAllowedToStart_Ready")
                     assert order["JobOrder"] == store(f"{scope}-B", "Store")["JobOrder"]
         finally:
-            host.send_signal(signal.SIGTERM)
-            try:
-                assert host.wait(15) == 0
-            finally:
-                if host.poll() is None:
-                    host.kill()
+            stop_cleanly(host)
     run(main(), 90)

@@ -14,6 +14,7 @@ import pytest
 from hosts import wait_until
 from scripted_broker import (
     ScriptedBroker,
+    big_then_small,
     connack,
     disconnect,
     grant_all,
@@ -275,12 +276,7 @@ def test_a_message_the_broker_closes_on_twice_is_parked_and_the_rest_go_out(
             metrics = Metrics()
             async with MqttLink(config(b.url, mqtt_version=3), metrics) as link:
                 await link.wait_connected()
-                loop = asyncio.get_running_loop()
-                big = loop.create_future()
-                rest = [loop.create_future() for _ in range(3)]
-                link.publish_nowait("t/big", b"x" * 2000, qos=1, acked=big)
-                for i, f in enumerate(rest):
-                    link.publish_nowait(f"t/{i}", b"small%d" % i, qos=1, acked=f)
+                big, rest = big_then_small(link)
                 await asyncio.wait_for(asyncio.gather(*rest), 10)
                 assert big.cancelled()
             assert got == [b"small0", b"small1", b"small2"]

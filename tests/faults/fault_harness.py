@@ -56,6 +56,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from scripted_broker import prop_byte, prop_str, props, publish, utf8, varint
 from servers import MosquittoServer, RedisServer, free_port
 from test_host_faults import expected_ids
 
@@ -114,7 +115,8 @@ class PersistentMosquitto(MosquittoServer):
             f"persistence_location {self.workdir}/\n"
             "max_queued_messages 100000\n"
             "max_inflight_messages 1000\n"
-            "log_dest stderr\nlog_type error\nlog_type warning\n")
+            "log_dest stderr\nlog_type error\nlog_type warning\n"
+            + "".join(f"{line}\n" for line in self.extra))
         return [self.path, "-c", str(conf)]
 
 
@@ -839,6 +841,135 @@ async def pause_storm(seed: int, n_jobs: int = 40, seconds: float = 4.0) -> Outc
         return await c.check(out)
 
 
+def host_counts(c: Cluster, *names: str) -> dict[str, dict[str, float]]:
+    """Each host's counters ``names`` (Prometheus families, labels folded in)."""
+    out: dict[str, dict[str, float]] = {}
+    for h in c.hosts.values():
+        text = scrape(h.metrics_port) or ""
+        got: dict[str, float] = {}
+        for line in text.splitlines():
+            for n in names:
+                if line.startswith(f"sfc_{n}_total"):
+                    key = n + (line[line.index("{"):line.index("}") + 1]
+                               if 'reason="' in line else "")
+                    key = re.sub(r'consumer="[^"]*",?', "", key).replace("{}", "")
+                    got[key] = got.get(key, 0) + float(line.rsplit(" ", 1)[1])
+        out[h.name] = got
+    return out
+
+
+def raw_publish(port: int, packets: list[bytes]) -> None:
+    """A plain MQTT 5 client (written by hand) publishes ``packets`` (QoS 0 or 1) and
+    leaves cleanly: another client's bad messages, as a device would send them."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        body = b"\x00\x04MQTT\x05\x02\x00\x3c\x00" + utf8("faults-device")
+        s.sendall(b"\x10" + varint(len(body)) + body)
+        s.recv(64)                                        # CONNACK
+        for p in packets:
+            s.sendall(p)
+        time.sleep(0.2)                                   # the PUBACKs
+        s.sendall(b"\xe0\x00")
+
+
+async def mqtt_poison(seed: int, n_jobs: int = 100) -> Outcome:
+    """A device publishes retained messages with invalid properties on topics every host
+    subscribes to (PayloadFormatIndicator 2 on the events, an empty ResponseTopic on the
+    answers, a ResponseTopic ``reply/+`` on the MES requests); mosquitto keeps and
+    forwards them. Each host drops them and keeps its connection; a host started after
+    them gets them again at its subscribe and starts all the same."""
+    out = Outcome("retained messages with invalid properties", seed)
+    async with Cluster(seed) as c:
+        async def fault() -> None:
+            await asyncio.sleep(c.rng.uniform(0.3, 1.0))
+            bad = [publish(f"equipment/{SCOPE}/events", b"{}", qos=1, mid=1, retain=True,
+                           properties=props(prop_byte(0x01, 2))),
+                   publish(f"equipment/{SCOPE}/responses", b"{}", qos=1, mid=2,
+                           retain=True, properties=props(prop_str(0x08, ""))),
+                   publish(f"mes/{SCOPE}/commands", b"{}", qos=1, mid=3, retain=True,
+                           properties=props(prop_str(0x08, "reply/+")))]
+            await asyncio.to_thread(raw_publish, c.broker.port, bad)
+            out.faults += 1
+            await asyncio.sleep(0.5)
+            await c.add_host("h3").ready()
+        await _during(c.load(n_jobs, 0.02), fault)
+        await c.check(out)
+        counts = host_counts(c, "mqtt_reconnects", "mqtt_messages_dropped")
+        out.notes["hosts"] = counts
+        dropped = sum(v for got in counts.values() for k, v in got.items()
+                      if k.startswith("mqtt_messages_dropped"))
+        for name, got in counts.items():
+            if got.get("mqtt_reconnects", 0):
+                out.problems.append(f"{name} reconnected: {got}")
+        # each message reaches one host of the shared group, and h3 at its subscribe
+        if dropped < 3:
+            out.problems.append(f"the hosts dropped {dropped} of the 3 bad messages")
+        return out
+
+
+HANG_KEEPALIVE_S = 2
+
+
+async def broker_hang(seed: int, n_jobs: int = 100) -> Outcome:
+    """mosquitto frozen (SIGSTOP) mid-load for twice the hosts' keep alive of 2 s, the
+    TCP links left open: each host must find the broker gone within 1.5 x the keep
+    alive while it publishes, connect again once it continues, and send what was not
+    acknowledged again."""
+    out = Outcome("MQTT broker hung", seed)
+    async with Cluster(seed, settings={"mqtt_keepalive_s": HANG_KEEPALIVE_S}) as c:
+        async def fault() -> None:
+            await asyncio.sleep(c.rng.uniform(0.3, 1.0))
+            assert c.broker.proc is not None
+            at = time.time()
+            c.broker.proc.send_signal(signal.SIGSTOP)
+            found: dict[str, float] = {}
+            while time.time() - at < 2 * HANG_KEEPALIVE_S:
+                for name, got in host_counts(c, "mqtt_keepalive_timeouts").items():
+                    if got.get("mqtt_keepalive_timeouts") and name not in found:
+                        found[name] = round(time.time() - at, 2)
+                await asyncio.sleep(0.1)
+            c.broker.proc.send_signal(signal.SIGCONT)
+            c.windows.append((at, time.time() + RECONNECT_S))
+            out.faults += 1
+            out.notes["found after s"] = found
+            late = {n: t for n, t in found.items() if t > 1.5 * HANG_KEEPALIVE_S + 0.2}
+            if len(found) < len(c.hosts) or late:
+                out.problems.append(f"hosts that did not find the hung broker in time "
+                                    f"(1.5 x {HANG_KEEPALIVE_S} s): {found}")
+        await _during(c.load(n_jobs, 0.02), fault)
+        return await c.check(out)
+
+
+# Anonymous clients (the hosts, the station, the MES side) may do anything; the user
+# "deaf" may use the equipment topics only, as an ACL written for a station might read.
+DEAF_ACL = "topic readwrite #\nuser deaf\ntopic readwrite equipment/#\n"
+
+
+async def acl_refused(seed: int, n_jobs: int = 100) -> Outcome:
+    """A third host is started mid-load with MQTT credentials whose ACL keeps it from
+    the MES topics (mosquitto grants the subscriptions and delivers nothing on them).
+    It must stop with one line naming its ACL instead of serving deaf; the other two
+    carry the load."""
+    out = Outcome("a host the broker's ACL refuses", seed)
+    cluster = Cluster(seed)
+    acl = cluster.dir / "acl"
+    acl.write_text(DEAF_ACL)
+    cluster.broker.extra.append(f"acl_file {acl}")
+    async with cluster as c:
+        async def fault() -> None:
+            await asyncio.sleep(c.rng.uniform(0.3, 1.0))
+            deaf = HostProcess("h3", c.dir, {**c.settings, "mqtt_username": "deaf"})
+            out.faults += 1
+            code = await asyncio.to_thread(deaf.proc.wait, 30)
+            last = deaf.tail(600).strip().splitlines()[-1:] or [""]
+            out.notes["h3"] = f"exit {code}: {last[0][:160]}"
+            if code != 1 or "ACL" not in last[0]:
+                out.problems.append(f"the refused host: exit {code}, {deaf.tail(1500)}")
+        await _during(c.load(n_jobs, 0.02), fault)
+        return await c.check(out)
+
+
 SCENARIOS: dict[str, Callable[[int], Awaitable[Outcome]]] = {
     "kill9": kill9,
     "kill9_patient": lambda seed: kill9(seed, claim_min_idle_ms=PATIENT_CLAIM_MS),
@@ -852,4 +983,7 @@ SCENARIOS: dict[str, Callable[[int], Awaitable[Outcome]]] = {
     "sigstop_all": lambda seed: sigstop(seed, every_host=True),
     "clock_jump": clock_jump,
     "pause_storm": pause_storm,
+    "mqtt_poison": mqtt_poison,
+    "broker_hang": broker_hang,
+    "acl_refused": acl_refused,
 }

@@ -106,3 +106,25 @@ def test_pause_resume_storm_from_two_mes_clients(seed: int) -> None:
     job ends consistent with the last accepted request, and completes once resumed."""
     out = run_scenario("pause_storm", seed)
     assert out.notes["accepted"] > 0
+
+
+@pytest.mark.parametrize("seed", OTHER_SEEDS)
+def test_retained_messages_with_invalid_properties_cost_no_connection(seed: int) -> None:
+    """A device's retained messages with invalid properties on the hosts' topics:
+    dropped by each host that gets them, no reconnect, a host started after them
+    starts; nothing lost."""
+    run_scenario("mqtt_poison", seed)
+
+
+@pytest.mark.parametrize("seed", OTHER_SEEDS)
+def test_a_hung_broker_is_found_while_busy_and_nothing_is_lost(seed: int) -> None:
+    """mosquitto frozen for twice the hosts' keep alive while they publish: each finds
+    it within 1.5 x the keep alive, connects again, loses nothing."""
+    run_scenario("broker_hang", seed)
+
+
+@pytest.mark.parametrize("seed", OTHER_SEEDS)
+def test_a_host_the_acl_refuses_stops_with_one_line(seed: int) -> None:
+    """A host whose ACL keeps it from the MES topics stops with one line naming the ACL
+    (exit 1) instead of serving deaf; the other hosts carry the load."""
+    run_scenario("acl_refused", seed)

@@ -91,10 +91,10 @@ BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 STABLE_S = 30.0
 # a connection the broker ends for another client with our id waits at least this
 TAKEOVER_BACKOFF_S = 2.0
-# a connection that ends this soon after its CONNACK without a word from the broker
-# reads as taken over by a client with the same id, when no message of ours is to
-# blame: MQTT 3.1.1 has no DISCONNECT to the client, and mosquitto 2.0 sends none on
-# MQTT 5 either
+# connections that end this soon after their CONNACK without a word from the broker,
+# twice in a row, read as taken over by a client with the same id, when no message of
+# ours is to blame: MQTT 3.1.1 has no DISCONNECT to the client, and mosquitto 2.0 sends
+# none on MQTT 5 either
 TAKEOVER_S = 1.0
 # A refused subscription is asked for again after these waits (the last one repeats)
 RESUBSCRIBE_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
@@ -263,6 +263,7 @@ class MqttLink:
         self._drop_warned: set[tuple[str, str]] = set()
         self._suspect: Outgoing | None = None   # the message the broker last closed on
         self._held = False                      # the running handler took its PUBACK
+        self._guesses = 0                       # fresh connections ended unasked in a row
 
     @property
     def listening(self) -> bool:
@@ -878,6 +879,8 @@ class MqttLink:
         up = now - conn.connected_at if conn is not None and conn.connected_at else 0.0
         if conn is not None:
             conn.shut()
+        else:
+            self._guesses = 0
         if up >= STABLE_S:
             fails = 0
         self.metrics.inc("mqtt_reconnects")
@@ -911,11 +914,14 @@ class MqttLink:
     def _taken_over(self, conn: Connection, up: float) -> bool:
         """Whether the broker ended this connection for another client with our id:
         it says so (0x8E), or it closed a fresh connection unasked with no message of
-        ours in flight."""
+        ours in flight, for the second time in a row."""
         said = conn.disconnect_code == TAKEN_OVER
         guessed = (not conn.ours and up < TAKEOVER_S and not self._unacked
                    and conn.disconnect_code is None)
-        if not (said or guessed):
+        # a broker that restarts ends a fresh connection so too, once: a guess counts
+        # from the second such end in a row (a failed connect in between starts over)
+        self._guesses = self._guesses + 1 if guessed else 0
+        if not (said or self._guesses >= 2):
             return False
         self.metrics.inc("mqtt_takeovers")
         log.error("MQTT broker at %s:%d ended the session of client id %r%s: another "
