@@ -87,6 +87,8 @@ topic write mes/+/+/+/events
 topic write mes/+/order/+
 topic write mes/+/result/+
 topic write mes/+/state-index
+topic write mes/hosts/+
+topic readwrite mes/hosts/+/probe
 
 # equipment: commands in, answers, pull events and capabilities out
 user station

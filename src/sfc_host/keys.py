@@ -63,7 +63,7 @@ class ScopeKeys:
 
     __slots__ = ("active", "base", "dead", "due", "errors", "heartbeat", "index",
                  "index_entries", "index_order", "index_seq", "jobs", "live", "offset",
-                 "results", "scope", "seq", "work")
+                 "outbox", "results", "scope", "seq", "work")
 
     def __init__(self, scope: str) -> None:
         self.scope = scope
@@ -83,6 +83,7 @@ class ScopeKeys:
         self.index_entries = b + "index-entries"  # hash job -> its index entry (JSON)
         self.results = b + "results"    # set of the jobs whose job response exists
         self.live = b + "live"          # set of orders not ended (max_job_orders)
+        self.outbox = b + "outbox"      # hash job -> stamp of a change the MES may lack
         self.jobs = b + "job:"          # the job hashes' prefix (see job())
 
     def job(self, job: str) -> str:

@@ -94,7 +94,7 @@ def implied_entries(trigger: str, old: str, new: str) -> list[str]:
 
 def _order_keys(k: ScopeKeys, job: str) -> list[str]:
     return [k.order(job), k.work, k.index, k.seq, k.live, k.index_order, k.results,
-            k.index_entries]
+            k.index_entries, k.outbox]
 
 
 def index_entry(job: str, state: str) -> bytes:
@@ -213,7 +213,8 @@ class Orders:
         k = self.store.keys(scope)
         args: list[Any] = [expected, state, order, reason, job,
                            b"" if state == "EndState" else index_entry(job, state),
-                           "" if priority is None else priority, len(entries), *entries]
+                           "" if priority is None else priority,
+                           b"1" if self.store.outbox else b"", len(entries), *entries]
         keys = _order_keys(k, job)
         if state == "EndState":
             # the order, its job state and job response expire together after the

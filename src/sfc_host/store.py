@@ -282,6 +282,9 @@ class Store:
         self.graphs = graphs
         self.cache = StateCache(cache_size)
         self.clock = ServerClock()
+        # order changes and job responses are stamped in the scope's outbox (a host
+        # that publishes them to an MES sets this: nothing else would empty it)
+        self.outbox = False
         self._keys: dict[str, ScopeKeys] = {}
 
     def keys(self, scope: str) -> ScopeKeys:
@@ -495,9 +498,10 @@ class Store:
                 for e in r.entries:
                     args += e
                 if r.response is not None:
-                    args += (ki(k.response(r.job)), r.response, ki(k.results))
+                    args += (ki(k.response(r.job)), r.response, ki(k.results),
+                             ki(k.outbox) if self.outbox else 0)
                 else:
-                    args += (0, b"", 0)
+                    args += (0, b"", 0, 0)
                 args.append(r.archive)
         return (self.scripts["cas"], keys, args)
 

@@ -23,7 +23,9 @@
 --     n wait ops, then per op: sign ('+' or '-'), waits key index, score,
 --     n entries, then per entry: kind, action, command id,
 --     response key index (0 = none), response value, the scope's results set key
---     index (the job joins it with its response: the state index's has_result),
+--     index (the job joins it with its response: the state index's has_result), the
+--     scope's MES outbox key index (0 = none: the job is stamped there with the
+--     response, as order.lua stamps an order change),
 --     archive records to append ('' = none; written with a state as the job's next
 --     archive piece h:{hn + 1} (hn: the last one's number), merged with the pieces
 --     before it every ARCHIVE_MERGE pieces; the archive is the h: fields joined in the
@@ -94,8 +96,9 @@ for g = 1, ngroups do
     local ridx = tonumber(ARGV[e + 3 * ne])
     local rval = ARGV[e + 3 * ne + 1]
     local xidx = tonumber(ARGV[e + 3 * ne + 2])
-    local archive = ARGV[e + 3 * ne + 3]
-    p = e + 3 * ne + 4
+    local oidx = tonumber(ARGV[e + 3 * ne + 3])
+    local archive = ARGV[e + 3 * ne + 4]
+    p = e + 3 * ne + 5
     -- The version, the archive's last piece number and the markers of the record's
     -- first dispatch entry: one call (nothing below writes a marker; a reset deletes
     -- them, so then they are read after it)
@@ -192,6 +195,7 @@ for g = 1, ngroups do
       if ridx > 0 then
         redis.call('SET', KEYS[ridx], rval)
         redis.call('SADD', KEYS[xidx], job)
+        if oidx > 0 then redis.call('HSET', KEYS[oidx], job, string.format('%d', clock_us)) end
       end
       versions[#versions + 1] = v
     end

@@ -1,0 +1,129 @@
+"""The MES outbox: the orders of a scope whose newest state the broker may not have yet.
+
+``sfc:{S}:outbox`` is a hash, order id -> stamp (the server time in µs of the write).
+The script that writes an order (``order.lua``) or a job response (``cas.lua``) stamps
+the order in the same step, so a host that dies right after a change cannot take the
+change's publishing with it. A publisher reads the stamp with the state it publishes
+and takes the order out only once the broker acknowledged what it published, and only
+if the stamp is still the one it read: a change written meanwhile keeps its stamp until
+its own publish. (Two writes stamped in the same µs leave no room between them for a
+read, which would see both.) What is left there (a host died, the broker refused or
+never acknowledged) any host publishes again; a retained message sent twice is
+harmless, so at least once is exact enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sfc_host.keys import ScopeKeys
+
+CHUNK = 512        # orders read in one script call (each call holds Redis)
+
+# KEYS[1] the outbox, then each order's hash and job response, in pairs; ARGV the
+# orders' ids. Six values an order: whether its hash exists, its state, its order
+# JSON, when it ended (empty: never; a Clear leaves it set), its job response, its stamp.
+_READ_LUA = """
+local out = {}
+for i = 1, #ARGV do
+  local h = KEYS[2 * i]
+  local f = redis.call('HMGET', h, 'state', 'order', 'ended')
+  out[#out + 1] = redis.call('EXISTS', h)
+  out[#out + 1] = f[1]
+  out[#out + 1] = f[2]
+  out[#out + 1] = f[3]
+  out[#out + 1] = redis.call('GET', KEYS[2 * i + 1])
+  out[#out + 1] = redis.call('HGET', KEYS[1], ARGV[i])
+end
+return out
+"""
+
+# KEYS[1] the outbox; ARGV pairs of an order id and the stamp its published state was
+# read with. Returns how many orders left the outbox.
+_TAKE_LUA = """
+local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+@dataclass(slots=True)
+class OrderRow:
+    """An order as its retained messages are made from it."""
+
+    job: str
+    exists: bool
+    state: str | None
+    order: bytes | None
+    ended: bool                  # it was Ended or Aborted (so EndState means cleared)
+    response: bytes | None
+    stamp: bytes | None          # None: not in the outbox
+
+    @property
+    def cleared(self) -> bool:
+        return not self.exists or (self.state == "EndState" and self.ended)
+
+
+class Outbox:
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._read = client.register_script(_READ_LUA)
+        self._take = client.register_script(_TAKE_LUA)
+
+    async def read(self, k: ScopeKeys, jobs: Sequence[str]) -> list[OrderRow]:
+        """Each order's state, job response and stamp, read together: a stamp that is
+        still there later means no change was written after what was read."""
+        rows: list[OrderRow] = []
+        for i in range(0, len(jobs), CHUNK):
+            part = jobs[i:i + CHUNK]
+            keys = [k.outbox]
+            for job in part:
+                keys += (k.order(job), k.response(job))
+            raw = await self._read(keys=keys, args=list(part))
+            for n, job in enumerate(part):
+                exists, state, order, ended, response, stamp = raw[6 * n:6 * n + 6]
+                rows.append(OrderRow(job, bool(exists),
+                                     state.decode() if state is not None else None,
+                                     order, bool(ended),
+                                     bytes(response) if response is not None else None,
+                                     stamp))
+        return rows
+
+    async def take(self, k: ScopeKeys, stamps: Sequence[tuple[str, bytes]]) -> int:
+        """Take out the orders whose stamp is still the one read; how many went."""
+        n = 0
+        for i in range(0, len(stamps), CHUNK):
+            args: list[Any] = []
+            for job, stamp in stamps[i:i + CHUNK]:
+                args += (job, stamp)
+            n += int(await self._take(keys=[k.outbox], args=args))
+        return n
+
+    async def leftovers(self, keys: Sequence[ScopeKeys], before_us: int | None,
+                        index_us_per_order: int = 0) -> dict[str, list[str]]:
+        """Per scope, the orders stamped before ``before_us`` (server µs; None: all),
+        and before the scope's index interval on top of that (``index_us_per_order``
+        per order in the index: a publisher takes a stamp out only after the next
+        index), in one pipeline. The outbox holds only what is on its way, so reading
+        it whole is cheap; an idle scope's costs a read of a missing key."""
+        pipe = self.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.hgetall(k.outbox)
+            pipe.zcard(k.index_order)
+        raw = await pipe.execute()
+        found: dict[str, list[str]] = {}
+        for i, k in enumerate(keys):
+            stamps, orders = raw[2 * i], raw[2 * i + 1]
+            before = None if before_us is None else before_us - orders * index_us_per_order
+            jobs = sorted(j.decode() for j, s in stamps.items()
+                          if before is None or int(s) < before)
+            if jobs:
+                found[k.scope] = jobs
+        return found
