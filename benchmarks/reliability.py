@@ -86,9 +86,10 @@ WHAT = {
                    "it must stop with one line naming its ACL, not serve deaf",
     "mes_kill9": "`kill -9` of `sfc-host run` under a storm of 200 MES StoreAndStart "
                  "requests (20 in flight, each order ending at once), after a reply "
-                 "count drawn from the seed, then started again; the MES sends what got "
-                 "no reply again with the same id: every ended order has its retained "
-                 "result",
+                 "count drawn from the seed and 0.3 s of Redis holding writes, then "
+                 "started again; the MES sends what got no reply again with the same "
+                 "id: every request the host had acknowledged was stored, every ended "
+                 "order has its retained result",
 }
 
 
@@ -100,7 +101,8 @@ async def mes_kill9(seed: int) -> Outcome:
     run = await storm_with_own_servers(seed)
     out = Outcome("kill -9 under an MES request storm", seed, jobs=N_ORDERS, faults=1,
                   jobs_lost=len(run.lost), seconds=run.seconds,
-                  notes={"requests": run.requests, "repeats": run.repeats})
+                  notes={"requests": run.requests, "repeats": run.repeats,
+                         "acknowledged at the kill": run.acked_at_kill})
     if not run.ok:
         out.problems.append(run.summary())
     return out
@@ -234,7 +236,9 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
     if "mes_kill9" in by:
         out.append("- *kill -9 under an MES request storm* "
                    "([tests/test_mes_crash.py](../tests/test_mes_crash.py)): *jobs lost* "
-                   "counts orders not answered, not ended, stored twice, or that a "
+                   "counts orders not answered, not ended, stored twice, acknowledged "
+                   "by the killed host (its PUBACK, read by a relay between host and "
+                   "broker) without being stored when it died, or that a "
                    "subscriber connecting after the run finds without their retained "
                    "result or final state (or the MES never saw their end event); the "
                    "notes count the requests, repeats included. The orders that ended in "

@@ -4,8 +4,9 @@ MQTT client.
 
 The MES keeps 20 requests in flight, each order ending at once (a recipe of one step
 and no action), and sends a request again, with the same CloudEvent id, when no reply
-came within 2 s. After the 60th reply the host is killed and started again. Then every
-request has been answered, each order was stored once and ended, and a subscriber that
+came within 2 s. After the 60th reply the host is killed and started again. Every
+request the killed host had acknowledged (its PUBACK, read by a relay between host and
+broker) had its order stored when it died. Then every request has been answered, each order was stored once and ended, and a subscriber that
 connects after the run finds every order's retained result and final state, and the
 state index listing them all with a result; the MES saw every order's end event.
 The orders that ended in the killed host's last moments are the ones this is about: their
@@ -18,6 +19,8 @@ that keeps running publishes what another left there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import random
 import shutil
@@ -38,6 +41,7 @@ from hosts import V110, flush, quick_config, wait_until, work_master
 from servers import MosquittoServer, RedisServer, free_port
 from test_mes import JC, WM, Mes, order, run, start_app
 
+from sfc_fast.mqtt5 import MalformedPacket, Message, Reader
 from sfc_host.host import Host
 from sfc_host.keys import ScopeKeys
 from sfc_host.mes import publishing
@@ -74,11 +78,14 @@ class StormRun:
     stale_order: list[str] = field(default_factory=list)   # retained order/{id} not ended
     no_end_event: list[str] = field(default_factory=list)
     index_problem: str = ""
+    acked_at_kill: int = 0                  # requests the killed host had acknowledged
+    acked_not_stored: list[str] = field(default_factory=list)   # ... without their order
 
     @property
     def lost(self) -> list[str]:
         return sorted({*self.unanswered, *self.refused, *self.not_ended, *self.stored_again,
-                       *self.no_result, *self.stale_order, *self.no_end_event})
+                       *self.no_result, *self.stale_order, *self.no_end_event,
+                       *self.acked_not_stored})
 
     @property
     def ok(self) -> bool:
@@ -87,7 +94,7 @@ class StormRun:
     def summary(self) -> str:
         parts = [f"{name} {getattr(self, name)}" for name in (
             "unanswered", "refused", "not_ended", "stored_again", "no_result",
-            "stale_order", "no_end_event") if getattr(self, name)]
+            "stale_order", "no_end_event", "acked_not_stored") if getattr(self, name)]
         if self.index_problem:
             parts.append(f"state index: {self.index_problem}")
         return (f"{self.orders} orders, {self.requests} requests ({self.repeats} repeats), "
@@ -100,6 +107,82 @@ def _ready(port: int) -> bool:
             return bool(r.status == 200)
     except OSError:
         return False
+
+
+class Tap:
+    """A TCP relay between the host and the broker that reads what passes: the MES
+    requests the broker delivers to the host (packet id -> job order id, per
+    connection) and the host's PUBACKs, so a test knows which requests the host had
+    acknowledged when it was killed."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.acked: set[str] = set()
+        self.server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"mqtt://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def aclose(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for t in list(self._tasks):
+            t.cancel()
+
+    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        jobs: dict[int, str] = {}        # packet id of a request in flight -> its job
+        down = asyncio.ensure_future(self._down(up_r, w, jobs))
+        self._tasks.add(down)
+        try:
+            await self._up(r, up_w, jobs)
+        finally:
+            down.cancel()
+            self._tasks.discard(down)
+            up_w.close()
+            w.close()
+
+    async def _down(self, r: asyncio.StreamReader, w: asyncio.StreamWriter,
+                    jobs: dict[int, str]) -> None:
+        """Broker to host: each QoS 1 MES request's packet id and job."""
+        reader = Reader(True)
+        with contextlib.suppress(ConnectionError, MalformedPacket):
+            while data := await r.read(65536):
+                for item in reader.feed(data):
+                    if type(item) is Message and item.qos and \
+                            item.topic.endswith("/commands"):
+                        with contextlib.suppress(ValueError, KeyError, TypeError):
+                            body = json.loads(item.payload)
+                            body = body.get("data", body)
+                            jobs[item.mid] = body["JobOrder"]["JobOrderID"]
+                w.write(data)
+
+    async def _up(self, r: asyncio.StreamReader, w: asyncio.StreamWriter,
+                  jobs: dict[int, str]) -> None:
+        """Host to broker: the PUBACKs of those requests."""
+        buf = b""
+        with contextlib.suppress(ConnectionError):
+            while data := await r.read(65536):
+                w.write(data)
+                buf += data
+                while len(buf) >= 2:
+                    n, shift, i = 0, 0, 1
+                    while i < len(buf) and buf[i] & 0x80:
+                        n |= (buf[i] & 0x7F) << shift
+                        shift += 7
+                        i += 1
+                    if i >= len(buf):
+                        break
+                    n |= buf[i] << shift
+                    if len(buf) < i + 1 + n:
+                        break
+                    if buf[0] >> 4 == 4:               # PUBACK
+                        job = jobs.pop(int.from_bytes(buf[i + 1:i + 3], "big"), None)
+                        if job is not None:
+                            self.acked.add(job)
+                    buf = buf[i + 1 + n:]
 
 
 class HostRun:
@@ -164,7 +247,8 @@ async def storm(redis_url: str, mqtt_url: str, workdir: Path, *,
     """The storm, the kill and the restart, then what a late subscriber finds."""
     await flush(redis_url)
     prefix = f"crash{uuid.uuid4().hex[:8]}"      # no retained message of another run
-    host = HostRun(workdir, redis_url, mqtt_url, prefix)
+    tap = Tap(int(mqtt_url.rsplit(":", 1)[1]))
+    host = HostRun(workdir, redis_url, await tap.start(), prefix)
     out = StormRun(orders=n_orders)
     jobs = [f"C{i:03d}" for i in range(n_orders)]
     redis = aioredis.Redis.from_url(redis_url)
@@ -201,7 +285,21 @@ async def storm(redis_url: str, mqtt_url: str, workdir: Path, *,
 
             async def crash() -> None:
                 await kill_now.wait()
+                # Redis holds writes a moment before the kill: requests that reach the
+                # host then wait in their handlers, and one acknowledged before its
+                # order is stored would be lost with the host
+                await redis.execute_command("CLIENT", "PAUSE", "3000", "WRITE")
+                await asyncio.sleep(0.3)
                 host.kill()
+                # what the dead host acknowledged must be stored (its order exists)
+                acked = sorted(tap.acked)
+                pipe = redis.pipeline(transaction=False)
+                for j in acked:
+                    pipe.exists(K.order(j))
+                out.acked_at_kill = len(acked)
+                out.acked_not_stored = [j for j, n in zip(acked, await pipe.execute(),
+                                                          strict=True) if not n]
+                await redis.execute_command("CLIENT", "UNPAUSE")
                 await host.start()
 
             crasher = asyncio.create_task(crash())
@@ -256,6 +354,7 @@ async def storm(redis_url: str, mqtt_url: str, workdir: Path, *,
         return out
     finally:
         host.stop()
+        await tap.aclose()
         await redis.aclose()
 
 
@@ -284,6 +383,7 @@ def test_kill_9_under_an_mes_storm_leaves_every_ended_order_retained(
         if (tmp_path / "host.log").exists() else ""
     assert out.ok, out.summary() + "\n--- host log:\n" + log
     assert out.repeats > 0, "the kill cost no request a repeat: it missed the storm"
+    assert out.acked_at_kill >= 40, out.acked_at_kill   # the check saw the host's acks
 
 
 @pytest.mark.servers
