@@ -4,16 +4,15 @@ MQTT client.
 
 The MES keeps 20 requests in flight, each order ending at once (a recipe of one step
 and no action), and sends a request again, with the same CloudEvent id, when no reply
-came within 2 s. After the 60th reply the host is killed and started again. Every
-request the killed host had acknowledged (its PUBACK, read by a relay between host and
-broker) had its order stored when it died. Then every request has been answered, each order was stored once and ended, and a subscriber that
+came within 2 s. After the 60th reply Redis holds writes for 0.3 s and the host is
+killed, then started again. Every request the killed host had acknowledged (its PUBACK,
+read by a relay between host and broker) had its order stored when it died. Then every
+request has been answered, each order was stored once and ended, and a subscriber that
 connects after the run finds every order's retained result and final state, and the
 state index listing them all with a result; the MES saw every order's end event.
 The orders that ended in the killed host's last moments are the ones this is about: their
 retained state was still to be published when it died (``benchmarks/reliability.py``
-runs the same storm as its ``mes_kill9`` row). Then the outbox that carries them over
-the kill (``sfc_host/mes/outbox.py``): a stamp leaves it only as it was read, and a host
-that keeps running publishes what another left there.
+runs the same storm as its ``mes_kill9`` row).
 """
 
 from __future__ import annotations
