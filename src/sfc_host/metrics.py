@@ -106,6 +106,9 @@ HELP: dict[str, str] = {
     "bad_mes_replies": "MES replies that could not be encoded.",
     "mes_duplicates": "MES requests seen before (same source and id within mes_dedupe_s): "
                       "their recorded reply sent again, not run again.",
+    "mes_outbox_republished": "Job orders whose retained state was published again from "
+                              "the MES outbox (left there by a host that stopped or died "
+                              "before the broker acknowledged it).",
     "mes_index_errors": "Failures publishing a retained order, result or state index.",
     "evolve_seconds": "Time of one evolve call in the host (the mean of its batch, "
                       "counted once per call).",

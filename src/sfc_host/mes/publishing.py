@@ -147,6 +147,7 @@ class Publisher:
         found = await self.outbox.leftovers([self.host.store.keys(s) for s in scopes],
                                             before_us, INDEX_US_PER_ORDER)
         for scope, jobs in found.items():
+            self.metrics.inc("mes_outbox_republished", len(jobs))
             log.info("%d job orders of %s published again: their last change may not "
                      "have reached the MES", len(jobs), scope, extra={"scope": scope})
             self._forced.add(scope)
