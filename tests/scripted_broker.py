@@ -5,8 +5,13 @@ Packets are written out by hand here, from the spec, not by the codec under test
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+
+from sfc_host.config import HostConfig
+from sfc_host.metrics import Metrics
+from sfc_host.mqtt import MqttLink
 
 Script = Callable[[int, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -235,3 +240,18 @@ def big_then_small(link: Any) -> tuple[asyncio.Future[None], list[asyncio.Future
     for i, f in enumerate(rest):
         link.publish_nowait(f"t/{i}", b"small%d" % i, qos=1, acked=f)
     return big, rest
+
+
+@contextlib.asynccontextmanager
+async def host_link(config: HostConfig, metrics: Metrics | None = None,
+                    probe_topic: str | None = None) -> AsyncIterator[MqttLink]:
+    """A link as a host starts one: its MES request filter registered (shared), only
+    publishing until ``open_subscriptions``; closed at the end."""
+    link = MqttLink(config, metrics if metrics is not None else Metrics())
+    link.probe_topic = probe_topic
+    link.subscribe("mes/+/commands", lambda m: None)
+    await link.start(subscribe=False)
+    try:
+        yield link
+    finally:
+        await link.aclose()

@@ -19,7 +19,16 @@ from typing import Any
 
 import pytest
 from hosts import wait_until
-from scripted_broker import big_then_small, prop_byte, prop_str, props, publish, utf8, varint
+from scripted_broker import (
+    big_then_small,
+    host_link,
+    prop_byte,
+    prop_str,
+    props,
+    publish,
+    utf8,
+    varint,
+)
 from servers import MosquittoServer, ServerMissing, in_ci
 
 from sfc_host.config import HostConfig
@@ -269,19 +278,14 @@ def test_an_acl_file_that_denies_the_host_keeps_it_from_ready(
 
     async def main() -> None:
         metrics = Metrics()
-        link = MqttLink(config(broker.url, "acl", mqtt_version=version), metrics)
-        link.probe_topic = "mes/hosts/acl/probe"
-        link.subscribe("mes/+/commands", lambda m: None)
-        await link.start(subscribe=False)
-        try:
+        async with host_link(config(broker.url, "acl", mqtt_version=version), metrics,
+                             probe_topic="mes/hosts/acl/probe") as link:
             await link.wait_connected()
             with pytest.raises(MqttUnsupported, match="mes/hosts/acl/probe"):
                 await link.open_subscriptions()
             assert not link.refused                  # granted, as far as SUBACK goes
             assert not link.listening
             assert link.connects == 1 and metrics["mqtt_reconnects"] == 0
-        finally:
-            await link.aclose()
     run(main())
 
 

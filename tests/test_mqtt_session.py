@@ -18,6 +18,7 @@ from scripted_broker import (
     connack,
     disconnect,
     grant_all,
+    host_link,
     prop_byte,
     prop_str,
     prop_u16,
@@ -27,6 +28,7 @@ from scripted_broker import (
     read_packet,
     suback,
     subscribe_filters,
+    unsuback,
 )
 
 from sfc_host.config import ConfigError, HostConfig
@@ -218,14 +220,9 @@ def test_shared_subscriptions_unavailable_stop_the_host_with_one_line() -> None:
 
     async def main() -> None:
         async with ScriptedBroker(script, connack(0, props(prop_byte(0x2A, 0)))) as b:
-            link = MqttLink(config(b.url), Metrics())
-            link.subscribe("mes/+/commands", lambda m: None)
-            await link.start(subscribe=False)
-            try:
+            async with host_link(config(b.url)) as link:
                 with pytest.raises(MqttUnsupported, match="mqtt_shared_group"):
                     await link.wait_connected(5)
-            finally:
-                await link.aclose()
             assert b.connections == 1
     run(main())
 
@@ -396,10 +393,7 @@ def test_a_refused_subscription_means_not_ready_until_it_is_granted(
 
     async def main() -> None:
         async with ScriptedBroker(script) as b:
-            link = MqttLink(config(b.url), Metrics())
-            link.subscribe("mes/+/commands", lambda m: None)
-            await link.start(subscribe=False)
-            try:
+            async with host_link(config(b.url)) as link:
                 await link.wait_connected()
                 await link.open_subscriptions()
                 assert not link.listening
@@ -408,39 +402,29 @@ def test_a_refused_subscription_means_not_ready_until_it_is_granted(
                                "broker: [code:135] Not authorized"]
                 await wait_until(lambda: link.listening, 5)
                 assert link.not_listening() == []
-            finally:
-                await link.aclose()
             assert b.connections == 1 and asked.count("$share/sfc/mes/+/commands") == 3
     with caplog.at_level(logging.ERROR, "sfc_host.mqtt"):
         run(main())
     assert sum("refused the subscription" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_shared_subscriptions_that_deliver_nothing_stop_the_start_with_one_line() -> None:
+def test_shared_subscriptions_that_deliver_nothing_stop_the_start_with_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A broker (MQTT 3.1.1 has no way to say) that grants $share/… and delivers
     nothing through it: the host must not report ready and serve deaf."""
     async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await grant_all(n, r, w, v5=False)     # acknowledges, delivers nothing
 
+    monkeypatch.setattr(link_module, "PROBE_S", 0.5)
+
     async def main() -> None:
-        async with ScriptedBroker(script, connack(v5=False)) as b:
-            link = MqttLink(config(b.url, mqtt_version=3), Metrics())
-            link.probe_topic = "mes/hosts/s/probe"
-            link.subscribe("mes/+/commands", lambda m: None)
-            await link.start(subscribe=False)
-            try:
-                await link.wait_connected()
-                with pytest.raises(MqttUnsupported, match='mqtt_shared_group = ""'):
-                    await link.open_subscriptions()
-                assert not link.listening
-            finally:
-                await link.aclose()
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr(link_module, "PROBE_S", 0.5)
-    try:
-        run(main())
-    finally:
-        monkey.undo()
+        async with ScriptedBroker(script, connack(v5=False)) as b, host_link(
+                config(b.url, mqtt_version=3), probe_topic="mes/hosts/s/probe") as link:
+            await link.wait_connected()
+            with pytest.raises(MqttUnsupported, match='mqtt_shared_group = ""'):
+                await link.open_subscriptions()
+            assert not link.listening
+    run(main())
 
 
 def test_shared_subscriptions_that_deliver_pass_the_check() -> None:
@@ -453,7 +437,7 @@ def test_shared_subscriptions_that_deliver_pass_the_check() -> None:
                 subs.extend(subscribe_filters(p))
                 w.write(suback(p))
             elif kind == 10:
-                w.write(b"\xb0\x04" + p[2:4] + b"\x00\x00")
+                w.write(unsuback(p))
             elif kind == 3:
                 _, topic, mid, payload = publish_parts(p)
                 w.write(b"\x40\x02" + mid.to_bytes(2, "big"))
@@ -461,17 +445,11 @@ def test_shared_subscriptions_that_deliver_pass_the_check() -> None:
                     w.write(publish(topic, payload, qos=1, mid=99))
 
     async def main() -> None:
-        async with ScriptedBroker(script) as b:
-            link = MqttLink(config(b.url), Metrics())
-            link.probe_topic = "mes/hosts/s/probe"
-            link.subscribe("mes/+/commands", lambda m: None)
-            await link.start(subscribe=False)
-            try:
-                await link.wait_connected()
-                await link.open_subscriptions()
-                assert link.listening
-            finally:
-                await link.aclose()
+        async with ScriptedBroker(script) as b, host_link(
+                config(b.url), probe_topic="mes/hosts/s/probe") as link:
+            await link.wait_connected()
+            await link.open_subscriptions()
+            assert link.listening
     run(main())
 
 

@@ -111,8 +111,8 @@ class Host:
         self._gc_was: tuple[int, int, int] | None = None
         self._loops = loops
         self._tasks: list[asyncio.Task[None]] = []
-        # (scope, event) or (scope, event, receipt): see ``answer``
-        self._answers: list[tuple[Any, ...]] = []
+        # (scope, event, receipt or None): see ``answer``
+        self._answers: list[tuple[str, BaseEvent, Any]] = []
         self.on_answers_done: Callable[[list[Any]], None] | None = None
         self._answers_dropping = False       # warned about this overflow already
         self._answers_ready = WakeOne()      # one worker an arrival, not all of them
@@ -353,7 +353,7 @@ class Host:
             # a worker is woken when the queue fills; one that leaves answers behind
             # wakes the next (see _answer_pass)
             self._answers_ready.ring()
-        answers.append((scope, event) if receipt is None else (scope, event, receipt))
+        answers.append((scope, event, receipt))
         limit = self.config.answer_queue_max
         if len(answers) > limit:
             # in chunks: deleting one at the front per answer moves the whole list each time
@@ -372,19 +372,19 @@ class Host:
         """Answers and delivered entries waiting for a pass."""
         return len(self._answers) + len(self._local)
 
-    def _done_with(self, answers: Sequence[tuple[Any, ...]]) -> None:
+    def _done_with(self, answers: Sequence[tuple[str, BaseEvent, Any]]) -> None:
         """The receipts of answers this host is done with, to ``on_answers_done``."""
         done = self.on_answers_done
         if done is not None:
-            receipts = [a[2] for a in answers if len(a) > 2]
+            receipts = [a[2] for a in answers if a[2] is not None]
             if receipts:
                 done(receipts)
 
     async def settle_answers(self, answers: Sequence[tuple[Any, ...]]) -> list[Item]:
-        """Apply answers now; faults are counted and logged: an answer that cannot be
-        applied is left to the action's deadline. Only Redis being away (a connection
-        error or timeout after the client's retries) is raised: the caller keeps the
-        answers for later."""
+        """Apply answers ``(scope, event[, receipt])`` now; faults are counted and
+        logged: an answer that cannot be applied is left to the action's deadline. Only
+        Redis being away (a connection error or timeout after the client's retries) is
+        raised: the caller keeps the answers for later."""
         items = []
         for a in answers:
             scope, ev = a[0], a[1]

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -167,7 +168,6 @@ class Outgoing:
     status: bool = False                        # the status lane's (publish_nowait)
     seq: int = 0                                # order of queueing, over both lanes
     sent_at: float = 0.0                        # loop time of its last write
-    strikes: int = 0                            # connections the broker closed on it
 
 
 class _Ack:
@@ -381,7 +381,7 @@ class MqttLink:
             return
 
         async def again() -> None:
-            for attempt in range(1_000_000):
+            for attempt in itertools.count():
                 await asyncio.sleep(RESUBSCRIBE_S[min(attempt, len(RESUBSCRIBE_S) - 1)])
                 if self._live is not conn:
                     return                # the reconnect subscribes them all anyway
@@ -415,7 +415,8 @@ class MqttLink:
         topic = self.probe_topic
         flt = f"$share/{group}/{topic}"
         nonce = os.urandom(8).hex().encode()
-        got: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        got: asyncio.Future[None] = loop.create_future()
         self._probe = (topic, nonce, got)
         try:
             mid = self._next_mid()
@@ -425,20 +426,16 @@ class MqttLink:
                 why = (f"the broker refused the shared subscription {flt} "
                        f"({reason_text(max(codes), self.v5)})")
             else:
-                # ahead of whatever waits: the check must not time out behind a backlog
-                sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                # ahead of whatever waits: the check must not time out behind a backlog;
+                # the broker refusing the message ends the wait at once
+                sent: asyncio.Future[None] = loop.create_future()
+                sent.add_done_callback(lambda f: f.cancelled() and got.cancel())
                 self._seq += 1
                 self._queue.appendleft(Outgoing(topic, nonce, None, 1, False, sent,
                                                 seq=self._seq))
                 self._pump()
-                loop = asyncio.get_running_loop()
-                end = loop.time() + PROBE_S
-                await asyncio.wait((got, sent), timeout=PROBE_S,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                if not got.done() and not sent.cancelled() and end > loop.time():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(got), end - loop.time())
-                why = self._probe_failure(flt, topic, got, sent)
+                await asyncio.wait((got,), timeout=PROBE_S)
+                why = self._probe_failure(flt, topic, got)
             mid = self._next_mid()
             with contextlib.suppress(MqttError, TimeoutError):
                 await conn.request(mid, encode_unsubscribe(mid, (flt,), self.v5),
@@ -454,12 +451,13 @@ class MqttLink:
             log.info("shared subscriptions deliver now")
             self.problem = ""
 
-    def _probe_failure(self, flt: str, topic: str, got: asyncio.Future[None],
-                       sent: asyncio.Future[None]) -> str:
-        """Why the check of the shared subscriptions failed, in one line ("" if not)."""
-        if got.done():
+    def _probe_failure(self, flt: str, topic: str, got: asyncio.Future[None]) -> str:
+        """Why the check of the shared subscriptions failed, in one line ("" if not):
+        ``got`` is done when the message came back, cancelled when the broker refused
+        it."""
+        if got.done() and not got.cancelled():
             return ""
-        if sent.cancelled():
+        if got.cancelled():
             return (f"the broker refused the host's check message on {topic}: its ACL "
                     f"must let client {self.client_id} publish and subscribe there "
                     f"(docs/operations.md, the broker's ACL)")
@@ -906,7 +904,7 @@ class MqttLink:
         log.warning("MQTT connection to %s:%d lost or refused (%s); again in %.1f s",
                     self.host, self.port, self.last_error, delay)
         if conn is not None:
-            self._blame(conn, up)
+            self._blame(conn)
         self._lost(conn)
         await asyncio.sleep(delay)
         return fails + 1
@@ -930,7 +928,7 @@ class MqttLink:
                   self.port, self.client_id, "" if said else " right after accepting it")
         return True
 
-    def _blame(self, conn: Connection, up: float) -> None:
+    def _blame(self, conn: Connection) -> None:
         """The broker closed the connection: its oldest unacknowledged message is the
         likely cause (a broker acknowledges in order). Closed on twice in a row, it is
         parked, so the messages behind it go out."""
@@ -938,12 +936,8 @@ class MqttLink:
             self._suspect = None
             return
         mid, m = next(iter(self._unacked.items()))
-        if self._suspect is m:
-            m.strikes += 1
-        else:
+        if self._suspect is not m:
             self._suspect = m
-            m.strikes = 1
-        if m.strikes < 2:
             return
         del self._unacked[mid]
         if m.status:
