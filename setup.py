@@ -27,18 +27,18 @@ if os.environ.get("SFC_PROFILE") == "1":
 debug = os.environ.get("SFC_DEBUG_BUILD") == "1"
 cflags = ["-O0", "-g"] if debug else ["-O3"]
 
-# SFC_BUILD_ONLY=evolve,state rebuilds only those modules (a quick edit loop with
+# SFC_BUILD_ONLY=evolve,mqtt5 rebuilds only those modules (a quick edit loop with
 # `python setup.py build_ext --inplace`); unset, every module is built.
 only = {m for m in os.environ.get("SFC_BUILD_ONLY", "").split(",") if m}
 
 extensions = [
     Extension(
-        f"sfc_fast.{pyx.stem}",
+        ".".join(pyx.relative_to(SRC.parent).with_suffix("").parts),
         [str(pyx.relative_to(HERE))],
         extra_compile_args=cflags,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
-    for pyx in sorted(SRC.glob("*.pyx"))
+    for pyx in sorted(SRC.rglob("*.pyx"))
     if not only or pyx.stem in only
 ]
 

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import redis
 from servers import RedisServer
 
-from sfc_host.scripts import Script, Scripts
-from sfc_host.store import GraphCache, Record, Store
+from sfc_host.store.lua_scripts import Script, Scripts
+from sfc_host.store.states import GraphCache, Record, Store
 
 SCOPE = "bench"
 STATE = b"s" * 300

@@ -32,20 +32,21 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sfc_fast import Graph, RecipeError, compile_recipe, evolve, mqtt5, state_to_json
+from sfc_fast import Graph, RecipeError, compile_recipe, evolve, state_to_json
 from sfc_fast.conditions import CondBuilder, ConditionSyntaxError
 from sfc_fast.events import Completed, Event, Hold, Start, Tick
-from sfc_fast.mqtt5 import MalformedPacket, Properties
 from sfc_fast.state import StateFormatError, check_state
-from sfc_host.cloudevents import (
+from sfc_fast.wire import mqtt5
+from sfc_fast.wire.mqtt5 import MalformedPacket, Properties
+from sfc_host.equipment.mqtt_transport import answer_event
+from sfc_host.mqtt.cloudevents import (
     CloudEvent,
     CloudEventError,
     decode,
     encode_binary,
     encode_structured,
 )
-from sfc_host.equipment_mqtt import answer_event
-from sfc_host.stream import InvalidEntry, parse_entry
+from sfc_host.store.streams import InvalidEntry, parse_entry
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "sfc_host" / "examples"
 REFERENCES = ("tighten_rework", "axle_fit_qa", "paint_hold_restart")
@@ -275,7 +276,7 @@ def stream_decoder() -> Decoder:
 
 
 def mqtt_decoder() -> Decoder:
-    """What a broker sends, through the host's MQTT reader (``sfc_fast.mqtt5``) in reads
+    """What a broker sends, through the host's MQTT reader (``sfc_fast.wire.mqtt5``) in reads
     cut anywhere: answers with their properties, acknowledgements, CONNACK, DISCONNECT."""
     props = Properties(ContentType="application/json", ResponseTopic="r/1",
                        CorrelationData=b"J1:tighten#2", MessageExpiryInterval=60,

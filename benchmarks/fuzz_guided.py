@@ -51,7 +51,8 @@ if TYPE_CHECKING:    # fuzz.py is imported only after the instrumentation is in 
     from fuzz import Decoder
 
 SCRIPT = Path(__file__).resolve()
-INSTRUMENTED = ("sfc_host.cloudevents", "sfc_host.stream", "sfc_host.equipment_mqtt")
+INSTRUMENTED = ("sfc_host.mqtt.cloudevents", "sfc_host.store.streams",
+                "sfc_host.equipment.mqtt_transport")
 SAMPLES = 200        # fuzz.py mutations added to each seed corpus
 HEADER = 16          # a state's header, kept by fuzz.state_decoder's usual mutation
 OUTCOMES = 1024      # feedback counters of a decoder without coverage

@@ -37,14 +37,14 @@ import uvloop
 from redis.asyncio.connection import Connection
 from servers import RedisServer
 
-import sfc_host.channel as channel_mod
+import sfc_host.store.channel as channel_mod
 from sfc_fast import compile_recipe
 from sfc_fast.events import Completed, Start
-from sfc_host.client import FastConnection
 from sfc_host.config import HostConfig
-from sfc_host.equipment import InProcessSink
-from sfc_host.host import Host
-from sfc_host.jobs import Item
+from sfc_host.execution.dispatch import InProcessSink
+from sfc_host.execution.host import Host
+from sfc_host.execution.settle import Item
+from sfc_host.store.client import FastConnection
 
 V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"
 LOOP = {

@@ -4,7 +4,7 @@
     python benchmarks/mqtt_e2e.py --quick     # a smoke run
     python benchmarks/mqtt_e2e.py --pin       # the host on a core of its own
 
-One host (``sfc_host.app.App``: Redis side, MQTT link, equipment) and one local
+One host (``sfc_host.service.app.App``: Redis side, MQTT link, equipment) and one local
 redis-server and mosquitto, all started here; the station is a separate process
 (``mqtt_station_proc.py``) that answers every command at once. Each job runs a
 5-step recipe with one push action per step, so a job is five commands and five
@@ -51,10 +51,10 @@ import itertools
 import uvloop
 from servers import MosquittoServer, RedisServer
 
-from sfc_host.app import App
 from sfc_host.config import HostConfig
 from sfc_host.mes.publishing import INTERVAL_S
 from sfc_host.metrics import Metrics
+from sfc_host.service.app import App
 
 V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"
 STEPS = [f"S{i}" for i in range(5)]

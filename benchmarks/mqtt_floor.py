@@ -50,7 +50,7 @@ from mqtt_station_proc import (
 )
 from report_limits import CAS_LIKE
 
-from sfc_fast.resp import pack_command
+from sfc_fast.wire.resp import pack_command
 
 ACTIONS = 5
 RESPONSES = "floor/responses"

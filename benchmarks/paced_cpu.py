@@ -32,8 +32,8 @@ import uvloop
 from mqtt_e2e import SCOPE, WM, run_jobs, servers_and_station, settled
 from servers import cpu_seconds
 
-from sfc_host.app import App
 from sfc_host.config import HostConfig
+from sfc_host.service.app import App
 
 
 def switches() -> int:

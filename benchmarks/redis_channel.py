@@ -5,8 +5,8 @@
 A local redis-server (started here) and an event-sized script (HGET, HSET, ZADD, XADD,
 as DESIGN 3.1's compare-and-set), called by SHA:
 
-- awaited one by one: ``sfc_host.channel.RedisChannel.execute`` against the host's
-  redis-py client (``sfc_host.client.redis_from_url``: blocking pool, hiredis parser,
+- awaited one by one: ``sfc_host.store.channel.RedisChannel.execute`` against the host's
+  redis-py client (``sfc_host.store.client.redis_from_url``: blocking pool, hiredis parser,
   packing in C), ``evalsha``;
 - 64 at a time: ``execute_many`` against a redis-py pipeline of 64 ``EVALSHA``;
 - 64 callers at once (``asyncio.gather``), each awaiting its own call: what the host's
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import uvloop
 from servers import RedisServer
 
-from sfc_host.channel import RedisChannel
-from sfc_host.client import redis_from_url
+from sfc_host.store.channel import RedisChannel
+from sfc_host.store.client import redis_from_url
 
 SCRIPT = """
 local v = redis.call('HGET', KEYS[1], 'v')

@@ -44,12 +44,12 @@ from sfc_fast.deadlines import DeadlineIndex
 from sfc_fast.events import Completed, Start
 from sfc_fast.evolve import evolve
 from sfc_host.config import HostConfig
-from sfc_host.equipment import InProcessSink
-from sfc_host.host import Host
-from sfc_host.jobs import Item
-from sfc_host.keys import ScopeKeys
-from sfc_host.store import Record, caught_up
-from sfc_host.sweep import Sweeper
+from sfc_host.execution.dispatch import InProcessSink
+from sfc_host.execution.host import Host
+from sfc_host.execution.settle import Item
+from sfc_host.execution.sweep import Sweeper
+from sfc_host.store.keys import ScopeKeys
+from sfc_host.store.states import Record, caught_up
 
 RESULT = {"ok": True, "torque": 85.5}
 SCOPES = 10

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from mqtt_e2e import SCOPE, WM, offer, run_jobs, settled
 from servers import MosquittoServer, RedisServer
 
-from sfc_host.app import App
 from sfc_host.config import HostConfig
+from sfc_host.service.app import App
 
 HERE = Path(__file__).resolve().parent
 LATENCY = "answer_to_command_seconds"

@@ -27,9 +27,9 @@ from report_cost import answer_at_once
 from sfc_fast import compile_recipe
 from sfc_fast.events import Start
 from sfc_host.config import HostConfig
-from sfc_host.equipment import InProcessSink
-from sfc_host.host import Host
-from sfc_host.jobs import Item
+from sfc_host.execution.dispatch import InProcessSink
+from sfc_host.execution.host import Host
+from sfc_host.execution.settle import Item
 
 
 async def main(a: argparse.Namespace) -> None:

@@ -37,9 +37,9 @@ from servers import RedisServer
 from sfc_fast import compile_recipe
 from sfc_fast.events import Start
 from sfc_host.config import HostConfig
-from sfc_host.equipment import InProcessSink
-from sfc_host.host import Host
-from sfc_host.jobs import Item
+from sfc_host.execution.dispatch import InProcessSink
+from sfc_host.execution.host import Host
+from sfc_host.execution.settle import Item
 
 
 async def idle(url: str, n: int, seconds: float) -> dict[str, float]:

@@ -48,10 +48,10 @@ from mqtt_e2e import SCOPE, WM  # noqa: E402
 from servers import MosquittoServer, RedisServer, cpu_seconds  # noqa: E402
 
 from sfc_host.config import HostConfig  # noqa: E402
-from sfc_host.demo_report import merge_histograms  # noqa: E402
-from sfc_host.keys import ScopeKeys  # noqa: E402
-from sfc_host.mes_client import MesClient, MesError  # noqa: E402
+from sfc_host.demo.report import merge_histograms  # noqa: E402
+from sfc_host.mes.client import MesClient, MesError  # noqa: E402
 from sfc_host.metrics import Histogram  # noqa: E402
+from sfc_host.store.keys import ScopeKeys  # noqa: E402
 
 K = ScopeKeys(SCOPE)
 HIST = "sfc_answer_to_command_seconds"

@@ -30,8 +30,8 @@ import uvloop
 from mqtt_e2e import SCOPE, WM, run_jobs, servers_and_station  # also puts tests/ on the path
 from servers import free_port
 
-from sfc_host.app import App
 from sfc_host.config import HostConfig
+from sfc_host.service.app import App
 
 PAGES = 5
 SCOPES_EVERY_S = 2.0

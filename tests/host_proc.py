@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from sfc_fast import Command
 from sfc_fast.events import Completed, Failed
 from sfc_host.config import HostConfig
-from sfc_host.host import Host
+from sfc_host.execution.host import Host
 
 COMMANDS = "test:commands"
 ANSWERS = "test:answers"

@@ -19,8 +19,8 @@ import redis.asyncio as aioredis
 from sfc_fast import Command
 from sfc_fast.events import Completed, Failed
 from sfc_host.config import HostConfig
-from sfc_host.equipment import InProcessSink
-from sfc_host.host import Host
+from sfc_host.execution.dispatch import InProcessSink
+from sfc_host.execution.host import Host
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "sfc_host" / "examples"
 V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"

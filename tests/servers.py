@@ -20,7 +20,7 @@ import time
 from importlib.util import find_spec
 from pathlib import Path
 
-from sfc_host.embedded import free_port
+from sfc_host.demo.servers import free_port
 
 START_TIMEOUT_S = 10.0
 PEERS = Path(__file__).resolve().parent / "peers"

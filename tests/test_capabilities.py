@@ -14,8 +14,8 @@ from hosts import wait_until, work_master
 from test_mes import WM, Mes, order, run, start_app
 
 from sfc_fast import Graph, compile_recipe
-from sfc_host.capabilities import CODE, Capabilities, parse, unserved
-from sfc_host.orders import INVALID_REQUEST, NO_ERROR
+from sfc_host.equipment.capabilities import CODE, Capabilities, parse, unserved
+from sfc_host.store.orders import INVALID_REQUEST, NO_ERROR
 
 S = "line1"
 

@@ -1,4 +1,4 @@
-"""The hot path's Redis channel (``sfc_host.channel``) against a real redis-server:
+"""The hot path's Redis channel (``sfc_host.store.channel``) against a real redis-server:
 requests of one loop pass in one write, replies to their callers in order, redis-py's
 error classes, a cancelled caller, a restart, AUTH and SELECT. (The host's scripts go
 through it in every host test on a standalone Redis; ``test_host_rules`` checks that
@@ -11,8 +11,8 @@ import asyncio
 import pytest
 from redis import exceptions as rx
 
-from sfc_host.channel import LAZY_WAIT_S, RedisChannel
-from sfc_host.client import redis_from_url
+from sfc_host.store.channel import LAZY_WAIT_S, RedisChannel
+from sfc_host.store.client import redis_from_url
 
 
 def test_calls_of_one_loop_pass_share_a_write_and_each_gets_its_reply(

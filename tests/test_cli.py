@@ -14,7 +14,7 @@ from conftest import reference_recipes_dir
 from recipes import linear
 from servers import in_ci
 
-from sfc_host.cli import main
+from sfc_host.cli.main import main
 
 REF = reference_recipes_dir()
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import reference_recipes_dir
 from recipes import linear
 
-from sfc_host.embedded import free_port
+from sfc_host.demo.servers import free_port
 
 OK, FAILED, MISTAKE = 0, 1, 2
 

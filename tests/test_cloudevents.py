@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from sfc_host.cloudevents import (
+from sfc_host.mqtt.cloudevents import (
     STRUCTURED_CONTENT_TYPE,
     CloudEvent,
     CloudEventError,
@@ -88,7 +88,7 @@ def test_binary_round_trip_with_all_attributes_and_mqtt_properties() -> None:
 
 
 def test_our_properties_pack_as_paho_setters_build_them() -> None:
-    """Our codec's packing (``sfc_fast.mqtt5``) is byte for byte another client's."""
+    """Our codec's packing (``sfc_fast.wire.mqtt5``) is byte for byte another client's."""
     ev = full_event()
     _, p = encode_binary(ev, expiry_s=60)
     slow = props("application/json", list(p.UserProperty), response_topic=ev.response_topic,
@@ -154,7 +154,7 @@ def test_new_ids_stay_unique_across_processes_and_forks() -> None:
     assert len(ids) == 20_000
     assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in list(ids)[:100])
     script = ("import os, sys\n"
-              "from sfc_host.cloudevents import new\n"
+              "from sfc_host.mqtt.cloudevents import new\n"
               "mine = [new('t', 's').id for _ in range(1000)]\n"
               "r, w = os.pipe()\n"
               "pid = os.fork()\n"
@@ -172,7 +172,7 @@ def test_new_ids_stay_unique_across_processes_and_forks() -> None:
 
 
 def test_timestamps_follow_the_clock_across_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sfc_host.cloudevents as ce
+    import sfc_host.mqtt.cloudevents as ce
     t = [1_767_225_599.9985]     # 2025-12-31T23:59:59.998Z, then past midnight
     monkeypatch.setattr(ce._time, "time", lambda: t[0])
     assert ce.timestamp() == "2025-12-31T23:59:59.998Z"
@@ -462,7 +462,7 @@ def test_fuzz_round_trip(ev: CloudEvent, expiry: int | None) -> None:
 
 def test_publish_properties_pack_exactly_as_paho_does() -> None:
     """Every property we send, packed by our codec, is what paho packs of the same."""
-    from sfc_host.cloudevents import CloudEvent, encode_binary, structured_properties
+    from sfc_host.mqtt.cloudevents import CloudEvent, encode_binary, structured_properties
 
     def paho_of(p: Any) -> Properties:
         q = Properties(PacketTypes.PUBLISH)
@@ -527,7 +527,7 @@ def test_a_command_s_message_is_the_same_by_the_plain_path_and_by_the_event(
         cid: str, type_id: str, job: str, params: dict[str, Any] | None, v5: bool,
         binary: bool, scope: str) -> None:
     from sfc_host.config import HostConfig
-    from sfc_host.equipment_mqtt import MqttSink
+    from sfc_host.equipment.mqtt_transport import MqttSink
     from sfc_host.metrics import Metrics
     from sfc_host.mqtt import MqttLink
     link = MqttLink(HostConfig(mqtt_url="mqtt://127.0.0.1:1883", consumer="c",
@@ -538,7 +538,7 @@ def test_a_command_s_message_is_the_same_by_the_plain_path_and_by_the_event(
 
 
 def test_a_plain_command_is_encoded_without_building_its_event() -> None:
-    from sfc_host.cloudevents import encode_binary_plain
+    from sfc_host.mqtt.cloudevents import encode_binary_plain
     data = {"Parameters": {}, "Context": {"JobOrderID": "J1"}}
     ev = CloudEvent(id="J1:a#1", source="sfc-host", type="com.example.a.v1", subject="cell",
                     data=data, extensions={"correlationid": "J1"})
@@ -597,7 +597,7 @@ def test_a_status_event_is_the_same_by_the_plain_path_and_by_the_event(
         monkeypatch: pytest.MonkeyPatch, scope: str, source: str, state: str,
         order: bytes | None, cause: CloudEvent | None, v5: bool, binary: bool,
         expiry: int) -> None:
-    import sfc_host.cloudevents as ce
+    import sfc_host.mqtt.cloudevents as ce
     from sfc_host.mes import codec
     # the same id and time by either path
     for mod in (ce, codec):

@@ -49,12 +49,12 @@ from test_security import (
     tighten_ok,
 )
 
-from sfc_host.app import App
 from sfc_host.config import HostConfig
-from sfc_host.host import Host, connect
-from sfc_host.keys import ScopeKeys
-from sfc_host.mes.model import state_list
-from sfc_host.mes_client import MesClient
+from sfc_host.execution.host import Host, connect
+from sfc_host.isa95 import state_list
+from sfc_host.mes.client import MesClient
+from sfc_host.service.app import App
+from sfc_host.store.keys import ScopeKeys
 
 pytestmark = pytest.mark.servers
 

@@ -13,8 +13,8 @@ import pytest
 from hosts import V110, Station, flush, quick_config
 
 from sfc_fast.events import Completed
-from sfc_host.host import Host
-from sfc_host.keys import ScopeKeys
+from sfc_host.execution.host import Host
+from sfc_host.store.keys import ScopeKeys
 
 A, B = "cell-a", "cell-b"
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from servers import in_ci
 
-from sfc_host import demo_report, embedded
-from sfc_host.cli import main
+from sfc_host.cli.main import main
+from sfc_host.demo import report as demo_report
+from sfc_host.demo import servers as embedded
 from sfc_host.metrics import Metrics
 
 HEADER = re.compile(r"Redis on 127\.0\.0\.1:(\d+) .*MQTT broker \S+ on 127\.0\.0\.1:(\d+)")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sfc_host.cli import main
+from sfc_host.cli.main import main
 
 SCRIPT = """\
     import asyncio

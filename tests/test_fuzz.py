@@ -49,12 +49,12 @@ from sfc_fast.conditions import CondBuilder, ConditionSyntaxError, evaluate
 from sfc_fast.events import Completed, Hold, Tick
 from sfc_fast.evolve import sent_markers
 from sfc_fast.state import StateFormatError, check_state
-from sfc_host.app import App
-from sfc_host.cloudevents import CloudEventError, decode
-from sfc_host.equipment_mqtt import answer_event
-from sfc_host.host import Host
-from sfc_host.keys import ScopeKeys
-from sfc_host.stream import InvalidEntry, parse_entry
+from sfc_host.equipment.mqtt_transport import answer_event
+from sfc_host.execution.host import Host
+from sfc_host.mqtt.cloudevents import CloudEventError, decode
+from sfc_host.service.app import App
+from sfc_host.store.keys import ScopeKeys
+from sfc_host.store.streams import InvalidEntry, parse_entry
 
 FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES") or 0)
 SLOW_S = 1.0          # no single input may take longer (a hang shows as a failure)

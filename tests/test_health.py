@@ -14,9 +14,9 @@ from hosts import Station, flush, quick_config, torque_ok, wait_until, work_mast
 from servers import MosquittoServer, free_port
 
 from sfc_host import __version__
-from sfc_host.app import App
-from sfc_host.host import Host
+from sfc_host.execution.host import Host
 from sfc_host.metrics import COUNTERS
+from sfc_host.service.app import App
 
 S = "health1"
 

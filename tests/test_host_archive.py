@@ -15,8 +15,8 @@ from test_host_flow import S, run, start_host
 
 from sfc_fast import Graph, state_to_json
 from sfc_fast.events import Completed
-from sfc_host.keys import ScopeKeys
-from sfc_host.store import whole_state
+from sfc_host.store.keys import ScopeKeys
+from sfc_host.store.states import whole_state
 
 K = ScopeKeys(S)
 STEPS = 8

@@ -21,8 +21,8 @@ from servers import RedisClusterServer
 
 from sfc_fast.events import Completed
 from sfc_host.config import HostConfig
-from sfc_host.host import Host
-from sfc_host.keys import ScopeKeys
+from sfc_host.execution.host import Host
+from sfc_host.store.keys import ScopeKeys
 
 pytestmark = pytest.mark.servers
 

@@ -28,11 +28,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sfc_fast import Command
 from sfc_fast.events import Completed
-from sfc_host.client import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRIES
 from sfc_host.config import HostConfig
-from sfc_host.host import Host
-from sfc_host.keys import ScopeKeys
-from sfc_host.orders import INVALID_JOB_ORDER_STATUS, OrderError
+from sfc_host.execution.host import Host
+from sfc_host.store.client import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRIES
+from sfc_host.store.keys import ScopeKeys
+from sfc_host.store.orders import INVALID_JOB_ORDER_STATUS, OrderError
 
 HOST_PROC = Path(__file__).with_name("host_proc.py")
 SCOPE = "line1"

@@ -18,9 +18,9 @@ from hosts import (
 )
 
 from sfc_fast.events import Completed, Held
-from sfc_host.equipment import InProcessSink
-from sfc_host.host import Host
-from sfc_host.keys import ScopeKeys
+from sfc_host.execution.dispatch import InProcessSink
+from sfc_host.execution.host import Host
+from sfc_host.store.keys import ScopeKeys
 
 S = "cell"
 K = ScopeKeys(S)

@@ -19,8 +19,8 @@ from hosts import Station, flush, quick_config, wait_until, work_master
 
 from sfc_fast import Command
 from sfc_fast.events import Completed
-from sfc_host.host import Host
-from sfc_host.keys import ScopeKeys
+from sfc_host.execution.host import Host
+from sfc_host.store.keys import ScopeKeys
 
 SCOPES = ("cellA", "cellB", "cellC")
 N_TIGHTEN = 16              # tighten_rework jobs per scope

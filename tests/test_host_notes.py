@@ -13,8 +13,8 @@ from hosts import Station, flush, quick_config, quiet, wait_until
 from test_host_observability import QA, event_then_work
 
 from sfc_fast import SCHEMA_V100
-from sfc_host.host import Host
-from sfc_host.keys import ScopeKeys
+from sfc_host.execution.host import Host
+from sfc_host.store.keys import ScopeKeys
 
 S = "held"
 K = ScopeKeys(S)

@@ -18,9 +18,9 @@ from hosts import Station, flush, quick_config, wait_until, work_master
 
 from sfc_fast.events import Completed
 from sfc_host import logs
-from sfc_host.cloudevents import CloudEvent, encode_structured
 from sfc_host.config import ConfigError, HostConfig
-from sfc_host.host import Host
+from sfc_host.execution.host import Host
+from sfc_host.mqtt.cloudevents import CloudEvent, encode_structured
 
 S = "obs"
 V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"
@@ -156,7 +156,8 @@ def test_answer_queue_max_is_a_setting() -> None:
 
 
 def _record(msg: str, *args: Any, **extra: Any) -> logging.LogRecord:
-    r = logging.LogRecord("sfc_host.jobs", logging.WARNING, __file__, 1, msg, args, None)
+    r = logging.LogRecord("sfc_host.execution.settle", logging.WARNING, __file__, 1, msg, args,
+                          None)
     r.__dict__.update(extra)
     r.created = 1796289304.12  # 2026-12-03T09:15:04.120Z
     return r
@@ -169,7 +170,8 @@ def test_the_json_formatter_writes_one_object_with_the_job_fields() -> None:
                             command_id="J7:tighten#2"))
     assert "\n" not in line
     assert json.loads(line) == {
-        "time": "2026-12-03T09:15:04.120Z", "level": "WARNING", "logger": "sfc_host.jobs",
+        "time": "2026-12-03T09:15:04.120Z", "level": "WARNING",
+        "logger": "sfc_host.execution.settle",
         "message": "job line1/J7: lost the race 4 times", "job": "J7", "scope": "line1",
         "action": "tighten", "command_id": "J7:tighten#2"}
     # no fields on the record, none in the line; a traceback is one field
@@ -243,7 +245,7 @@ def test_a_refused_answer_is_a_json_line_with_its_fields(redis_url: str, mqtt_ur
         bad, unknown = lines
         assert "unknown Outcome 'bogus'" in bad["message"]
         assert bad["scope"] == scope and bad["job"] == "J9" and bad["action"] == "screw"
-        assert bad["command_id"] == "J9:screw#1" and bad["logger"] == "sfc_host.equipment"
+        assert bad["command_id"] == "J9:screw#1" and bad["logger"] == "sfc_host.execution.dispatch"
         assert "names no job" in unknown["message"]
         assert unknown["scope"] == scope and unknown["command_id"] == "nojob"
         assert "job" not in unknown

@@ -11,10 +11,10 @@ import pytest
 from hosts import Station, flush, quick_config, quiet, torque_ok, wait_until, work_master
 
 from sfc_fast.events import Completed
-from sfc_host import store as store_mod
-from sfc_host.host import Host
-from sfc_host.keys import ScopeKeys
-from sfc_host.store import Record
+from sfc_host.execution.host import Host
+from sfc_host.store import states as store_mod
+from sfc_host.store.keys import ScopeKeys
+from sfc_host.store.states import Record
 
 S = "line1"
 K = ScopeKeys(S)
@@ -441,7 +441,7 @@ def test_scripts_are_loaded_again_after_script_flush(redis_url: str) -> None:
 def test_order_writes_of_one_loop_pass_go_out_together(redis_url: str) -> None:
     """A burst of order stores (an MES storing many at once) costs one pipeline of
     order-script calls; each keeps its own result, and a refused one is refused alone."""
-    from sfc_host.orders import UNABLE_TO_ACCEPT_JOB_ORDER, OrderError
+    from sfc_host.store.orders import UNABLE_TO_ACCEPT_JOB_ORDER, OrderError
 
     async def main() -> None:
         ended: list = []

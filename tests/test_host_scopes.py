@@ -19,11 +19,11 @@ from recipes import V110, linear
 from sfc_fast import compile_recipe
 from sfc_fast.events import Completed, Start
 from sfc_host.config import HostConfig
-from sfc_host.equipment import InProcessSink
-from sfc_host.host import Host
-from sfc_host.jobs import APPLIED, Item
-from sfc_host.keys import SCOPES, ScopeKeys
-from sfc_host.schedule import Schedule
+from sfc_host.execution.dispatch import InProcessSink
+from sfc_host.execution.host import Host
+from sfc_host.execution.schedule import Schedule
+from sfc_host.execution.settle import APPLIED, Item
+from sfc_host.store.keys import SCOPES, ScopeKeys
 
 
 def run(coro: Any, timeout: float = 60) -> Any:

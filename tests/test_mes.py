@@ -20,9 +20,9 @@ from mqtt_station import MqttStation
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from sfc_host.app import App
-from sfc_host.mes.model import state_list, state_name
-from sfc_host.orders import (
+from sfc_host.isa95 import state_list, state_name
+from sfc_host.service.app import App
+from sfc_host.store.orders import (
     INVALID_JOB_ORDER_STATUS,
     INVALID_REQUEST,
     NO_ERROR,

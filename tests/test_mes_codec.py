@@ -12,9 +12,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from sfc_host.cloudevents import CloudEvent, decode
-from sfc_host.mes import codec, model
+from sfc_host import isa95 as model
+from sfc_host.mes import codec
 from sfc_host.mes.catalog import config_id, max_orders
+from sfc_host.mqtt.cloudevents import CloudEvent, decode
 
 REF = Path(__file__).parent / "data" / "mes_wire"
 

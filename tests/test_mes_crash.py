@@ -40,14 +40,14 @@ from hosts import V110, flush, quick_config, wait_until, work_master
 from servers import MosquittoServer, RedisServer, free_port
 from test_mes import JC, WM, Mes, order, run, start_app
 
-from sfc_fast.mqtt5 import MalformedPacket, Message, Reader
-from sfc_host.host import Host
-from sfc_host.keys import ScopeKeys
+from sfc_fast.wire.mqtt5 import MalformedPacket, Message, Reader
+from sfc_host.execution.host import Host
+from sfc_host.isa95 import state_list, state_name
 from sfc_host.mes import publishing
-from sfc_host.mes.model import state_list, state_name
 from sfc_host.mes.outbox import Outbox
-from sfc_host.orders import NO_ERROR
-from sfc_host.store import Record
+from sfc_host.store.keys import ScopeKeys
+from sfc_host.store.orders import NO_ERROR
+from sfc_host.store.states import Record
 
 SCOPE = "line1"
 K = ScopeKeys(SCOPE)

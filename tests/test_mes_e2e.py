@@ -15,8 +15,8 @@ from hosts import flush, start_sfc_host, stop_cleanly, wait_until
 from mqtt_station import MqttStation
 from test_mes import BY_ID, BY_STATE, JC, Mes, configure, ref, run, same_shape
 
-from sfc_host.mes.model import state_list
-from sfc_host.orders import NO_ERROR, UNKNOWN_JOB_ORDER_ID
+from sfc_host.isa95 import state_list
+from sfc_host.store.orders import NO_ERROR, UNKNOWN_JOB_ORDER_ID
 
 PREFIX = "app/jobs"
 SCOPES = ("line1", "line1.cell1")

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sfc_host.http_endpoint import HttpEndpoint
 from sfc_host.metrics import BUCKETS, Histogram, Metrics, metric_name
+from sfc_host.service.endpoint import HttpEndpoint
 
 # --- counters and histograms ----------------------------------------------------------------
 

@@ -34,10 +34,10 @@ from test_mes import BY_ID, BY_STATE, JC, Mes, configure, ref, run, same_shape
 from test_mes_e2e import slow_tighten, store
 
 from sfc_host.config import HostConfig
-from sfc_host.mes.model import state_list, state_name
+from sfc_host.isa95 import state_list, state_name
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import MqttLink
-from sfc_host.orders import NO_ERROR
+from sfc_host.store.orders import NO_ERROR
 
 PREFIX = "app/jobs"
 S = "line1"

@@ -1,4 +1,4 @@
-"""The MQTT codec of our own (``sfc_fast.mqtt5``) and the link on it: packets framed
+"""The MQTT codec of our own (``sfc_fast.wire.mqtt5``) and the link on it: packets framed
 from reads cut anywhere, encode -> decode round trips, a stream that cannot be framed
 refused with ``MalformedPacket`` (never another error), a PUBLISH that breaks the rules
 dropped and an acknowledgement's bad properties left out with the stream read on,
@@ -24,8 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scripted_broker import ScriptedBroker, read_packet
 
-from sfc_fast import mqtt5
-from sfc_fast.mqtt5 import MalformedPacket, Message, Properties, Reader
+from sfc_fast.wire import mqtt5
+from sfc_fast.wire.mqtt5 import MalformedPacket, Message, Properties, Reader
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import MqttLink

@@ -12,8 +12,8 @@ import pytest
 from hosts import flush, quick_config, wait_until, work_master
 from mqtt_station import MqttStation
 
-from sfc_host.app import App
-from sfc_host.keys import ScopeKeys
+from sfc_host.service.app import App
+from sfc_host.store.keys import ScopeKeys
 
 S = "line1"
 K = ScopeKeys(S)

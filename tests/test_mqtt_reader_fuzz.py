@@ -1,4 +1,4 @@
-"""A million broken streams per reader setup through ``sfc_fast.mqtt5.Reader``: valid
+"""A million broken streams per reader setup through ``sfc_fast.wire.mqtt5.Reader``: valid
 packets a broker sends, mutated (a byte flipped or set, the stream cut short, two
 streams spliced, bytes put in or taken out) or replaced by random bytes, each fed in
 up to three pieces cut at random points. ``feed`` must raise nothing but
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from sfc_fast import mqtt5
-from sfc_fast.mqtt5 import MalformedPacket, Message, Properties, Reader
+from sfc_fast.wire import mqtt5
+from sfc_fast.wire.mqtt5 import MalformedPacket, Message, Properties, Reader
 
 INPUTS = int(os.environ.get("MQTT_FUZZ_INPUTS", "1000000"))
 DEFAULT_MAX = mqtt5.MAX_REMAINING + 5

@@ -24,10 +24,10 @@ from mqtt_station import MqttStation
 from servers import RedisClusterServer, free_port
 from test_cli import run
 
-from sfc_host.app import App
-from sfc_host.host import Host
-from sfc_host.mes.model import state_list
-from sfc_host.mes_client import status_names
+from sfc_host.execution.host import Host
+from sfc_host.isa95 import state_list
+from sfc_host.mes.client import status_names
+from sfc_host.service.app import App
 
 TIGHTEN = "com.example.cell.tighten.v1"
 PAINT = "com.example.booth.paint.v1"
@@ -300,7 +300,7 @@ def test_job_control_and_refusals(host: HostThread, conf: str, capsys) -> None:
 
 def test_workmaster_put_list_show_delete(host: HostThread, conf: str, tmp_path: Path,
                                         capsys) -> None:
-    from sfc_host.workmaster import example_files
+    from sfc_host.execution.workmaster import example_files
 
     axle = next(p for p in example_files() if p.name == "axle_fit_qa.json")
     rc, out, err = sfc(capsys, "workmaster", "put", str(axle), "--config", conf)
@@ -332,7 +332,7 @@ def test_workmaster_put_list_show_delete(host: HostThread, conf: str, tmp_path: 
 
 def test_mes_client_many_requests_at_once(host: HostThread, conf: str) -> None:
     from sfc_host.config import HostConfig
-    from sfc_host.mes_client import MesClient, NoReply
+    from sfc_host.mes.client import MesClient, NoReply
 
     async def body() -> None:
         cfg = HostConfig.load(conf)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sfc_host.ops_cli import HEADERS, render_frame
+from sfc_host.cli.ops import HEADERS, render_frame
 
 LONG = "plant-north.assembly-line-12.station-7"
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sfc_fast.resp import pack_command
+from sfc_fast.wire.resp import pack_command
 
 ARG = st.one_of(st.binary(max_size=300), st.text(max_size=60),
                 st.integers(min_value=-(2 ** 63), max_value=2 ** 63 - 1),

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from hosts import flush, quick_config, wait_until, work_master
 
-from sfc_host.app import App
 from sfc_host.config import ConfigError
 from sfc_host.engine.api import JobsNotConnected, ScriptAPIError
+from sfc_host.service.app import App
 
 S = "line1"
 

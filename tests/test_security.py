@@ -34,14 +34,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from servers import MosquittoServer, RedisServer, ServerMissing, free_port, in_ci
 
 from sfc_fast import RecipeError, compile_recipe
-from sfc_host.app import App
-from sfc_host.client import tls_options
 from sfc_host.config import HostConfig, without_credentials
-from sfc_host.host import connect
-from sfc_host.keys import ScopeKeys
-from sfc_host.mes.model import state_list, state_name
-from sfc_host.mes_client import MesClient
+from sfc_host.execution.host import connect
+from sfc_host.isa95 import state_list, state_name
+from sfc_host.mes.client import MesClient
 from sfc_host.mqtt import MqttRefused
+from sfc_host.service.app import App
+from sfc_host.store.client import tls_options
+from sfc_host.store.keys import ScopeKeys
 
 S = "line1"
 K = ScopeKeys(S)

@@ -21,8 +21,8 @@ from hosts import flush, quick_config, start_sfc_host, wait_until, work_master
 from mqtt_station import MqttStation
 from servers import free_port
 
-from sfc_host.app import App
-from sfc_host.mes_client import MesClient, job_order
+from sfc_host.mes.client import MesClient, job_order
+from sfc_host.service.app import App
 
 SFC = [sys.executable, "-m", "sfc_host"]
 S = "startup1"

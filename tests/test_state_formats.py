@@ -261,7 +261,7 @@ def test_action_results_are_the_readable_view_s_results(i: int):
 
 
 def test_a_job_response_lists_every_result_of_live_and_archived_actions():
-    from sfc_host.jobs import job_response
+    from sfc_host.execution.settle import job_response
     g = compile_recipe(linear(12), V110)
     live, archive, _ = _run(g, 12, split=True)
     whole = join_state(live, archive)

@@ -1,4 +1,4 @@
-"""The SVG picture of a recipe (``sfc_host.svg``) and ``sfc-host recipe diagram --svg``:
+"""The SVG picture of a recipe (``sfc_host.charts.svg``) and ``sfc-host recipe diagram --svg``:
 well-formed XML naming every step and action, no overlapping boxes, a running job's
 active and finished steps marked, one-line refusals of wrong arguments."""
 
@@ -19,8 +19,8 @@ from recipes import V110, generated, linear, pull, push
 from test_cli import run
 
 from sfc_fast import RecipeError, compile_recipe
-from sfc_host.host import Host
-from sfc_host.svg import FONT, text_width, to_svg
+from sfc_host.charts.svg import FONT, text_width, to_svg
+from sfc_host.execution.host import Host
 
 NS = "{http://www.w3.org/2000/svg}"
 REPO = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sfc_host.wakeup import WakeOne
+from sfc_host.execution.wakeup import WakeOne
 
 
 async def _waiters(w: WakeOne, n: int) -> tuple[list[asyncio.Task[None]], list[int]]:

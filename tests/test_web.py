@@ -32,8 +32,8 @@ from web_helpers import (
     hostile_work_master,
 )
 
-from sfc_host.app import App
 from sfc_host.config import ConfigError, HostConfig
+from sfc_host.service.app import App
 from sfc_host.web.app import WebView
 from sfc_host.web.security import CSP
 

@@ -28,7 +28,7 @@ from servers import free_port
 from test_mes import JC, Mes
 from web_helpers import HOSTILE, HOSTILE_JOB, HOSTILE_STEP, hostile_order, hostile_work_master
 
-from sfc_host.keys import SCOPES, ScopeKeys
+from sfc_host.store.keys import SCOPES, ScopeKeys
 
 pytestmark = pytest.mark.servers
 

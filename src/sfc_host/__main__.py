@@ -1,5 +1,5 @@
 import sys
 
-from sfc_host.cli import main
+from sfc_host.cli.main import main
 
 sys.exit(main())

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from sfc_host.keys import check_scope  # scopes by the rule the keys use
+from sfc_host.store.keys import check_scope  # scopes by the rule the keys use
 
 
 class ConfigError(ValueError):

@@ -2,7 +2,7 @@
 
 ``Metrics.inc`` and ``Metrics.observe`` sit on the hot path, so they only touch plain dicts and
 lists; the text exposition (format 0.0.4) is built on demand when the endpoint
-(``sfc_host.http_endpoint``) is scraped.
+(``sfc_host.service.endpoint``) is scraped.
 """
 
 from __future__ import annotations

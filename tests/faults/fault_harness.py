@@ -61,11 +61,11 @@ from servers import MosquittoServer, RedisServer, free_port
 from test_host_faults import expected_ids
 
 from sfc_host.config import HostConfig
-from sfc_host.host import Host
-from sfc_host.keys import ScopeKeys
-from sfc_host.mes.model import state_list
-from sfc_host.mes_client import MesClient
-from sfc_host.orders import INVALID_JOB_ORDER_STATUS, OrderError
+from sfc_host.execution.host import Host
+from sfc_host.isa95 import state_list
+from sfc_host.mes.client import MesClient
+from sfc_host.store.keys import ScopeKeys
+from sfc_host.store.orders import INVALID_JOB_ORDER_STATUS, OrderError
 
 ENDED_COMPLETED = state_list("Ended_Completed")   # as a job response carries it
 

@@ -42,6 +42,6 @@ def _install(spec: str) -> None:
 if __name__ == "__main__":
     if os.environ.get("FAULT_CLOCK_JUMPS"):
         _install(os.environ["FAULT_CLOCK_JUMPS"])
-    from sfc_host.cli import main
+    from sfc_host.cli.main import main
 
     sys.exit(main(["run", "--config", sys.argv[1]]))

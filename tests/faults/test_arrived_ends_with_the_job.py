@@ -14,8 +14,8 @@ from typing import Any
 from hosts import Station, flush, quick_config, torque_ok, wait_until, work_master
 
 from sfc_host.config import HostConfig
-from sfc_host.equipment_mqtt import EquipmentIn, MqttSink
-from sfc_host.host import Host
+from sfc_host.equipment.mqtt_transport import EquipmentIn, MqttSink
+from sfc_host.execution.host import Host
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import MqttLink
 

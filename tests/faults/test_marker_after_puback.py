@@ -26,16 +26,16 @@ from servers import MosquittoServer, ServerMissing
 
 from sfc_fast import Command, compile_recipe, evolve
 from sfc_fast.events import Start
-from sfc_host import equipment_mqtt
-from sfc_host.cloudevents import decode
 from sfc_host.config import HostConfig
-from sfc_host.equipment import InProcessSink
-from sfc_host.equipment_mqtt import MqttSink
-from sfc_host.host import Host
-from sfc_host.jobs import Fresh
+from sfc_host.equipment import mqtt_transport as equipment_mqtt
+from sfc_host.equipment.mqtt_transport import MqttSink
+from sfc_host.execution.dispatch import InProcessSink
+from sfc_host.execution.host import Host
+from sfc_host.execution.settle import Fresh
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import Message, MqttLink
 from sfc_host.mqtt import link as mqtt_link
+from sfc_host.mqtt.cloudevents import decode
 
 
 def command(n: int) -> Command:

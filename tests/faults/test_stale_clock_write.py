@@ -18,7 +18,7 @@ from typing import Any
 
 from hosts import Station, flush, quick_config, work_master
 
-from sfc_host.host import Host
+from sfc_host.execution.host import Host
 
 SCOPE = "line1"
 OUTAGE_MS = 1000

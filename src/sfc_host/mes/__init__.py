@@ -12,7 +12,7 @@ This module re-exports the model only: ``control`` and ``publishing`` drive the 
 and are imported from their modules (the host's own modules use the model).
 """
 
-from sfc_host.mes.model import (
+from sfc_host.isa95 import (
     BY_ID,
     BY_STATE,
     INVALID_JOB_ORDER_STATUS,

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sfc_host.keys import ScopeKeys
-from sfc_host.mes import model
+from sfc_host import isa95 as model
 from sfc_host.mes.codec import Invalid, typed
+from sfc_host.store.keys import ScopeKeys
 
 CHECKS = ("work_master", "equipment", "material_class", "material_definition", "personnel",
           "physical_asset", "max_job_orders")

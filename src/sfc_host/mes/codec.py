@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from sfc_host.cloudevents import (
+from sfc_host import isa95 as model
+from sfc_host.mqtt.cloudevents import (
     CloudEvent,
     CloudEventError,
     RawJSON,
@@ -25,9 +26,8 @@ from sfc_host.cloudevents import (
     next_id,
     timestamp,
 )
-from sfc_host.cloudevents import new as new_event
-from sfc_host.keys import check_scope
-from sfc_host.mes import model
+from sfc_host.mqtt.cloudevents import new as new_event
+from sfc_host.store.keys import check_scope
 
 T = TypeVar("T")
 

@@ -20,19 +20,20 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sfc_host.capabilities import Capabilities, unserved
-from sfc_host.cloudevents import CloudEvent, CloudEventError, decode
-from sfc_host.keys import ScopeKeys, check_job
-from sfc_host.mes import codec, model
+from sfc_host import isa95 as model
+from sfc_host.equipment.capabilities import Capabilities, unserved
+from sfc_host.execution.work import Recipes, Unusable
+from sfc_host.mes import codec
 from sfc_host.mes.catalog import ID_FIELD, Acceptance, config_id, max_orders
 from sfc_host.mes.codec import Invalid
 from sfc_host.mes.publishing import Publisher
 from sfc_host.mqtt import Message, MqttLink
-from sfc_host.orders import OrderError
-from sfc_host.work import Recipes, Unusable
+from sfc_host.mqtt.cloudevents import CloudEvent, CloudEventError, decode
+from sfc_host.store.keys import ScopeKeys, check_job
+from sfc_host.store.orders import OrderError
 
 if TYPE_CHECKING:
-    from sfc_host.host import Host
+    from sfc_host.execution.host import Host
 
 log = logging.getLogger("sfc_host.mes")
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sfc_host.keys import ScopeKeys
+from sfc_host.store.keys import ScopeKeys
 
 CHUNK = 512        # orders read in one script call (each call holds Redis)
 

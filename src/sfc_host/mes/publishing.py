@@ -27,15 +27,16 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
-from sfc_fast.mqtt5 import Properties
-from sfc_host.cloudevents import CloudEvent, CloudEventError, publish_properties
-from sfc_host.keys import SCOPES, ScopeKeys
-from sfc_host.mes import codec, model
+from sfc_fast.wire.mqtt5 import Properties
+from sfc_host import isa95 as model
+from sfc_host.mes import codec
 from sfc_host.mes.outbox import OrderRow, Outbox
-from sfc_host.orders import top_state
+from sfc_host.mqtt.cloudevents import CloudEvent, CloudEventError, publish_properties
+from sfc_host.store.keys import SCOPES, ScopeKeys
+from sfc_host.store.orders import top_state
 
 if TYPE_CHECKING:
-    from sfc_host.host import Host
+    from sfc_host.execution.host import Host
     from sfc_host.mqtt import MqttLink
 
 log = logging.getLogger("sfc_host.mes")

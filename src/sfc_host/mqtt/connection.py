@@ -1,7 +1,7 @@
 """One connection to the broker: an asyncio ``Protocol`` over the event loop's transport
 (uvloop's in the host; TLS through ``loop.create_connection(ssl=...)``).
 
-Packets are framed by the compiled codec (``sfc_fast.mqtt5``): every packet of one
+Packets are framed by the compiled codec (``sfc_fast.wire.mqtt5``): every packet of one
 socket read in one call, each PUBLISH handed to ``on_message`` as the handler's
 ``Message``, and the acknowledgements of one read written together, with the first
 publish that follows within ``ACK_DELAY_S``. What the link sends in one event-loop pass
@@ -26,7 +26,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from sfc_fast.mqtt5 import (
+from sfc_fast.wire.mqtt5 import (
     CONNACK,
     DISCONNECT,
     DROPPED,

@@ -36,7 +36,7 @@ after which the broker closed the connection twice in a row is parked (dropped,
 counted, logged), and the backoff between connections grows with jitter and starts
 again only after a connection stayed up ``STABLE_S``.
 
-The packets are read and written by our own compiled codec (``sfc_fast.mqtt5``) over
+The packets are read and written by our own compiled codec (``sfc_fast.wire.mqtt5``) over
 an asyncio connection (``connection.py``): a socket read becomes the handlers' calls and
 one write of their acknowledgements; what is queued in one event-loop pass goes out in
 one write. Every session starts clean (the queue above is the session that matters).
@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from sfc_fast.mqtt5 import (
+from sfc_fast.wire.mqtt5 import (
     Message,
     Properties,
     encode_connect,

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from sfc_host.inspect import NotFound
-from sfc_host.keys import check_job, check_scope
+from sfc_host.isa95 import INVALID_REQUEST, NO_ERROR
 from sfc_host.mes.codec import Invalid
-from sfc_host.mes.model import INVALID_REQUEST, NO_ERROR
 from sfc_host.metrics import Metrics
-from sfc_host.orders import OrderError
+from sfc_host.store.keys import check_job, check_scope
+from sfc_host.store.orders import OrderError
+from sfc_host.store.views import NotFound
 from sfc_host.web import pages
 from sfc_host.web.live import LiveHub
 from sfc_host.web.security import Guard, guard_middleware, redirect, security_headers

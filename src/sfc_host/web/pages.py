@@ -13,8 +13,8 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
-from sfc_host.mes_client import status_names
-from sfc_host.svg import to_svg
+from sfc_host.charts.svg import to_svg
+from sfc_host.mes.client import status_names
 from sfc_host.web.views import TOP_STATES
 
 CONTROLS = ("Pause", "Resume", "Abort", "Stop", "Clear")

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sfc_fast import Graph, RecipeError, compile_recipe
-from sfc_host.inspect import read_job, scope_sample, scopes
-from sfc_host.keys import ScopeKeys, check_job, check_scope
+from sfc_host.charts.svg import job_classes
+from sfc_host.execution.workmaster import resolve_schema
 from sfc_host.metrics import Metrics
-from sfc_host.orders import top_state
-from sfc_host.svg import job_classes
-from sfc_host.workmaster import resolve_schema
+from sfc_host.store.keys import ScopeKeys, check_job, check_scope
+from sfc_host.store.orders import top_state
+from sfc_host.store.views import read_job, scope_sample, scopes
 
 TOP_STATES = ("NotAllowedToStart", "AllowedToStart", "Running", "Interrupted", "Ended",
               "Aborted")

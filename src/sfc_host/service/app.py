@@ -1,0 +1,181 @@
+"""A whole host instance: the Redis side (``Host``) wired to MQTT (equipment commands,
+answers and events), the MES job control, metrics and the script engine. The engine's
+built-in Tasks run the host's loops; with ``scripts_dir`` it runs the scripts' Tasks and
+Missions too, on their own MQTT connection (``api.jobs`` is this host's job control).
+``sfc-host run`` and the demo start one of these.
+
+``start`` goes in a safe order (DESIGN §5a): Redis and its scripts, the engine's build
+and the missions' arguments, the HTTP port, the MQTT connections (publishing only),
+recovery and the loops, and only then the MQTT subscriptions. Whatever fails, fails
+before the host took a message another host should have had.
+
+    async with App(HostConfig.load("host.toml")) as app:
+        await app.wait_closed()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+import tempfile
+
+from sfc_host import __version__
+from sfc_host.config import HostConfig
+from sfc_host.engine.api import MqttLink as EngineMqtt
+from sfc_host.engine.manager import Engine
+from sfc_host.engine.missions import RedisMissionStore, mission_prefix
+from sfc_host.equipment.mqtt_transport import EquipmentIn, MqttSink
+from sfc_host.execution.host import Host
+from sfc_host.mes.control import MesControl
+from sfc_host.mes.presence import Presence, presence_topic
+from sfc_host.metrics import COUNTERS, Metrics
+from sfc_host.mqtt import MqttLink
+from sfc_host.service.endpoint import Extension, HttpEndpoint
+from sfc_host.service.preflight import build_problems, check_missions, listen_error
+from sfc_host.service.script_bridge import ScriptJobs, ScriptLink
+
+log = logging.getLogger("sfc_host.service.app")
+
+READY_PING_S = 1.0       # /readyz: Redis must answer a PING within this
+
+
+class App:
+    def __init__(self, config: HostConfig) -> None:
+        config.check_files()     # before the engine would create a missing scripts_dir
+        self.config = config
+        self.metrics = Metrics()
+        self.metrics.set_info("build_info", {"version": __version__,
+                                             "python": platform.python_version()},
+                              "The host's version; always 1.")
+        self.link = MqttLink(config, self.metrics)
+        self.sink = MqttSink(self.link)
+        # The host's loops run as built-in Tasks of the script engine (DESIGN §4), so
+        # the engine's Stop stops the host's work too.
+        self.host = Host(config, self.sink, metrics=self.metrics, loops=False)
+        self.equipment = EquipmentIn(self.host, self.link, self.sink)
+        self.mes = MesControl(self.host, self.link)
+        self.presence = Presence(self.link, config.consumer_name,
+                                 lambda: self.host.streams.scopes.keys())
+        # a message of our own must come back through a shared subscription before the
+        # host says it is ready: a broker may grant $share/… and deliver nothing
+        self.link.probe_topic = f"{presence_topic(config.mes_prefix, config.consumer_name)}/probe"
+        self.metrics.declare([*COUNTERS, *(f"loop_errors_{n}" for n, _ in self.host.passes())])
+        self._closed = asyncio.Event()
+        self._closing = False
+        self.recovered = False               # recovery ran (readiness)
+        self.http: HttpEndpoint | None = None
+        self.script_link: MqttLink | None = None
+        self._empty: tempfile.TemporaryDirectory[str] | None = None
+        mqtt: EngineMqtt | None = None
+        if config.scripts_dir:
+            scripts = config.scripts_dir
+            self.script_link = MqttLink(config, self.metrics, fan_out=True,
+                                        client_id=f"{self.link.client_id}-scripts")
+            mqtt = ScriptLink(self.script_link)
+        else:
+            # no scripts: an engine with an empty folder still runs the host's loops
+            self._empty = tempfile.TemporaryDirectory(prefix="sfc-host-scripts-")
+            scripts = self._empty.name
+        missions = RedisMissionStore(self.host.client,
+                                     prefix=mission_prefix(config.redis_cluster))
+        self.engine: Engine = Engine(scripts, store=missions, mqtt=mqtt,
+                                     jobs=ScriptJobs(self.mes))
+
+    async def start(self, connect_timeout_s: float = 10.0) -> App:
+        cfg = self.config
+        await self.host.scripts.load()            # Redis reachable, its scripts loaded
+        for name, one_pass in self.host.passes():
+            self.engine.add_builtin_task(f"host.{name}", one_pass, interval=0,
+                                         critical=False)
+        problems = await self.engine.build()
+        if problems:
+            raise build_problems(problems)
+        missions = check_missions(self.engine.missions, cfg.missions)
+        if cfg.metrics_port > 0:
+            http = HttpEndpoint(self.metrics, cfg.metrics_host, cfg.metrics_port,
+                                labels={"consumer": cfg.consumer_name},
+                                readiness=self.not_ready, extension=self._web())
+            try:
+                await http.start()
+            except OSError as e:
+                raise listen_error(cfg, e) from None
+            self.http = http
+        links = [self.link, *([self.script_link] if self.script_link is not None else [])]
+        for link in links:
+            await link.start(subscribe=False)    # commands may go out; nothing comes in
+        for link in links:
+            await link.wait_connected(connect_timeout_s)
+        await self.host.start()                  # discovery and recovery
+        self.recovered = True
+        await self.mes.start()
+        self.presence.start()
+        await self.engine.start()                # the host's loops and the scripts' Tasks
+        for name, args in missions:
+            inst = await self.engine.start_mission(name, **args)
+            log.info("mission %s (%s) started", inst.id, name)
+        for link in links:                       # ready: now messages may come
+            await link.open_subscriptions()
+        return self
+
+    def _web(self) -> Extension | None:
+        """The web view's routes on the HTTP endpoint (``web = true``); its buttons
+        use the MES's job control (``web_control = true``)."""
+        if not self.config.web:
+            return None
+        from sfc_host.web.app import WebView  # aiohttp pages only when asked for
+
+        view = WebView(self.host.client, self.config, metrics=self.metrics,
+                       control=self.mes if self.config.web_control else None)
+        return view.install
+
+    async def not_ready(self) -> list[str]:
+        """What keeps the host from being ready (``/readyz``); empty when it is."""
+        if self._closing:
+            return ["stopping"]
+        missing = []
+        try:
+            await asyncio.wait_for(self.host.client.ping(), READY_PING_S)
+        except Exception as e:
+            missing.append(f"redis: {str(e)[:200] or f'no answer within {READY_PING_S:g} s'}")
+        for name, link in (("mqtt", self.link), ("mqtt (scripts)", self.script_link)):
+            if link is None:
+                continue
+            missing.extend(f"{name}: {why}" for why in link.not_listening())
+        if self.engine.state != "Running":
+            missing.append(f"engine: {self.engine.state}")
+        if not self.recovered:
+            missing.append("recovery: not done")
+        return missing
+
+    async def aclose(self) -> None:
+        self._closing = True
+        if self.http is not None:
+            await self.http.aclose()
+        # The passes end at once; then the engine's Stop waits for them (and the
+        # scripts). An engine that never started has nothing to stop.
+        self.host.begin_close()
+        if self.engine.state == "Running":
+            try:
+                await self.engine.stop()
+            except Exception:
+                log.exception("the script engine did not stop cleanly")
+        if self.script_link is not None:
+            await self.script_link.aclose()
+        await self.host.aclose()
+        await self.mes.aclose()
+        if self.link.connected.is_set():
+            await self.presence.stop()
+        await self.link.aclose()
+        if self._empty is not None:
+            self._empty.cleanup()
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def __aenter__(self) -> App:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,168 @@
+"""What a host checks before it takes any message, shared by ``App.start`` and
+``sfc-host run --check``: the missions against their signatures, the HTTP port free,
+and (``--check --connect``) Redis and the broker reachable.
+
+A user mistake raises ``ConfigError`` (exit 2); a server that cannot be reached or
+refuses the host raises the client's own error, which ``describe_failure`` turns into
+one line (exit 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from sfc_host.config import ConfigError, HostConfig, without_credentials
+from sfc_host.engine.missions import parse_mission_spec
+from sfc_host.engine.script import MissionDef, check_mission_call
+
+EXIT_MISTAKE = 2
+EXIT_UNREACHABLE = 1
+
+
+class Unreachable(Exception):
+    """A server that cannot be reached or refuses the host, said in one line."""
+
+
+def check_missions(defs: Mapping[str, MissionDef], specs: list[str]
+                   ) -> list[tuple[str, dict[str, Any]]]:
+    """Each ``missions`` entry names a mission of the build and carries arguments its
+    function takes; the (name, arguments) to start."""
+    out = []
+    for spec in specs:
+        try:
+            name, args = parse_mission_spec(spec)
+        except ValueError as e:
+            raise ConfigError(f"setting missions: {spec!r}: {e}") from None
+        try:
+            check_mission_call(defs, name, args)
+        except ValueError as e:
+            raise ConfigError(f"setting missions: {spec!r}: {e}") from None
+        out.append((name, args))
+    return out
+
+
+def build_problems(problems: list[Any]) -> ConfigError:
+    return ConfigError("setting scripts_dir: the scripts do not build: " + "; ".join(
+        f"{p.file}:{p.line}: {p.message}" for p in problems))
+
+
+def listen_error(config: HostConfig, e: OSError) -> ConfigError:
+    """The HTTP endpoint's bind failure as the setting to change."""
+    where = f"{config.metrics_host}:{config.metrics_port}"
+    if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(f"setting metrics_host: cannot listen on {where}: "
+                           f"{e.strerror or e}")
+    why = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+    return ConfigError(f"setting metrics_port: cannot listen on {where}: {why}")
+
+
+def check_port(config: HostConfig) -> None:
+    """The endpoint's address can be bound now (``--check``; the host binds it for real
+    before it subscribes)."""
+    if not config.metrics_port:
+        return
+    try:
+        infos = socket.getaddrinfo(config.metrics_host, config.metrics_port,
+                                   type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, addr in infos:
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server
+                s.bind(addr)
+    except OSError as e:
+        raise listen_error(config, e) from None
+
+
+async def check_config(config: HostConfig) -> str:
+    """Settings, scripts, missions and the port, without connecting; a summary line."""
+    from sfc_host.engine.manager import Engine
+
+    config.check_files()
+    check_port(config)
+    if not config.scripts_dir:
+        check_missions({}, config.missions)     # none can be known
+        return "settings ok (no scripts_dir)"
+    engine = Engine(config.scripts_dir)
+    problems = await engine.build()
+    if problems:
+        raise build_problems(problems)
+    check_missions(engine.missions, config.missions)
+    return (f"settings ok; scripts build: {len(engine.tasks)} tasks, "
+            f"{len(engine.missions)} missions; {len(config.missions)} missions to start")
+
+
+async def check_servers(config: HostConfig, timeout_s: float = 10.0) -> str:
+    """Redis answers and takes the host's scripts; the broker takes a connection (under
+    a client id of its own, so a running host with the same settings stays connected)."""
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from sfc_host.execution.host import connect
+    from sfc_host.metrics import Metrics
+    from sfc_host.mqtt import MqttLink
+    from sfc_host.store.lua_scripts import Scripts
+
+    client = connect(config)
+    try:
+        await asyncio.wait_for(Scripts(client).load(), timeout_s)
+    except TimeoutError:
+        raise Unreachable(_line(RedisTimeoutError(f"no answer within {timeout_s:g} s"),
+                                config)) from None
+    except Exception as e:
+        raise Unreachable(_line(e, config)) from e
+    finally:
+        await client.aclose()
+    link = MqttLink(config, Metrics(), client_id=f"{config.mqtt_client_id or 'sfc'}-check-"
+                                                 f"{config.consumer_name}")
+    await link.start(subscribe=False)
+    try:
+        await link.wait_connected(timeout_s)
+    except Exception as e:
+        raise Unreachable(_line(e, config, link.last_error)) from e
+    finally:
+        await link.aclose(drain_s=0)
+    return (f"Redis at {without_credentials(config.redis_url)} and the broker at "
+            f"{without_credentials(config.mqtt_url)} reachable")
+
+
+def describe_failure(e: BaseException, config: HostConfig, mqtt_why: str = ""
+                     ) -> tuple[int, str] | None:
+    """A start-up failure as (exit status, one line), or None for a bug (a traceback is
+    then the right thing to show)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisClusterException, ResponseError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from sfc_host.mqtt import MqttRefused
+
+    redis_at = without_credentials(config.redis_url)
+    if isinstance(e, ConfigError):     # a setting, scripts that do not build, a mission
+        return EXIT_MISTAKE, str(e)
+    if isinstance(e, Unreachable):
+        return EXIT_UNREACHABLE, str(e)
+    if isinstance(e, RedisConnectionError | RedisTimeoutError):  # also a wrong password
+        return EXIT_UNREACHABLE, f"cannot reach Redis at {redis_at} ({e})"
+    if isinstance(e, ResponseError):   # e.g. an ACL that lacks a command the host needs
+        return EXIT_UNREACHABLE, f"Redis at {redis_at} refused the host: {e}"
+    if isinstance(e, RedisClusterException):
+        # redis-py says "Cluster mode is not enabled" for any refused CLUSTER SLOTS,
+        # most often an ACL user without it
+        return EXIT_UNREACHABLE, (
+            f"Redis Cluster at {redis_at}: the nodes could not be listed ({e}); an ACL "
+            f"user needs +cluster|slots and +command (docs/operations.md, Redis Cluster)")
+    if isinstance(e, MqttRefused):     # wrong credentials: at once, not after 10 s
+        return EXIT_UNREACHABLE, str(e)
+    if isinstance(e, TimeoutError):
+        return EXIT_UNREACHABLE, (f"cannot reach the MQTT broker at "
+                                  f"{without_credentials(config.mqtt_url)}"
+                                  + (f" ({mqtt_why})" if mqtt_why else ""))
+    return None
+
+
+def _line(e: BaseException, config: HostConfig, mqtt_why: str = "") -> str:
+    failure = describe_failure(e, config, mqtt_why)
+    if failure is None:
+        raise e
+    return failure[1]

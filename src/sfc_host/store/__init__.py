@@ -1,0 +1,1 @@
+"""Everything the host keeps in Redis."""

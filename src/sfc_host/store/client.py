@@ -1,0 +1,103 @@
+"""The Redis client the host uses: redis-py asyncio with hiredis, one shared pool.
+
+redis-py parses replies with hiredis but packs requests in Python, one argument at a
+time; on the host's hot path (a few script calls carrying thousands of arguments) that
+packing was half of the CPU. These connection classes pack with the core's packer
+(``sfc_fast.wire.resp.pack_command``, hiredis's bytes, as the host's channel does) and fall
+back to redis-py for anything it does not take, so errors stay redis-py's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlparse
+
+import redis.asyncio as aioredis
+from redis.asyncio.connection import (
+    BlockingConnectionPool,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from sfc_fast.wire.resp import pack_command
+
+# A call on a connection a Redis restart closed is tried again on a new one, this many
+# times and this far apart (exponential, capped): the host's writes are compare-and-set
+# scripts, markers and acks, all safe to repeat. The pool, the cluster client and the
+# host's channel (channel.py) all follow it.
+RETRIES = 3
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 1.0
+
+
+def retry() -> Retry:
+    return Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES)
+
+
+def _pack(conn: Any, args: tuple[Any, ...]) -> list[bytes] | None:
+    first = args[0]
+    if isinstance(first, str):
+        if " " in first:
+            args = (*first.split(), *args[1:])
+    elif isinstance(first, bytes) and b" " in first:
+        args = (*first.split(), *args[1:])
+    try:
+        return [pack_command(args)]
+    except TypeError:
+        return None
+
+
+class FastConnection(Connection):
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return _pack(self, args) or super().pack_command(*args)
+
+
+class FastSSLConnection(SSLConnection):
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return _pack(self, args) or super().pack_command(*args)
+
+
+class FastUnixConnection(UnixDomainSocketConnection):
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return _pack(self, args) or super().pack_command(*args)
+
+
+def connection_class(url: str) -> type[Connection]:
+    scheme = urlparse(url).scheme
+    if scheme == "rediss":
+        return FastSSLConnection
+    if scheme == "unix":
+        return FastUnixConnection
+    return FastConnection
+
+
+def tls_options(url: str, ca_file: str = "", cert_file: str = "",
+                key_file: str = "") -> dict[str, Any]:
+    """redis-py's TLS keywords for a ``rediss://`` URL (none for other schemes, whose
+    connection classes take no such keywords)."""
+    if urlparse(url).scheme != "rediss":
+        return {}
+    opts: dict[str, Any] = {}
+    if ca_file:
+        opts["ssl_ca_certs"] = ca_file
+    if cert_file:
+        opts["ssl_certfile"] = cert_file
+        opts["ssl_keyfile"] = key_file or None
+    return opts
+
+
+def redis_from_url(url: str, max_connections: int = 16,
+                   pool_timeout_s: float = 30.0, **tls: Any) -> aioredis.Redis:
+    """A standalone client with the fast packing connection class for the URL, over a
+    blocking pool: a call beyond ``max_connections`` waits for a free connection
+    instead of failing. ``tls``: ``tls_options`` for a ``rediss://`` URL."""
+    pool = BlockingConnectionPool.from_url(
+        url, connection_class=connection_class(url), max_connections=max_connections,
+        timeout=pool_timeout_s, retry=retry(),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError], **tls)
+    return aioredis.Redis(connection_pool=pool)
