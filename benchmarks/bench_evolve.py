@@ -2,7 +2,7 @@
 
     python -m pytest benchmarks/bench_evolve.py --benchmark-only
 
-Issue 3: evolve of an action completion in a 6-step recipe (with and without a result
+Measured: evolve of an action completion in a 6-step recipe (with and without a result
 dict); evolve_many ticking 100,000 jobs, all due; state decode (``job_index``) and
 decode + encode (an applied ``Shift(1)``). ``DeadlineIndex.pop_due`` of 100,000 due
 among 1,000,000 is in bench_deadlines.py. The plain-Python baseline's completion is

@@ -2,10 +2,10 @@
 
     python -m pytest benchmarks/bench_recipe.py --benchmark-only
 
-Goals (issue 2): compile a generated 1,000-step recipe (branches and conditions)
-under 2 ms; load its graph from bytes under 50 µs. Issue 19: the same for a 1,000-step
-chain with a condition on every transition (report_cost.py's chain: each reads the
-previous action's result; parameters on every action).
+Targets: compile a generated 1,000-step recipe (branches and conditions) under 2 ms;
+load its graph from bytes under 50 µs; the same for a 1,000-step chain with a condition
+on every transition (report_cost.py's chain: each reads the previous action's result;
+parameters on every action).
 """
 
 from __future__ import annotations

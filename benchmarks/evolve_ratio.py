@@ -14,16 +14,16 @@ event objects (tests/test_py_evolve_parity.py checks that both decide the same):
   evolved over and over against the same state bytes: the cost of one evolve call.
   The Decision builds its commands and work entries when they are first read, so a
   second row reads the new command's id (what any caller does): the honest per-call
-  figure, and the one the goal is judged on;
+  figure, and the one the targets are judged on;
 - the run through the embedded ``Runner`` (deadline index, waits, callback included);
 - memory per job in the Runner with 100,000 running jobs: RSS growth and tracemalloc.
 
 The two sides take turns round by round; a rate is the median over rounds, a ratio the
 median of the rounds' own ratios (both sides of a round saw the same machine).
 
-Goals (issue 3): >= 1,000,000 completions/s on one core; >= 50x the plain-Python run;
-Runner memory <= 1 KB per job. The figures are printed as measured, met or not, for the
-issue's workload (one completion, id read) and for whole runs.
+Targets: >= 1,000,000 completions/s on one core; >= 50x the plain-Python run; Runner
+memory <= 1 KB per job. The figures are printed as measured, met or not, for the
+workload the targets are judged on (one completion, id read) and for whole runs.
 """
 
 from __future__ import annotations
@@ -341,8 +341,8 @@ def main() -> None:
 
     one = next(r for r in rows if r[0] == "one completion, id read")
     run = next(r for r in rows if r[0] == "run (no result)")
-    print("goals (issue 3), judged on its workload, an evolve of an action completion (the")
-    print("new command's id read); whole runs add the driver loop both sides share:")
+    print("targets, judged on the workload of one action completion (its evolve, the new")
+    print("command's id read); whole runs add the driver loop both sides share:")
     print(f"  >= {GOAL_RATE:,} completions/s      {one[1]:,.0f}/s: {verdict(one[1] >= GOAL_RATE)}"
           f" (whole runs {run[1]:,.0f}/s: {verdict(run[1] >= GOAL_RATE)})")
     print(f"  >= {GOAL_RATIO}x the plain-Python run   {one[3]:.1f}x: "

@@ -15,7 +15,7 @@ scripts (``INFO commandstats``), and Redis memory per job. Then the baseline, in
 same process against the same server: an event-sized compare-and-set script (HGET,
 HSET, ZADD, XADD) through plain redis-py, awaited one by one and in pipelines of 64.
 
-Goals (issue 5): >= 20,000 completions/s; <= 4 Redis commands and <= 0.1 round trips
+Targets: >= 20,000 completions/s; <= 4 Redis commands and <= 0.1 round trips
 per completion; the rate with 100,000 jobs within 1.5x of the rate with 1,000.
 """
 

@@ -1,5 +1,6 @@
-"""The floor of goal 2 (issue 19): what answer-to-command p99 a host can have on this
-machine at all, measured by a relay with none of the host's work.
+"""The floor of the host's answer-to-command p99 (its target: within 2x of the broker's
+own p99 at the same rate): what p99 a host can have on this machine at all, measured by
+a relay with none of the host's work.
 
     python benchmarks/mqtt_floor.py [--rate 7000] [--seconds 6] [--no-redis]
     python benchmarks/mqtt_floor.py --ports BROKER REDIS [--rate N] [--seconds S]
@@ -17,7 +18,7 @@ the script out: the broker and the station alone.
 
 It prints the relay's latency from an answer read to the next command written (the
 host's ``answer_to_command_seconds``), its CPU, and then the broker's own ping-pong at
-the same rate (``mqtt_pingpong_proc.py``, the relay closed): the yardstick of goal 2.
+the same rate (``mqtt_pingpong_proc.py``, the relay closed): the yardstick of that target.
 With ``--ports`` it uses a running broker (with the station answering on it) and Redis,
 as ``report.py`` does after its host is closed, and prints the relay's figures alone as
 one JSON line.

@@ -1,6 +1,6 @@
 """The broker's own latency: a plain MQTT 5 QoS 1 ping-pong through mosquitto at a fixed
-rate, the yardstick of the host's answer-to-command p99 (issue 19, goal 2: within 2x of
-this at the same message rate).
+rate, the yardstick of the host's answer-to-command p99 (the target: within 2x
+of this at the same message rate).
 
     python benchmarks/mqtt_pingpong_proc.py HOST PORT RATE SECONDS
 

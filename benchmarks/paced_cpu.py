@@ -14,7 +14,8 @@ context switches per action (each a sleep and a wake-up of the event loop).
 At moderate rates an action costs several times what it costs at saturation (nothing
 batches, and on a virtual machine every wake-up of another process is expensive), and
 the servers' CPU is on the same two cores as the host: the figures that decide the
-answer latency's tail at half of saturation (issue 19, goal 2).
+answer latency's tail at half of saturation (the target: its p99 within 2x of the
+broker's own p99 at the same rate).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def _floor_note(e2e: dict[str, Any], pp: dict[str, Any]) -> str:
 
 
 def _recipe_goals(rec: list[dict[str, Any]]) -> list[list[str]]:
-    """Issue 19, goal 4: per-action cost flat in recipe size; compile of the chain."""
+    """Per-action cost flat in recipe size; compile of the chain."""
     rows = []
     by = {r["steps"]: r for r in rec}
     if 10 in by and 10_000 in by:
@@ -314,7 +314,7 @@ def e2e_part(d: Doc, R: dict[str, Any]) -> None:
     ax[0].legend(fontsize=7)
     for key, label in (("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9")):
         ax[1].plot(off, [c[key] for c in e["curve"]], "o-", label=label)
-    ax[1].axhline(5, color="grey", ls=":", label="goal p99 5 ms")
+    ax[1].axhline(5, color="grey", ls=":", label="goal p99 ≤ 5 ms")
     ax[1].set_yscale("log")
     ax[1].set_xlabel("offered jobs/s")
     ax[1].set_ylabel("answer → command, ms")
@@ -371,7 +371,7 @@ def cost(d: Doc, R: dict[str, Any]) -> None:
     ax[1].plot(xs, [a["redis_bytes_per_job"] for a in act], "o-", label="INFO used_memory")
     ax[1].plot(xs, [a["usage_hash"] + a["usage_indexes"] for a in act], "s--",
                label="MEMORY USAGE")
-    ax[1].axhline(1024, color="grey", ls=":", label="goal 1 KB")
+    ax[1].axhline(1024, color="grey", ls=":", label="goal ≤ 1 KB")
     ax[1].set_xscale("log")
     ax[1].set_ylim(bottom=0)
     ax[1].set_xlabel("active jobs")

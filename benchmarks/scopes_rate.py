@@ -1,8 +1,8 @@
 """One host_throughput.py case with the CPU it cost: completions/s, client and Redis
 commands per completion, host and Redis CPU microseconds per completion, and the
 commands Redis ran per completion by name (``INFO commandstats``, inside scripts
-included). For comparing two builds in turns on a loaded machine (issue 19, goal 5):
-CPU per completion moves less with the load than the rate does.
+included). For comparing two builds in turns on a loaded machine (what the number of
+scopes costs, say): CPU per completion moves less with the load than the rate does.
 
     python benchmarks/scopes_rate.py --jobs 10000 --scopes 10000 [--seconds 4]
         [--host-src DIR] [--profile FILE] [--pin]

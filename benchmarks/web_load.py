@@ -10,8 +10,8 @@ so their own CPU is not the host's: five streams, each on a job of the run being
 measured, and the scopes table fetched every 2 s as the page does. Printed per pair:
 jobs/s and the host's CPU per job without and with the pages; at the end the median
 ratios (with / without) of both: the CPU a job is the steadier one on a shared machine
-(the pages' process competes for the same cores). Goal (issue 20): the pages cost less
-than 5 % of saturation.
+(the pages' process competes for the same cores). Target: the pages cost less than
+5 % of saturation.
 """
 
 from __future__ import annotations

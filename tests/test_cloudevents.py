@@ -172,7 +172,7 @@ def test_new_ids_stay_unique_across_processes_and_forks() -> None:
 
 
 def test_timestamps_follow_the_clock_across_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sfc_host.mqtt.cloudevents as ce
+    import sfc_host.times as ce
     t = [1_767_225_599.9985]     # 2025-12-31T23:59:59.998Z, then past midnight
     monkeypatch.setattr(ce._time, "time", lambda: t[0])
     assert ce.timestamp() == "2025-12-31T23:59:59.998Z"

@@ -50,10 +50,11 @@ from test_security import (
 )
 
 from sfc_host.config import HostConfig
-from sfc_host.execution.host import Host, connect
+from sfc_host.execution.host import Host
 from sfc_host.isa95 import state_list
 from sfc_host.mes.client import MesClient
 from sfc_host.service.app import App
+from sfc_host.store.client import connect
 from sfc_host.store.keys import ScopeKeys
 
 pytestmark = pytest.mark.servers

@@ -1,9 +1,10 @@
 """``sfc-host demo`` end to end (real redis-server and mosquitto, started by the demo
-itself), its summary, ``--hosts 2``, and that nothing it started outlives it, also
-after a SIGINT mid-run."""
+itself), its summary, ``--hosts 2``, ``--web``, and that nothing it started outlives
+it, also after a SIGINT mid-run; and that the demo's modules import no circle."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -221,3 +223,127 @@ def test_host_histograms_merge_from_their_metrics_text() -> None:
     assert merged.counts == want.counts
     assert merged.quantile(0.5) == pytest.approx(want.quantile(0.5))
     assert demo_report.merge_histograms(["", "# nothing\n"], "sfc_x") is None
+
+
+def _web_get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return int(r.status), r.read().decode()
+
+
+def _read_until(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> str:
+    assert proc.stdout is not None
+    out = ""
+    end = time.monotonic() + timeout
+    while text not in out:
+        assert time.monotonic() < end and proc.poll() is None, out
+        out += proc.stdout.readline()
+    return out
+
+
+def test_demo_web_serves_the_view_during_the_run_and_after_until_sigint(
+        tmp_path: Path, servers_on_path: None) -> None:
+    port = embedded.free_port()
+    url = f"http://127.0.0.1:{port}/"
+    proc = subprocess.Popen(_argv("--jobs", "20", "--scopes", "2", "--speed", "5", "--web",
+                                  "--web-port", str(port)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path))
+    try:
+        out = _read_until(proc, "web view: ")
+        assert out.splitlines()[-1] == f"web view: {url} (read-only)", out
+        kids = _children(proc.pid)
+        # the run goes on meanwhile: the pages answer while the jobs are submitted
+        status, body = _web_get(url)
+        assert status == 200 and "<h1>Scopes</h1>" in body, body
+        assert "line1" in body and "line2" in body
+        status, body = _web_get(url + "scopes/line1/jobs")
+        assert status == 200 and "<h1>Jobs of line1</h1>" in body, body
+        out += _read_until(proc, "stays up")
+        _summary(out, 20)
+        assert out.splitlines()[-1] == (f"web view: {url} stays up, with the hosts and "
+                                         "stations, until Ctrl-C"), out
+        # after the run: its jobs are there, one with its chart, and no buttons
+        status, body = _web_get(url + "scopes/line1/jobs")
+        ids = re.findall(r"\b(?:axle|tighten|paint)-\d{4}\b", body)
+        assert status == 200 and ids, body
+        status, body = _web_get(f"{url}scopes/line1/job?id={ids[0]}")
+        assert status == 200 and f"<h1>Job {ids[0]}</h1>" in body and "<svg" in body, body
+        assert 'name="method"' not in body           # read-only: no job control buttons
+        time.sleep(1.0)
+        assert proc.poll() is None, "the demo did not keep serving after the run"
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out + rest + err    # every job ended: the run's status
+    assert "stopped the web view and everything else it started" in rest, rest
+    assert "Traceback" not in err and "interrupted" not in err, err
+    assert not _listening(port)
+    _assert_nothing_left(tmp_path, out, kids)
+
+
+def test_web_options_mistakes_are_one_line_and_exit_2(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for argv, says in (
+                (["--web-control"], "--web-control goes with --web"),
+                (["--web-port", "8080"], "--web-port goes with --web"),
+                (["--web", "--web-port", str(port)],
+                 f"--web-port {port}: cannot listen on 127.0.0.1:{port}: already in use")):
+            assert main(["demo", *argv]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith("sfc-host demo: error: "), err
+            assert says in err, err
+    for argv in (["--web", "--web-port", "0"], ["--web", "--web-port", "http"]):
+        with pytest.raises(SystemExit) as e:
+            main(["demo", *argv])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "sfc-host demo: error: argument --web-port" in err
+
+
+def _demo_imports() -> dict[str, set[str]]:
+    """Each module of sfc_host.demo and the modules of sfc_host.demo it imports, at any
+    place in the file (under TYPE_CHECKING and inside functions too)."""
+    pkg = Path(embedded.__file__).resolve().parent
+    names = {f"sfc_host.demo.{f.stem}" for f in pkg.glob("*.py") if f.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name in names:
+        deps: set[str] = set()
+        tree = ast.parse((pkg / f"{name.rsplit('.', 1)[1]}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = "sfc_host.demo" + (f".{base}" if base else "")
+                deps |= {base, *(f"{base}.{a.name}" for a in node.names)}
+        graph[name] = deps & names
+    return graph
+
+
+def test_demo_modules_import_no_circle() -> None:
+    graph = _demo_imports()
+    assert "sfc_host.demo.tally" in graph
+    assert graph["sfc_host.demo.tally"] == set()
+    assert "sfc_host.demo.run" not in graph["sfc_host.demo.report"]
+    assert "sfc_host.demo.tally" in graph["sfc_host.demo.run"]
+
+    def circle(start: str, path: list[str]) -> list[str] | None:
+        for dep in sorted(graph[start]):
+            if dep in path:
+                return [*path[path.index(dep):], dep]
+            found = circle(dep, [*path, dep])
+            if found:
+                return found
+        return None
+
+    for name in sorted(graph):
+        found = circle(name, [name])
+        assert found is None, f"import circle in sfc_host.demo: {' -> '.join(found)}"

@@ -72,7 +72,7 @@ class Recorder:
             self.states.append(engine.state)
             if engine.state == "Ready" and self.states[-2] == "Stopping" \
                     and not engine.quiescent():
-                self.violations.append(f"Ready while {engine._blockers()}")
+                self.violations.append(f"Ready while {engine.blockers()}")
 
 
 def transitions_taken(states: list[str]) -> list[tuple[str, str]]:

@@ -181,7 +181,7 @@ def test_decisions_and_commands_pickle_and_copy_with_every_field():
 
 
 def test_a_large_result_goes_through_and_later_calls_stay_small():
-    """A result of 200 KB is kept whole; the next documents are as small as before."""
+    """A result of 200 KB is kept whole; other jobs' documents stay as small as without it."""
     g = compile_recipe(linear(3), V110)
     st = evolve(g, None, Start("J", "s1"), NOW).state
     small = len(st)

@@ -209,8 +209,8 @@ def test_a_refused_condition_is_a_recipe_error_naming_the_transition(text: str) 
     ("__import__", "reserved"), ("job.__class__", "reserved"),
 ])
 def test_conditions_found_by_fuzzing_are_recipe_errors(text: str, message: str) -> None:
-    """Regressions: 1e999 (inf) raised a plain ValueError out of compile_recipe, and a
-    5000-digit number was repeated whole in the message."""
+    """Inputs fuzzing found: 1e999 (inf) is a recipe error, not a plain ValueError out of
+    compile_recipe, and a 5000-digit number is not repeated whole in the message."""
     with pytest.raises(ConditionSyntaxError, match=message):
         CondBuilder({"tighten": 0}).add(text)
     wm = load_reference("tighten_rework.json")
@@ -326,9 +326,9 @@ def test_any_stream_entry_parses_or_is_refused(fields: dict[bytes, bytes]) -> No
 ])
 def test_entries_found_by_fuzzing_are_invalid_entries_with_short_messages(
         fields: dict[bytes, bytes], message: str) -> None:
-    """Regressions: a bad job id of a dispatch entry and a 5000-digit number in event
-    data raised plain ValueErrors; a megabyte field was repeated whole in the message;
-    a tick's job list is checked job by job and bounded."""
+    """Inputs fuzzing found: a bad job id of a dispatch entry and a 5000-digit number in
+    event data are invalid entries, not plain ValueErrors; a megabyte field is not
+    repeated whole in the message; a tick's job list is checked job by job and bounded."""
     with pytest.raises(InvalidEntry) as e:
         parse_entry("line1", b"1-0", fields)
     assert message in str(e.value) and len(str(e.value)) < 300

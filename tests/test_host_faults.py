@@ -569,8 +569,8 @@ def test_answers_during_a_redis_outage_are_not_lost(make_redis: Any, outage_s: f
     """Answers that reach a host while Redis is away are applied once it is back: every
     job still completes (not at its deadline: load_part has no retries and would abort
     the job after 20 s). The long outage outlasts the channel's retries: the answers go
-    back to the queue and a worker takes them again after its pause (regression: they
-    waited for another answer to arrive, and none came)."""
+    back to the queue and a worker takes them again after its pause (not at the next
+    answer's arrival: there may be none)."""
     server = make_redis(aof=True)
     url = server.url
     jobs = [f"J{i:02d}" for i in range(10)]

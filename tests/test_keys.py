@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sfc_host.store.keys import MAX_JOB_ID, InvalidName, check_job
+from sfc_host.names import MAX_JOB_ID, InvalidName, check_job
 
 
 def _allowed(ch: str) -> bool:

@@ -59,9 +59,10 @@ BAD_PROPERTIES = {
 @pytest.mark.parametrize("bad", list(BAD_PROPERTIES))
 def test_a_retained_message_with_a_bad_property_is_dropped_not_the_connection(
         bad: str, caplog: pytest.LogCaptureFixture) -> None:
-    """A device's retained message with an invalid property used to close the link at
-    every reconnect, forever. Now it is acknowledged, counted, logged once and dropped;
-    the good message behind it is handled on the same connection."""
+    """A device's retained message with an invalid property comes again at every
+    reconnect, so closing the link for it would close it forever: it is acknowledged,
+    counted, logged once and dropped; the good message behind it is handled on the same
+    connection."""
     acks: list[bytes] = []
 
     async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:

@@ -25,8 +25,7 @@ from servers import RedisClusterServer, free_port
 from test_cli import run
 
 from sfc_host.execution.host import Host
-from sfc_host.isa95 import state_list
-from sfc_host.mes.client import status_names
+from sfc_host.isa95 import state_list, status_names
 from sfc_host.service.app import App
 
 TIGHTEN = "com.example.cell.tighten.v1"

@@ -1,9 +1,12 @@
 """``sfc-host run``: serves until SIGTERM; wrong settings and unreachable servers are
-one line and a non-zero exit."""
+one line and a non-zero exit; ``--check`` prints only its findings; the commented
+missions example of deploy/host.toml passes the check as written."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +16,9 @@ from pathlib import Path
 from servers import free_port
 
 SFC = [sys.executable, "-m", "sfc_host"]
+REPO = Path(__file__).resolve().parents[1]
+HOST_TOML = REPO / "deploy" / "host.toml"
+STATION = REPO / "src" / "sfc_host" / "examples" / "station_mission.py"
 
 
 def _run(args: list[str], env: dict[str, str] | None = None, timeout: float = 30
@@ -108,3 +114,88 @@ def test_an_unknown_mission_is_one_line_and_exit_2(
     assert "Traceback" not in r.stderr
     errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
     assert len(errors) == 1 and "no mission 'nosuch'" in errors[0] and "known" in errors[0]
+
+
+# a Task and a Mission: the engine's build logs its state changes at INFO
+ENGINE_SCRIPT = """\
+from sfc_host.engine import mission, task
+
+
+@task(interval=1.0)
+async def beat(api):
+    api.log.info("beat")
+
+
+@mission
+async def load(api, scope, parts=1):
+    api.log.info(f"loading {parts} parts in {scope}")
+    yield
+"""
+
+
+def test_check_prints_only_its_findings(redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """With scripts to build and log_level DEBUG (every log line the host writes), the
+    check still says only what it found: the summary, or the problem's one line."""
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "cell.py").write_text(ENGINE_SCRIPT)
+    conf = _config(tmp_path, redis_url, mqtt_url, scripts_dir=f'"{scripts}"',
+                   missions="""['load={"scope": "line1", "parts": 2}']""",
+                   log_level='"DEBUG"')
+    r = _run(["run", "--check", "--config", str(conf)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr == ""
+    assert r.stdout == ("settings ok; scripts build: 1 tasks, 1 missions; "
+                        "1 missions to start\n")
+    r = _run(["run", "--check", "--connect", "--config", str(conf)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr == ""
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("settings ok; scripts build:"), r.stdout
+    assert lines[1].startswith("Redis at redis://") and lines[1].endswith("reachable")
+    # a problem: one line on stderr, nothing on stdout
+    conf = _config(tmp_path, redis_url, mqtt_url, scripts_dir=f'"{scripts}"',
+                   missions='["load"]', log_level='"DEBUG"')
+    r = _run(["run", "--check", "--config", str(conf)])
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("sfc-host: error: setting missions: 'load': ")
+    assert "missing a required argument: 'scope'" in r.stderr
+
+
+def _uncommented_example(text: str, scripts: Path) -> str:
+    """deploy/host.toml with its commented scripts_dir and missions example put in
+    place of the two settings, as its comment says; the scripts folder is this test's."""
+    found = {}
+    for name in ("scripts_dir", "missions"):
+        examples = re.findall(rf"^# ({name} = .*)$", text, re.M)
+        assert len(examples) == 1, f"one commented {name} example in {HOST_TOML}: {examples}"
+        found[name] = examples[0]
+        default = re.findall(rf"^{name} = .*$", text, re.M)
+        assert len(default) == 1, default
+        text = text.replace(default[0] + "\n", "", 1)
+    folder = re.fullmatch(r'scripts_dir = "(.+)"', found["scripts_dir"])
+    assert folder, found["scripts_dir"]
+    example = found["scripts_dir"].replace(folder.group(1), str(scripts))
+    return f"{text}\n{example}\n{found['missions']}\n"
+
+
+def test_the_missions_example_of_host_toml_passes_the_check(tmp_path: Path) -> None:
+    """The example, uncommented, with the example station script in the folder it
+    names, is what `sfc-host run --check` accepts (so it cannot rot unseen)."""
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    shutil.copy(STATION, scripts / "station_mission.py")
+    text = HOST_TOML.read_text()
+    conf = tmp_path / "host.toml"
+    conf.write_text(_uncommented_example(text, scripts))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SFC_")}
+    r = subprocess.run([*SFC, "run", "--check", "--config", str(conf)], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr == ""
+    m = re.fullmatch(r"settings ok; scripts build: 0 tasks, 1 missions; (\d+) missions to "
+                     r"start\n", r.stdout)
+    assert m and int(m.group(1)) >= 1, r.stdout
+    # as shipped it is commented out: the settings keep their defaults
+    assert re.search(r'^scripts_dir = ""$', text, re.M)

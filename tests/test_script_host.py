@@ -249,9 +249,9 @@ async def picky(api):
 
 def test_a_script_s_bad_topic_filter_raises_at_once_and_the_link_serves_on(
         redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
-    """A filter with U+0000, an empty one, one with # inside or over 64 KiB used to
-    end the scripts' link task silently at the next reconnect: now the script gets a
-    ScriptAPIError at once and its good subscription keeps working."""
+    """A filter with U+0000, an empty one, one with # inside or over 64 KiB would end the
+    scripts' link task silently at the next reconnect, so the script gets a
+    ScriptAPIError at once instead and its good subscription keeps working."""
     scripts = write(tmp_path, picky=BAD_FILTERS)
 
     async def main() -> None:

@@ -35,12 +35,11 @@ from servers import MosquittoServer, RedisServer, ServerMissing, free_port, in_c
 
 from sfc_fast import RecipeError, compile_recipe
 from sfc_host.config import HostConfig, without_credentials
-from sfc_host.execution.host import connect
 from sfc_host.isa95 import state_list, state_name
 from sfc_host.mes.client import MesClient
 from sfc_host.mqtt import MqttRefused
 from sfc_host.service.app import App
-from sfc_host.store.client import tls_options
+from sfc_host.store.client import connect, tls_options
 from sfc_host.store.keys import ScopeKeys
 
 S = "line1"

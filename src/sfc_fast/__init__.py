@@ -15,6 +15,7 @@ from sfc_fast.evolve import (
     evolve_live,
     evolve_many,
     job_index,
+    job_of_command,
     open_command,
     sent_markers,
 )
@@ -28,7 +29,7 @@ from sfc_fast.recipe import (
     RecipeError,
     compile_recipe,
 )
-from sfc_fast.runner import Runner, job_of_command
+from sfc_fast.runner import Runner
 from sfc_fast.state import StateFormatError, action_results, join_state, state_to_json
 
 __all__ = [

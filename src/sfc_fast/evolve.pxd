@@ -72,3 +72,5 @@ cdef class Decision:
 
 cpdef Decision evolve(Graph graph, object state, BaseEvent event, int64_t now_ms)
 cpdef Decision evolve_live(Graph graph, object state, BaseEvent event, int64_t now_ms)
+
+cpdef str job_of_command(str command_id)

@@ -13,13 +13,14 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.list cimport PyList_GET_ITEM, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
-from cpython.unicode cimport PyUnicode_AsUTF8, PyUnicode_DecodeUTF8
+from cpython.unicode cimport PyUnicode_AsUTF8, PyUnicode_DecodeUTF8, PyUnicode_Substring
 
 cimport cython
 
 
 from sfc_fast._text cimport (
-    PyUnicode_DATA, PyUnicode_IS_ASCII, PyUnicode_New, ascii_only, utf8_view,
+    PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_IS_ASCII, PyUnicode_KIND, PyUnicode_New,
+    PyUnicode_READ, ascii_only, utf8_view,
 )
 
 from sfc_fast.recipe cimport (
@@ -208,6 +209,29 @@ cdef str _cid(Graph g, const char* job, Py_ssize_t lj, bint job_ascii, int a, in
         finally:
             PyMem_Free(q)
     return out
+
+
+cpdef str job_of_command(str command_id):
+    """The job id a command id names (as ``_cid`` builds it: ``{job}:{action}#{n}``,
+    maybe ``:hold``), or ''."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(command_id)
+    cdef Py_ssize_t h, c
+    cdef int kind = PyUnicode_KIND(command_id)
+    cdef void* data = PyUnicode_DATA(command_id)
+    # scanned in place (no slices): the last '#', then the ':' before it
+    if command_id.endswith(":hold"):
+        n -= 5
+    h = n - 1
+    while h > 0 and PyUnicode_READ(kind, data, h) != u'#':
+        h -= 1
+    if h <= 0:
+        return ""
+    c = h - 1
+    while c > 0 and PyUnicode_READ(kind, data, c) != u':':
+        c -= 1
+    if c <= 0:
+        return ""
+    return PyUnicode_Substring(command_id, 0, c)
 
 
 cdef Command _command(Graph g, Eff* e, str job, str scope, bytes src, Texts* at):

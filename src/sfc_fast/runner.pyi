@@ -4,8 +4,6 @@ from typing import Any
 from sfc_fast.evolve import Command, Decision
 from sfc_fast.recipe import Graph
 
-def job_of_command(command_id: str) -> str: ...
-
 class Runner:
     absorbed: int
     applied: int

@@ -11,12 +11,10 @@ as fast as the CPU allows. Answers come back through ``complete``/``fail``/``hel
 import time
 
 from libc.stdint cimport int64_t
-from cpython.unicode cimport PyUnicode_Substring
 
-from sfc_fast._text cimport PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND, PyUnicode_READ
 
 from sfc_fast.deadlines cimport DeadlineIndex
-from sfc_fast.evolve cimport Decision, evolve
+from sfc_fast.evolve cimport Decision, evolve, job_of_command
 from sfc_fast.state cimport NO_TIME
 from sfc_fast.events import (
     Cancel, Completed, Event, Failed, Held, Hold, NotHeld, Release, Start, Tick,
@@ -27,28 +25,6 @@ from sfc_fast.state import state_to_json
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-cpdef str job_of_command(str command_id):
-    """The job id a command id names (``{job}:{action}#{n}``, maybe ``:hold``), or ''."""
-    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(command_id)
-    cdef Py_ssize_t h, c
-    cdef int kind = PyUnicode_KIND(command_id)
-    cdef void* data = PyUnicode_DATA(command_id)
-    # scanned in place (no slices): the last '#', then the ':' before it
-    if command_id.endswith(":hold"):
-        n -= 5
-    h = n - 1
-    while h > 0 and PyUnicode_READ(kind, data, h) != u'#':
-        h -= 1
-    if h <= 0:
-        return ""
-    c = h - 1
-    while c > 0 and PyUnicode_READ(kind, data, c) != u':':
-        c -= 1
-    if c <= 0:
-        return ""
-    return PyUnicode_Substring(command_id, 0, c)
 
 
 cdef class Runner:

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from sfc_host.store.keys import check_scope  # scopes by the rule the keys use
+from sfc_host.names import check_scope
+
+# the job acceptance checks an MES request goes through (``mes_acceptance`` switches
+# each; mes/catalog.py runs them)
+MES_ACCEPTANCE_CHECKS = ("work_master", "equipment", "material_class", "material_definition",
+                         "personnel", "physical_asset", "max_job_orders")
 
 
 class ConfigError(ValueError):
@@ -34,6 +39,19 @@ def without_credentials(url: str) -> str:
     u = urlsplit(url)
     return urlunsplit(u._replace(netloc=u.netloc.rpartition("@")[2])) if "@" in u.netloc \
         else url
+
+
+def parse_mission_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``NAME`` or ``NAME={json object}`` (the CLI's ``--mission``, the host's
+    ``missions`` setting) as name and arguments; ValueError saying what is wrong."""
+    name, _, raw = spec.partition("=")
+    try:
+        args = json.loads(raw) if raw else {}
+    except ValueError as e:
+        raise ValueError(f"arguments are not JSON ({e})") from None
+    if not isinstance(args, dict):
+        raise ValueError("arguments must be a JSON object")
+    return name, args
 
 
 @dataclass
@@ -101,11 +119,8 @@ class HostConfig:
     mes_message_expiry_s: int = 0        # MessageExpiryInterval of replies and events; 0 = none
     mes_dedupe_s: int = 600              # a request id (per source) seen this long is a repeat
     mes_retained_expiry_s: int = 172_800 # MessageExpiryInterval of retained order/result/index
-    # job acceptance checks (each switchable): work_master, equipment, material_class,
-    # material_definition, personnel, physical_asset, max_job_orders
-    mes_acceptance: list[str] = field(default_factory=lambda: [
-        "work_master", "equipment", "material_class", "material_definition", "personnel",
-        "physical_asset", "max_job_orders"])
+    # job acceptance checks (each switchable): every one of MES_ACCEPTANCE_CHECKS
+    mes_acceptance: list[str] = field(default_factory=lambda: list(MES_ACCEPTANCE_CHECKS))
     equipment_prefix: str = "equipment"
     max_job_orders: int = 10_000         # live job orders a scope accepts
     # an order cleared or cancelled (EndState) is deleted with its job state and job
@@ -183,11 +198,10 @@ class HostConfig:
                 isinstance(c, str) for c in self.mes_acceptance):
             raise ConfigError(f"setting mes_acceptance: expected a list of strings, got "
                               f"{self.mes_acceptance!r}")
-        from sfc_host.mes.catalog import check_settings  # lazy: the MES side is heavier
-        try:
-            check_settings(self.mes_acceptance)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        unknown = sorted(set(self.mes_acceptance) - set(MES_ACCEPTANCE_CHECKS))
+        if unknown:
+            raise ConfigError(f"setting mes_acceptance: unknown check {unknown[0]!r} "
+                              f"(known: {', '.join(MES_ACCEPTANCE_CHECKS)})")
 
     def _validate_values(self) -> None:
         """The values a type check lets through but the host cannot use: each refused
@@ -229,8 +243,6 @@ class HostConfig:
         if self.web:
             check_web_access(self, "setting web")
         if self.missions:
-            # a lazy import: the engine's modules import this one
-            from sfc_host.engine.missions import parse_mission_spec
             for spec in self.missions:
                 try:
                     parse_mission_spec(spec)

@@ -394,3 +394,20 @@ def with_actuals(response: bytes, order_json: bytes | str | None) -> bytes:
 
 
 _ALIASES.update(_aliases())
+
+
+# OPC UA ISA-95 job control method return status: a bit map (bit 0 = no error); the
+# names are those of the constants, as the docs' reply table shows them.
+STATUS_BITS = {v.bit_length() - 1: name for name, v in (
+    ("NO_ERROR", NO_ERROR), ("UNKNOWN_JOB_ORDER_ID", UNKNOWN_JOB_ORDER_ID),
+    ("INVALID_JOB_ORDER_STATUS", INVALID_JOB_ORDER_STATUS),
+    ("UNABLE_TO_ACCEPT_JOB_ORDER", UNABLE_TO_ACCEPT_JOB_ORDER),
+    ("INVALID_REQUEST", INVALID_REQUEST))}
+
+
+def status_names(status: int) -> list[str]:
+    """The names of the bits set in a return status (``BIT_n`` for one not named)."""
+    if status <= 0:
+        return [f"INVALID_STATUS_{status}"]
+    return [STATUS_BITS.get(b, f"BIT_{b}") for b in range(status.bit_length())
+            if status >> b & 1]

@@ -1,8 +1,8 @@
-"""Regression (found by ``benchmarks/soak.py``): the host's RSS grew by about 1.5 MB a
-minute at 140 jobs/s. The answer-to-command latency map (job -> when its last answer
-arrived) dropped an entry only when the job's next command went out, and a job's last
-answer has none: every ended job kept its entry until 100,000 of them (~15 MB) made the
-oldest go. Now the entry goes when the job ends.
+"""The answer-to-command latency map (job -> when its last answer arrived) drops a job's
+entry when the job ends. Dropped only when the job's next command goes out, an entry
+would stay for every ended job (a job's last answer has no next command) until 100,000
+of them (~15 MB) made the oldest go: ``benchmarks/soak.py`` found the host's RSS growing
+by about 1.5 MB a minute at 140 jobs/s that way.
 """
 
 from __future__ import annotations

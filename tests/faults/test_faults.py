@@ -55,7 +55,7 @@ def test_kill_9_of_a_host_mid_load(seed: int) -> None:
 def test_kill_9_of_a_host_while_the_broker_stalls(seed: int) -> None:
     """The broker stops acknowledging (SIGSTOP) and a host is killed meanwhile: the
     commands in its outgoing queue had no sent marker yet, so the other host sends them
-    (regression: the marker was written once a command was queued in memory)."""
+    (a marker written as soon as a command is queued in memory would stop it)."""
     run_scenario("kill9_stalled_broker", seed)
 
 

@@ -1,15 +1,15 @@
-"""Regression: a command counts as sent (its sent marker is written) only once the
-broker has it.
+"""A command counts as sent (its sent marker is written) only once the broker has it:
+``MqttSink.send`` waits for the PUBACKs (at most ``ACK_WAIT_S``); a command not
+acknowledged by then is reported unsent (no marker: its entry is taken over if the host
+dies first, or the deadline sends the same id again).
 
-Found by ``kill -9`` fault runs (seed 20 of ``benchmarks/reliability.py``, and every
-run of ``kill9_stalled_broker``): ``MqttSink.send`` said True as soon as a command was
-in the host's own outgoing queue, so the dispatcher wrote the marker and acked the
-entry while the command could still be waiting for its turn (up to 256 QoS 1 messages
-unacknowledged at once) or in the socket. A host killed then took the command with it,
-and the marker kept every other host from sending it: the action timed out (a retry
-with a new id, or an aborted job). Now ``send`` waits for the PUBACKs (at most
-``ACK_WAIT_S``); a command not acknowledged by then is reported unsent (no marker: its
-entry is taken over if the host dies first, or the deadline sends the same id again).
+Were ``send`` to say True as soon as a command is in the host's own outgoing queue, the
+dispatcher would write the marker and ack the entry while the command could still be
+waiting for its turn (up to 256 QoS 1 messages unacknowledged at once) or in the socket.
+A host killed then takes the command with it, and the marker keeps every other host from
+sending it: the action times out (a retry with a new id, or an aborted job). ``kill -9``
+fault runs showed it (seed 20 of ``benchmarks/reliability.py``, and every run of
+``kill9_stalled_broker``).
 """
 
 from __future__ import annotations
@@ -97,13 +97,13 @@ def test_a_command_the_broker_has_not_acknowledged_is_not_sent(
 
 def test_a_command_this_host_is_sending_is_not_sent_again_when_its_entry_comes_back(
         redis_url: str, mqtt_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Regression, found by ``broker_restart`` fault runs (one id four times at the
-    station): a send waits for the PUBACKs of its whole batch, so its entries sit idle
-    and may be taken over, even back by the same host. There the entry found no marker
-    yet and, its command already acknowledged (the link held no copy to join), the
-    command was published again. With one message in flight at a time, the first
-    command is acknowledged while the second still waits: its entry dispatched then
-    adds no copy, and the send under way writes its marker."""
+    """A send waits for the PUBACKs of its whole batch, so its entries sit idle and may
+    be taken over, even back by the same host. There the entry finds no marker yet and,
+    its command already acknowledged (the link holds no copy to join), must not publish
+    the command again (``broker_restart`` fault runs showed one id four times at the
+    station). With one message in flight at a time, the first command is acknowledged
+    while the second still waits: its entry dispatched then adds no copy, and the send
+    under way writes its marker."""
     monkeypatch.setattr(mqtt_link, "IN_FLIGHT", 1)
     ids = [f"J{n}:load_part#1" for n in (1, 2)]
 

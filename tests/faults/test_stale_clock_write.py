@@ -1,14 +1,15 @@
-"""Regression: a host frozen between reading a job (and the server clock) and writing
-its decision must not write deadlines from before an outage.
+"""A host frozen between reading a job (and the server clock) and writing its decision
+must not write deadlines from before an outage: the compare-and-set refuses a decision
+made on a server time older than the outage threshold, and the job is read (with a
+fresh clock) and evolved again.
 
-Found by the ``SIGSTOP of every host`` fault run: both hosts stopped for 3 s with 2 s
+The ``SIGSTOP of every host`` fault run shows why: both hosts stopped for 3 s with 2 s
 action timeouts; one was stopped after ``load.lua`` read a starting job and the server
 time, before ``cas.lua`` wrote it. On SIGCONT the other host's sweep saw the old
 heartbeat and moved every deadline of the due index by the gap, but the frozen host's
 job was not on the index yet: its write came after, with a deadline computed from the
-clock read before the outage, so the next sweep timed ``load_part`` out at once and the
-job aborted. Now the compare-and-set refuses a decision made on a server time older
-than the outage threshold, and the job is read (with a fresh clock) and evolved again.
+clock read before the outage, so the next sweep would time ``load_part`` out at once
+and abort the job.
 """
 
 from __future__ import annotations

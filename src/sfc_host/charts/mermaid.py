@@ -1,15 +1,8 @@
-"""Pictures of a compiled recipe: a Mermaid flowchart (text); and the reading of a
-running job from Redis for the SVG picture (``sfc_host.charts.svg``)."""
+"""A compiled recipe as a Mermaid flowchart (text)."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
-
 from sfc_fast import Graph
-from sfc_host.config import HostConfig
-from sfc_host.store.keys import SCOPES, InvalidName, ScopeKeys, check_job, check_scope
 
 
 def _label(text: str) -> str:
@@ -95,73 +88,3 @@ def to_mermaid(graph: Graph) -> str:
             if not graph.outgoing(s):
                 lines.append(f"    s{s} --> j{b}")
     return "\n".join(lines) + "\n"
-
-
-# ---- a running job, for the SVG picture -------------------------------------------------
-
-class JobNotReadable(Exception):
-    """A job that cannot be shown: unknown, ambiguous, or Redis not reachable (one line)."""
-
-
-def _no_credentials(url: str) -> str:
-    # an error line may end up in a log or a ticket: never the password
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=host))
-
-
-async def _find_scope(client: Any, job: str) -> str:
-    # Every scope a host served is in the registry; the job's key tells which holds it.
-    scopes = sorted(s.decode() if isinstance(s, bytes) else s
-                    for s in await client.smembers(SCOPES))
-    found = [s for s in scopes if await client.exists(ScopeKeys(s).job(job))]
-    if not found:
-        raise JobNotReadable(f"no job {job!r} in any scope ({len(scopes)} known)")
-    if len(found) > 1:
-        raise JobNotReadable(f"job {job!r} is in scopes {', '.join(found)}: give --scope")
-    return found[0]
-
-
-async def read_job(config: HostConfig, job: str, scope: str | None = None,
-                   timeout_s: float = 15.0) -> tuple[Graph, dict[str, Any]]:
-    """The recipe a job runs (pinned by fingerprint) and its ``state_to_json`` view, read
-    from Redis through the host's store. Nothing is written."""
-    from redis.exceptions import RedisClusterException, RedisError
-
-    from sfc_fast import StateFormatError, state_to_json
-    from sfc_host.execution.host import connect
-    from sfc_host.store.lua_scripts import Scripts
-    from sfc_host.store.states import GraphCache, Store
-
-    try:
-        check_job(job)
-        if scope is not None:
-            check_scope(scope)
-    except InvalidName as e:
-        raise JobNotReadable(str(e)) from None
-    client = connect(config)
-
-    async def read() -> tuple[Graph, dict[str, Any]]:
-        sc = scope if scope is not None else await _find_scope(client, job)
-        store = Store(client, Scripts(client), GraphCache(2), cluster=config.redis_cluster)
-        row = (await store.load({sc: [job]}))[sc][1][job]
-        if row.state is None or row.fingerprint is None:
-            raise JobNotReadable(f"no job {job!r} in scope {sc!r}")
-        graph = await store.graph(sc, row.fingerprint)
-        if graph is None:
-            raise JobNotReadable(f"job {job!r}: its recipe {row.fingerprint[:12]} is not "
-                                 f"stored in scope {sc!r}")
-        try:
-            return graph, state_to_json(graph, row.state)
-        except (StateFormatError, ValueError) as e:
-            raise JobNotReadable(f"job {job!r}: the state cannot be read ({e})") from None
-
-    try:
-        return await asyncio.wait_for(read(), timeout_s)
-    except (RedisError, RedisClusterException, OSError, TimeoutError) as e:
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        # the cause tells the CLI a server out of reach (exit 1) from a mistake (2)
-        raise JobNotReadable(f"cannot read from Redis at {_no_credentials(config.redis_url)} "
-                             f"({why})") from e
-    finally:
-        await client.aclose()

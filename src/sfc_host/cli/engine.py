@@ -136,7 +136,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from sfc_host.engine.missions import parse_mission_spec
+    from sfc_host.config import parse_mission_spec
 
     scripts = _scripts_dir(args)
     if scripts is None:
@@ -322,8 +322,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_missions_list(args: argparse.Namespace) -> int:
     from sfc_host.config import ConfigError, HostConfig
     from sfc_host.engine.missions import RedisMissionStore, mission_prefix, summarize
-    from sfc_host.execution.host import connect
     from sfc_host.logs import redact
+    from sfc_host.store.client import connect
 
     # The host's own settings find its records: the same URL, and on a cluster the
     # same client kind and hash-tagged prefix the host wrote them with.
@@ -370,7 +370,7 @@ def cmd_missions_list(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from sfc_host.cli.main import positive
+    from sfc_host.cli.common import positive
 
     engine = sub.add_parser("engine", help="build, start, stop and watch the script engine")
     parser_class = type(engine)

@@ -19,20 +19,20 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sfc_host.cli.ops import (
+from sfc_host.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
     UsageError,
-    _common,
-    _error,
-    _guarded,
-    _scope,
+    common_args,
+    error,
+    guarded,
+    scope_of,
     table,
 )
 from sfc_host.config import HostConfig
 from sfc_host.isa95 import state_name
-from sfc_host.store.keys import check_job
+from sfc_host.names import check_job
 
 if TYPE_CHECKING:
     from sfc_host.mes.client import MesClient, Reply
@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         if name == "submit":
             p.add_argument("--no-start", action="store_true", help="Store only (start later)")
         p.add_argument("--comment", default="", help="the request's Comment")
-        _common(p, mqtt=True, redis=False)
+        common_args(p, mqtt=True, redis=False)
         p.set_defaults(func=cmd_submit if name == "submit" else cmd_update)
 
     p = jsub.add_parser("list", help="list job orders with their states and times")
@@ -71,19 +71,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="only this state or top state (Running, Ended, Ended_Completed …)")
     p.add_argument("--index", action="store_true",
                    help="read the retained state index (id and state only; one message)")
-    _common(p, mqtt=True, redis=False)
+    common_args(p, mqtt=True, redis=False)
     p.set_defaults(func=cmd_list)
 
     p = jsub.add_parser("show", help="one job order, its state and its job response")
     p.add_argument("job", metavar="JOB")
-    _common(p, mqtt=True, redis=False)
+    common_args(p, mqtt=True, redis=False)
     p.set_defaults(func=cmd_show)
 
     for name, method in CONTROL.items():
         p = jsub.add_parser(name, help=f"{method} a job order")
         p.add_argument("job", metavar="JOB")
         p.add_argument("--comment", default="", help="the request's Comment (the reason)")
-        _common(p, mqtt=True, redis=False)
+        common_args(p, mqtt=True, redis=False)
         p.set_defaults(func=cmd_control, method=method)
 
     wm = sub.add_parser("workmaster", help="put, list, show or delete Work Masters")
@@ -93,18 +93,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("file", metavar="FILE", help="a Work Master JSON file {ID?, data, "
                    "dataschema, …}")
     p.add_argument("--id", metavar="ID", help="its ID (default: the file's ID)")
-    _common(p, mqtt=True, redis=False)
+    common_args(p, mqtt=True, redis=False)
     p.set_defaults(func=cmd_wm_put)
     p = wsub.add_parser("delete", help="delete a Work Master (config message over MQTT)")
     p.add_argument("id", metavar="ID")
-    _common(p, mqtt=True, redis=False)
+    common_args(p, mqtt=True, redis=False)
     p.set_defaults(func=cmd_wm_delete)
     p = wsub.add_parser("list", help="the scope's Work Masters (read from Redis)")
-    _common(p, mqtt=False, redis=True)
+    common_args(p, mqtt=False, redis=True)
     p.set_defaults(func=cmd_wm_list)
     p = wsub.add_parser("show", help="one Work Master as stored (read from Redis)")
     p.add_argument("id", metavar="ID")
-    _common(p, mqtt=False, redis=True)
+    common_args(p, mqtt=False, redis=True)
     p.set_defaults(func=cmd_wm_show)
 
 
@@ -126,7 +126,7 @@ async def _requests(cfg: HostConfig, args: argparse.Namespace, body: Any) -> int
         async with _mes(cfg, args) as mes:
             return int(await body(mes))
     except MesError as e:
-        return _error(str(e), EXIT_REFUSED)
+        return error(str(e), EXIT_REFUSED)
 
 
 async def _one_request(cfg: HostConfig, args: argparse.Namespace,
@@ -230,7 +230,7 @@ def _state(doc: Any) -> str:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
+        scope = scope_of(args, cfg)
         order = build_order(args)
         job = order["JobOrderID"]
         method = "Store" if args.no_start else "StoreAndStart"
@@ -239,18 +239,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                               comment=args.comment),
             f"{job}: {method} accepted (scope {scope}, Work Master "
             f"{order['WorkMasterID'][0]['ID']})", JobOrderID=job)
-    return _guarded(args, body)
+    return guarded(args, body)
 
 
 def cmd_update(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
+        scope = scope_of(args, cfg)
         order = build_order(args, need_id=True)
         job = order["JobOrderID"]
         return await _one_request(
             cfg, args, lambda mes: mes.update(scope, order, comment=args.comment),
             f"{job}: Update accepted", JobOrderID=job)
-    return _guarded(args, body)
+    return guarded(args, body)
 
 
 def _leaf_states(state: str) -> list[str]:
@@ -276,7 +276,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
         import asyncio
 
-        scope = _scope(args, cfg)
+        scope = scope_of(args, cfg)
         wanted = _leaf_states(args.state) if args.state else None
 
         async def send(mes: MesClient) -> int:
@@ -301,7 +301,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                             [_row(r) for r in rows]))
             return EXIT_OK
         return await _requests(cfg, args, send)
-    return _guarded(args, body)
+    return guarded(args, body)
 
 
 def _print_index(args: argparse.Namespace, scope: str, index: dict[str, Any] | None,
@@ -328,7 +328,7 @@ def _print_index(args: argparse.Namespace, scope: str, index: dict[str, Any] | N
 
 def cmd_show(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
+        scope = scope_of(args, cfg)
         job = check_job(args.job)
 
         async def send(mes: MesClient) -> int:
@@ -337,14 +337,14 @@ def cmd_show(args: argparse.Namespace) -> int:
             response = reply.data.get("JobResponse") if reply.ok else None
             if retained is None and response is None:
                 if reply.ok or reply.status_names == ["UNKNOWN_JOB_ORDER_ID"]:
-                    return _error(f"no job order {job!r} in scope {scope!r}", EXIT_USAGE)
+                    return error(f"no job order {job!r} in scope {scope!r}", EXIT_USAGE)
                 return _refused(args, reply)
             doc = {"JobOrder": (retained or {}).get("JobOrder"),
                    "State": (retained or {}).get("State"), "JobResponse": response}
             print(json.dumps(doc, indent=2) if args.json else _show_text(scope, job, doc))
             return EXIT_OK
         return await _requests(cfg, args, send)
-    return _guarded(args, body)
+    return guarded(args, body)
 
 
 def _show_text(scope: str, job: str, d: dict[str, Any]) -> str:
@@ -381,12 +381,12 @@ def _show_text(scope: str, job: str, d: dict[str, Any]) -> str:
 
 def cmd_control(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
+        scope = scope_of(args, cfg)
         job = check_job(args.job)
         return await _one_request(
             cfg, args, lambda mes: mes.control(scope, args.method, job, args.comment),
             f"{job}: {args.method} accepted", JobOrderID=job)
-    return _guarded(args, body)
+    return guarded(args, body)
 
 
 # ---- workmaster …
@@ -394,7 +394,7 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 def cmd_wm_put(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
+        scope = scope_of(args, cfg)
         wm = _read_json(args.file)
         if not isinstance(wm, dict) or "data" not in wm:
             raise UsageError(f"{args.file}: a Work Master is a JSON object with data and "
@@ -406,21 +406,21 @@ def cmd_wm_put(args: argparse.Namespace) -> int:
         return await _one_request(
             cfg, args, lambda mes: mes.put_work_master(scope, wm),
             f"Work Master {wm['ID']} stored in scope {scope}", ID=wm["ID"])
-    return _guarded(args, body)
+    return guarded(args, body)
 
 
 def cmd_wm_delete(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
+        scope = scope_of(args, cfg)
 
         return await _one_request(
             cfg, args, lambda mes: mes.delete_work_master(scope, args.id),
             f"Work Master {args.id} deleted from scope {scope}", ID=args.id)
-    return _guarded(args, body)
+    return guarded(args, body)
 
 
 async def _work_masters(cfg: HostConfig, scope: str, wm_id: str | None) -> list[Any]:
-    from sfc_host.execution.host import connect
+    from sfc_host.store.client import connect
     from sfc_host.store.keys import ScopeKeys
 
     client = connect(cfg)
@@ -453,7 +453,7 @@ def cmd_wm_list(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
         from sfc_host.store.keys import ScopeKeys
 
-        scope = _scope(args, cfg)
+        scope = scope_of(args, cfg)
         prefix = ScopeKeys(scope).work_master("")
         rows = []
         for key, raw in await _work_masters(cfg, scope, None):
@@ -467,16 +467,16 @@ def cmd_wm_list(args: argparse.Namespace) -> int:
         else:
             print(table(["ID", "FORMAT", "DESCRIPTION"], rows))
         return EXIT_OK
-    return _guarded(args, body)
+    return guarded(args, body)
 
 
 def cmd_wm_show(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
+        scope = scope_of(args, cfg)
         (raw,) = await _work_masters(cfg, scope, args.id)
         if raw is None:
-            return _error(f"no Work Master {args.id!r} in scope {scope!r}", EXIT_USAGE)
+            return error(f"no Work Master {args.id!r} in scope {scope!r}", EXIT_USAGE)
         wm, _, _ = _describe(raw)
         print(json.dumps(wm, indent=2))
         return EXIT_OK
-    return _guarded(args, body)
+    return guarded(args, body)

@@ -8,23 +8,19 @@ with one line per problem; a server out of reach, one line) and 2 for a user mis
 from __future__ import annotations
 
 import argparse
-import importlib
+import asyncio
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sfc_fast import RecipeError
+from sfc_host.cli import demo, engine, job, ops, run, web
+from sfc_host.cli.common import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, redis_unreachable
 from sfc_host.execution.workmaster import UsageError, compile_file
 
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
-EXIT_USAGE = 2
-
-# Subcommand groups that live with the part they drive; each module has
-# ``register(subparsers)``. A group whose module is not there yet is left out.
-_PLUGGED = ("sfc_host.cli.run", "sfc_host.cli.engine", "sfc_host.cli.job", "sfc_host.cli.ops",
-            "sfc_host.demo.run", "sfc_host.cli.web")
+# Command groups of their own module, each with ``register(subparsers)``
+_GROUPS = (run, engine, job, ops, demo, web)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,34 +28,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type: a number of ``kind`` greater than 0, else a one-line error."""
-    def parse(text: str) -> Any:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return v
-    return parse
-
-
-def redis_unreachable(e: BaseException | None) -> bool:
-    """Whether a Redis client error means the server could not be reached (a refused or
-    timed-out connection; on a cluster, no start-up node answering) rather than a
-    wrong setting (a password, a server that is no cluster node)."""
-    from redis.exceptions import AuthenticationError, RedisClusterException
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    if isinstance(e, AuthenticationError):
-        return False
-    if isinstance(e, RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
-        return True
-    return isinstance(e, RedisClusterException) and redis_unreachable(e.__cause__)
 
 
 def _check_one(path: str, dataschema: str | None) -> tuple[int, dict[str, Any]]:
@@ -146,6 +114,53 @@ class _VersionAction(argparse.Action):
         parser.exit(EXIT_OK)
 
 
+class JobNotReadable(Exception):
+    """A job that cannot be drawn: unknown, ambiguous, not started, or Redis out of reach
+    (one line)."""
+
+
+async def read_job_picture(config: Any, job: str, scope: str | None = None,
+                           timeout_s: float = 15.0) -> tuple[Any, dict[str, Any]]:
+    """The recipe a job runs (pinned by fingerprint) and its state view, read from Redis
+    as ``sfc-host inspect`` reads it. Nothing is written."""
+    from redis.exceptions import RedisClusterException, RedisError
+
+    from sfc_host.config import without_credentials
+    from sfc_host.names import InvalidName, check_job, check_scope
+    from sfc_host.store.client import connect
+    from sfc_host.store.states import GraphCache
+    from sfc_host.store.views import Ambiguous, NotFound, find_scope, read_job
+
+    try:
+        check_job(job)
+        if scope is not None:
+            check_scope(scope)
+    except InvalidName as e:
+        raise JobNotReadable(str(e)) from None
+    client = connect(config)
+
+    async def read() -> tuple[Any, dict[str, Any]]:
+        sc = scope if scope is not None else await find_scope(client, job)
+        graphs = GraphCache(2)
+        view = await read_job(client, sc, job, graphs)
+        if view["state"] is None:
+            raise JobNotReadable(f"job {job!r} in scope {sc!r}: "
+                                 f"{view['state_error'] or 'not started yet, no state to draw'}")
+        return graphs.get(view["fingerprint"]), view["state"]
+
+    try:
+        return await asyncio.wait_for(read(), timeout_s)
+    except (NotFound, Ambiguous) as e:
+        raise JobNotReadable(str(e)) from None
+    except (RedisError, RedisClusterException, OSError, TimeoutError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        # the cause tells a server out of reach (exit 1) from a mistake (exit 2)
+        raise JobNotReadable(f"cannot read from Redis at "
+                             f"{without_credentials(config.redis_url)} ({why})") from e
+    finally:
+        await client.aclose()
+
+
 def _diagram_usage(message: str) -> int:
     print(f"sfc-host: error: {message}", file=sys.stderr)
     return EXIT_USAGE
@@ -156,10 +171,9 @@ def cmd_recipe_diagram(args: argparse.Namespace) -> int:
     of a running job's recipe, its active and finished steps coloured. Every mistake is
     one line and exit 2 (a recipe with problems too: ``recipe check`` lists them); a
     Redis out of reach is one line and exit 1."""
-    import asyncio
     from pathlib import Path
 
-    from sfc_host.charts.mermaid import JobNotReadable, read_job, to_mermaid
+    from sfc_host.charts.mermaid import to_mermaid
 
     if args.job is None and any(v is not None for v in (args.scope, args.config, args.redis)):
         return _diagram_usage("--scope, --config and --redis go with --job")
@@ -185,7 +199,7 @@ def cmd_recipe_diagram(args: argparse.Namespace) -> int:
 
         try:
             cfg = HostConfig.load(args.config, redis_url=args.redis)
-            job_graph, view = asyncio.run(read_job(cfg, args.job, args.scope))
+            job_graph, view = asyncio.run(read_job_picture(cfg, args.job, args.scope))
         except (ConfigError, JobNotReadable) as e:
             if redis_unreachable(e.__cause__):   # failed, not the user's mistake
                 print(f"sfc-host: error: {e}", file=sys.stderr)
@@ -250,16 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     version.add_argument("--json", action="store_true", help="print them as JSON")
     version.set_defaults(func=cmd_version)
 
-    for name in _PLUGGED:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            # the group's module or its package is not there yet; anything else is a bug
-            if e.name is None or not name.startswith(e.name):
-                raise
-            continue
-        register: Callable[[argparse._SubParsersAction], None] = mod.register
-        register(sub)
+    for group in _GROUPS:
+        group.register(sub)
     return parser
 
 

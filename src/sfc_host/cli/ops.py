@@ -12,56 +12,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import os
 import shutil
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
 
-from sfc_host.cli.main import positive, redis_unreachable
-from sfc_host.config import ConfigError, HostConfig
-from sfc_host.store.keys import check_job, check_scope
-from sfc_host.store.views import NotFound
+from sfc_host.cli.common import (
+    EXIT_OK,
+    UsageError,
+    common_args,
+    guarded,
+    one_line,
+    positive,
+    scope_of,
+    table,
+)
+from sfc_host.config import HostConfig
+from sfc_host.names import check_job, check_scope
+from sfc_host.store.views import add_scope_rates, rate
+from sfc_host.times import iso
 
-# The MQTT client stack (mes_client) and the Redis client are imported by the commands
+# The MQTT client stack (mes.client) and the Redis client are imported by the commands
 # that use them: every ``sfc-host`` command builds this module's parsers.
 
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """A user mistake: one line, exit 2."""
-
-
 # ---- registration
-
-
-def _common(p: argparse.ArgumentParser, *, mqtt: bool, redis: bool,
-            scope: bool = True) -> None:
-    p.add_argument("--config", metavar="FILE", help="the hosts' TOML settings")
-    if mqtt:
-        p.add_argument("--mqtt", metavar="URL", help="MQTT broker URL (overrides the config)")
-        p.add_argument("--timeout", type=positive(float), default=10.0, metavar="SECONDS",
-                       help="how long to wait for the host's reply (default 10)")
-    if redis:
-        p.add_argument("--redis", metavar="URL", help="Redis URL (overrides the config)")
-    if scope:
-        p.add_argument("--scope", metavar="SCOPE",
-                       help="the scope (default: the config's only scope)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="one job as stored in Redis (state, deadlines, holds)")
     p.add_argument("job", metavar="JOB")
-    _common(p, mqtt=False, redis=True)
+    common_args(p, mqtt=False, redis=True)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("top", help="a live view of scopes, jobs and rates")
@@ -78,92 +63,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--width", type=positive(int), metavar="COLUMNS",
                    help="fit frames to this many columns (default: the terminal's width; "
                    "no limit into a pipe)")
-    _common(p, mqtt=False, redis=True, scope=False)
+    common_args(p, mqtt=False, redis=True, scope=False)
     p.set_defaults(func=cmd_top)
 
 
 # ---- shared plumbing
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _error(msg: str, code: int = EXIT_USAGE) -> int:
-    print(f"sfc-host: error: {_one_line(msg)}", file=sys.stderr)
-    return code
-
-
-def _config(args: argparse.Namespace) -> HostConfig:
-    return HostConfig.load(args.config, mqtt_url=getattr(args, "mqtt", None),
-                           redis_url=getattr(args, "redis", None))
-
-
-def _scope(args: argparse.Namespace, cfg: HostConfig) -> str:
-    if args.scope:
-        return check_scope(args.scope)
-    if len(cfg.scopes) == 1:
-        return check_scope(cfg.scopes[0])
-    raise UsageError("--scope is required (the config names "
-                     f"{len(cfg.scopes) or 'no'} scopes)")
-
-
-def _guarded(args: argparse.Namespace, body: Callable[[HostConfig], Awaitable[int]]) -> int:
-    """Run ``body`` with the settings; every user mistake becomes one line and exit 2."""
-    from redis.exceptions import RedisClusterException, RedisError
-
-    from sfc_host.mes.client import MesError
-
-    try:
-        cfg = _config(args)
-    except ConfigError as e:
-        return _error(str(e))
-    try:
-        return asyncio.run(body(cfg))
-    except (UsageError, ConfigError, MesError, NotFound) as e:
-        return _error(str(e))
-    except (RedisError, RedisClusterException) as e:
-        if redis_unreachable(e):   # a server out of reach: failed, not the user's mistake
-            return _error(f"cannot reach Redis at {_where(cfg.redis_url)}: {e}",
-                          EXIT_REFUSED)
-        return _error(f"Redis at {_where(cfg.redis_url)}: {e}")
-    except OSError as e:
-        return _error(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
-    except ValueError as e:   # bad names and URLs (InvalidName is one)
-        return _error(str(e))
-
-
-def _where(url: str) -> str:
-    """A server URL without its credentials (a password never reaches a terminal)."""
-    u = urlparse(url)
-    return u._replace(netloc=u.netloc.rpartition("@")[2]).geturl()
-
-
-def iso(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    t = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Left-aligned columns, two spaces apart; None shows as '-'."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r]
-                                           for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in cells)
-
-
 # ---- inspect
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from sfc_host.execution.host import connect
+    from sfc_host.store.client import connect
     from sfc_host.store.views import read_job
 
     async def body(cfg: HostConfig) -> int:
-        scope = _scope(args, cfg)
+        scope = scope_of(args, cfg)
         job = check_job(args.job)
         client = connect(cfg)
         try:
@@ -172,7 +87,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             await client.aclose()
         print(json.dumps(view, indent=2) if args.json else inspect_text(view))
         return EXIT_OK
-    return _guarded(args, body)
+    return guarded(args, body)
 
 
 def _in(s: float | None) -> str:
@@ -255,7 +170,7 @@ def inspect_text(v: dict[str, Any]) -> str:
 
 def cmd_top(args: argparse.Namespace) -> int:
     try:
-        return _guarded(args, lambda cfg: _top(args, cfg))
+        return guarded(args, lambda cfg: _top(args, cfg))
     except KeyboardInterrupt:
         return EXIT_OK
 
@@ -275,7 +190,7 @@ RATE_COUNTERS = ("commands_sent", "answers_applied", "mes_requests", "entries", 
 
 
 async def _top(args: argparse.Namespace, cfg: HostConfig) -> int:
-    from sfc_host.execution.host import connect
+    from sfc_host.store.client import connect
     from sfc_host.store.views import scope_sample, scopes
 
     if args.frames < 0:
@@ -367,26 +282,15 @@ def quit_keys(quit_: asyncio.Event, wanted: bool = True) -> Iterator[bool]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def _rate(now: int | None, before: int | None, secs: float) -> float | None:
-    if now is None or before is None or secs <= 0:
-        return None
-    return max(0, now - before) / secs
-
-
 def _with_rates(sample: dict[str, Any], prev: dict[str, Any] | None) -> dict[str, Any]:
     """Per scope ``rates`` (completions, order changes and stream entries a second),
     from the counters of the previous frame; None on the first frame."""
-    before = {s["scope"]: s for s in (prev or {}).get("scopes", [])}
     secs = sample["mono"] - prev["mono"] if prev else 0.0
-    for s in sample["scopes"]:
-        p = before.get(s["scope"], {})
-        s["rates"] = {"completed": _rate(s["completed"], p.get("completed"), secs),
-                      "order_changes": _rate(s["seq"], p.get("seq"), secs),
-                      "entries": _rate(s["entries_added"], p.get("entries_added"), secs)}
+    add_scope_rates(sample["scopes"], (prev or {}).get("scopes", []), secs)
     m, pm = sample.get("metrics"), (prev or {}).get("metrics")
     if m is not None:
         before_c = pm["counters"] if pm else {}
-        m["rates"] = {k: _rate(m["counters"].get(k), before_c.get(k), secs)
+        m["rates"] = {k: rate(m["counters"].get(k), before_c.get(k), secs)
                       for k in RATE_COUNTERS}
     return sample
 
@@ -501,7 +405,7 @@ async def fetch_metrics(url: str, timeout_s: float = 2.0) -> dict[str, int] | st
         raw = await asyncio.wait_for(reader.read(), timeout_s)
         writer.close()
     except (OSError, TimeoutError) as e:
-        return f"unreachable ({_one_line(str(e)) or type(e).__name__})"
+        return f"unreachable ({one_line(str(e)) or type(e).__name__})"
     head, _, text = raw.decode("utf-8", "replace").partition("\r\n\r\n")
     if " 200 " not in head.split("\r\n", 1)[0] + " ":
         return f"answered {head.splitlines()[0] if head else 'nothing'}"

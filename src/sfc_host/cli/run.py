@@ -4,7 +4,8 @@ Settings come from ``--config FILE`` (TOML), then ``SFC_*`` environment variable
 the flags (``--redis``, ``--mqtt``, ``--scope``). A wrong setting is one line and exit 2,
 an unreachable server one line and exit 1, never a traceback. SIGTERM or SIGINT ends it
 at any moment, also during the start-up. ``--check`` validates the settings, scripts and
-missions (``--connect``: and reaches the servers) without starting.
+missions (``--connect``: and reaches the servers) without starting, and prints only
+what it found: the summary on stdout, or the problem's one line on stderr.
 """
 
 from __future__ import annotations
@@ -59,8 +60,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         _error(str(e))
         return EXIT_MISTAKE
-    logs.setup(logging.getLevelName(cfg.log_level.upper()), cfg.log_format, sys.stderr)
+    handler = logs.setup(logging.getLevelName(cfg.log_level.upper()), cfg.log_format,
+                         sys.stderr)
     if args.check:
+        # a check says what it found and nothing else: the log lines of what it runs to
+        # find out (the script engine's build, the broker link's attempts) are no
+        # findings, and a problem is the one line _check prints
+        handler.setLevel(logging.CRITICAL + 1)
         return int(uvloop.run(_check(cfg, args.connect)))
     return int(uvloop.run(_serve(cfg)))
 

@@ -54,7 +54,7 @@ def cmd_web(args: argparse.Namespace) -> int:
 
 
 async def serve(cfg: HostConfig, stop: asyncio.Event | None = None) -> int:
-    from sfc_host.execution.host import connect
+    from sfc_host.store.client import connect
     from sfc_host.web.app import WebView
 
     stop = stop or asyncio.Event()

@@ -23,7 +23,7 @@ from sfc_host.store.keys import ScopeKeys
 from sfc_host.store.states import whole_state
 
 if TYPE_CHECKING:
-    from sfc_host.demo.run import Tally
+    from sfc_host.demo.tally import Job, Tally
 
 _SAMPLE = re.compile(r'^(\w+?)(_bucket|_sum|_count)(?:\{([^}]*)\})? (\S+)$')
 _LE = re.compile(r'le="([^"]+)"')
@@ -69,23 +69,6 @@ def counter(text: str, name: str) -> int:
     """A counter's value in one host's Prometheus text (0 when absent)."""
     m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
     return int(float(m.group(1))) if m else 0
-
-
-async def reconcile(redis_url: str, tally: Tally) -> None:
-    """End the jobs whose order Redis has as ended, though no status event said so."""
-    open_jobs = [j for j in tally.jobs.values() if not j.ended_at]
-    if not open_jobs:
-        return
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        pipe = client.pipeline(transaction=False)
-        for j in open_jobs:
-            pipe.hmget(ScopeKeys(j.scope).order(j.id), "state", "reason")
-        for j, (state, reason) in zip(open_jobs, await pipe.execute(), strict=True):
-            if state and state.startswith(("Ended", "Aborted")):
-                tally.end(j.id, state, reason or "")
-    finally:
-        await client.aclose()
 
 
 @dataclass
@@ -164,7 +147,7 @@ async def collect(redis_url: str, tally: Tally, host_latency: Histogram | None,
     return report
 
 
-async def _states(redis_url: str, jobs: list[Any]) -> list[tuple[Any, dict[str, Any]]]:
+async def _states(redis_url: str, jobs: list[Job]) -> list[tuple[Job, dict[str, Any]]]:
     """(job, state_to_json view) of each job whose state and recipe are in Redis."""
     client = aioredis.Redis.from_url(redis_url)
     graphs: dict[tuple[str, bytes], Graph | None] = {}

@@ -8,21 +8,28 @@ and an MES side that puts the example Work Masters and submits jobs as ISA-95
 StoreAndStart CloudEvents, ``--parallel`` at a time per scope, as a line releases
 orders. A live progress line, then a summary (``demo_report``).
 
+``--web``: the first host serves the web view (its settings ``web``, ``metrics_port``
+on loopback, ``web_control`` with ``--web-control``), the address is printed before the
+jobs go out, and after the summary everything keeps running, so the finished jobs stay
+in view, until Ctrl-C or SIGTERM.
+
 Everything it started is stopped at the end, on Ctrl-C or SIGTERM; exit 0 when every
 job ended (completed or aborted), 1 when some did not within ``--timeout`` or the run
-failed (a host died), 130 when interrupted, 2 for a wrong option or a missing server.
+failed (a host died), 130 when interrupted during the run (after it, with ``--web``:
+the run's own status), 2 for a wrong option or a missing server.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,11 +37,10 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from sfc_host.cli.main import positive
 from sfc_host.config import HostConfig
 from sfc_host.demo import report as demo_report
 from sfc_host.demo.servers import (
@@ -46,6 +52,7 @@ from sfc_host.demo.servers import (
     terminate,
     wait_ready,
 )
+from sfc_host.demo.tally import Job, Tally
 from sfc_host.isa95 import comment, state_name
 from sfc_host.mes import BY_ID, JOB_CONTROL, WORK_MASTER
 from sfc_host.mes.codec import levels
@@ -63,15 +70,20 @@ from sfc_host.mqtt.cloudevents import (
 if TYPE_CHECKING:
     from sfc_host.service.app import App
 
-EXAMPLES = Path(__file__).resolve().parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RECIPES = ("axle_fit_qa", "tighten_rework", "paint_hold_restart")
 SHORT = {"axle_fit_qa": "axle", "tighten_rework": "tighten", "paint_hold_restart": "paint"}
 REPLY_TIMEOUT_S = 15.0
+WEB_HOST = "127.0.0.1"     # loopback: the view needs no access token there
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class DemoFailed(RuntimeError):
     """Something stopped the run midway (a host died, no reply); one line for the user."""
+
+
+class WrongOption(ValueError):
+    """A flag the demo cannot use as given (exit 2); one line for the user."""
 
 
 @dataclass
@@ -83,39 +95,42 @@ class Options:
     speed: float = 1.0
     parallel: int = 10
     timeout: float = 0.0        # 0: from the number of jobs and the speed
+    web: bool = False           # the first host serves the web view
+    web_control: bool = False   # with its job control buttons
+    web_port: int = 0           # 0: a free one
 
     def deadline_s(self) -> float:
         return self.timeout or 60.0 + 2.0 * self.jobs / self.speed
 
 
-# ---- CLI ------------------------------------------------------------------------------
+def check_web_port(port: int) -> None:
+    """The view's port can be bound now (the host binds it only after Redis, the broker
+    and its scripts are up: a port in use would fail the demo late and less clearly)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as the server does
+            s.bind((WEB_HOST, port))
+    except OSError as e:
+        why = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+        raise WrongOption(f"--web-port {port}: cannot listen on {WEB_HOST}:{port}: {why} "
+                          "(leave --web-port out for a free port)") from None
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run everything on this machine: Redis, MQTT, hosts, "
-                       "a simulated station, jobs")
-    p.add_argument("--jobs", type=positive(int), default=200, metavar="N",
-                   help="jobs to submit (default 200)")
-    p.add_argument("--scopes", type=positive(int), default=4, metavar="N",
-                   help="scopes (lines) to spread them over (default 4)")
-    p.add_argument("--hosts", type=positive(int), default=1, metavar="N",
-                   help="host instances; 1 runs in this process, more as sfc-host run "
-                   "processes sharing the work (default 1)")
-    p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    p.add_argument("--speed", type=positive(float), default=1.0, metavar="X",
-                   help="station speed factor: 10 works ten times faster (default 1)")
-    p.add_argument("--parallel", type=positive(int), default=10, metavar="N",
-                   help="jobs in progress at once per scope (default 10)")
-    p.add_argument("--timeout", type=positive(float), default=None, metavar="S",
-                   help="give up on jobs not ended after S seconds (default: from --jobs)")
-    p.set_defaults(func=cmd_demo)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
+def run(opts: Options) -> int:
+    """Run the demo with these options: its exit status (the module docstring lists them).
+    A wrong option is one line on stderr and 2, before anything starts."""
     import uvloop
 
-    opts = Options(jobs=args.jobs, scopes=args.scopes, hosts=args.hosts, seed=args.seed,
-                   speed=args.speed, parallel=args.parallel, timeout=args.timeout or 0.0)
+    try:
+        for flag, given in (("--web-control", opts.web_control),
+                            ("--web-port", bool(opts.web_port))):
+            if given and not opts.web:
+                raise WrongOption(f"{flag} goes with --web")
+        if opts.web_port:
+            check_web_port(opts.web_port)
+    except WrongOption as e:
+        print(f"sfc-host demo: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     return int(uvloop.run(_interruptible(opts)))
 
 
@@ -133,11 +148,17 @@ async def _interruptible(opts: Options) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
+    demo = Demo(opts, sys.stdout)
     try:
-        return await Demo(opts, sys.stdout).run()
+        return await demo.run()
     except asyncio.CancelledError:
         if not signals:
             raise
+        if demo.outcome is not None:
+            # the run had ended and the web view served it until the signal asked to stop
+            print("\nsfc-host demo: stopped the web view and everything else it started",
+                  flush=True)
+            return demo.outcome
         print("\nsfc-host demo: interrupted; everything it started is stopped",
               file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -245,46 +266,6 @@ class Mes:
 # ---- jobs -----------------------------------------------------------------------------
 
 
-@dataclass
-class Job:
-    id: str
-    recipe: str
-    scope: str
-    pause_at_s: float = 0.0     # > 0: the MES pauses it this long after the start
-    pause_for_s: float = 0.0
-    paused: bool = False
-    state: str = ""
-    reason: str = ""
-    ended_at: float = 0.0
-
-
-@dataclass
-class Tally:
-    jobs: dict[str, Job] = field(default_factory=dict)
-    started_at: float = 0.0
-    ended: int = 0
-    completed: int = 0
-    last_end: float = 0.0
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)
-
-    def end(self, job_id: str, state: str, reason: str) -> None:
-        job = self.jobs.get(job_id)
-        if job is None or job.ended_at:
-            return
-        job.state, job.reason, job.ended_at = state, reason, time.monotonic()
-        self.ended += 1
-        self.completed += state.startswith("Ended")
-        self.last_end = job.ended_at
-        self.slots[job.scope].release()
-        self.changed.set()
-
-    def on_status(self, data: dict[str, Any]) -> None:
-        state = str(data.get("JobState") or "")
-        if state.startswith(("Ended", "Aborted")):
-            self.end(str(data.get("JobOrderID")), state, str(data.get("Reason") or ""))
-
-
 # paint jobs the MES pauses for a while (equipment hold); few, since the time a job is
 # paused counts in the host's answer-to-command histogram (held answer -> restart)
 PAUSED_SHARE = 0.06
@@ -316,11 +297,12 @@ class Hosts:
     """One App in this process, or N ``sfc-host run`` processes with metrics endpoints."""
 
     def __init__(self, opts: Options, base: dict[str, Any], workdir: Path,
-                 stations: dict[str, Any]) -> None:
+                 stations: dict[str, Any], web: dict[str, Any]) -> None:
         self.n = opts.hosts
         self.base = base
         self.workdir = workdir
         self.stations = stations      # the first host's settings that run the station
+        self.web = web                # and those that serve the web view (or none)
         self.app: App | None = None
         self.procs: list[tuple[subprocess.Popen[bytes], Path, int]] = []  # log, metrics port
 
@@ -328,17 +310,19 @@ class Hosts:
         if self.n == 1:
             from sfc_host.service.app import App
 
-            self.app = App(HostConfig(**self.base, **self.stations, consumer="demo-host-1"))
+            self.app = App(HostConfig(**self.base, **self.stations, **self.web,
+                                      consumer="demo-host-1"))
             try:
                 await self.app.start()
             except (ValueError, OSError, TimeoutError) as e:   # ConfigError is a ValueError
                 raise DemoFailed(f"the host did not start: {e}") from e
             return
         for i in range(1, self.n + 1):
-            port = free_port()
+            first = {**self.stations, **self.web} if i == 1 else {}
+            port = int(first.get("metrics_port") or free_port())
             conf = self.workdir / f"host-{i}.toml"
-            settings = {**self.base, **(self.stations if i == 1 else {}),
-                        "consumer": f"demo-host-{i}", "metrics_port": port}
+            settings = {**self.base, **first, "consumer": f"demo-host-{i}",
+                        "metrics_port": port}
             # JSON strings, numbers and arrays of strings are TOML as they are
             conf.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
             log = self.workdir / f"host-{i}.log"
@@ -407,6 +391,7 @@ class Demo:
         self.tally = Tally()
         self._mes: Mes | None = None
         self._pausers: set[asyncio.Task[None]] = set()
+        self.outcome: int | None = None    # the run's exit status, once it has ended
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -440,7 +425,8 @@ class Demo:
         mes = self._mes = Mes(link, self.scopes, self.tally.on_status)
         await link.start()
         await link.wait_connected(10)
-        hosts = Hosts(o, base, workdir, self._station_settings(workdir))
+        web = self._web_settings()
+        hosts = Hosts(o, base, workdir, self._station_settings(workdir), web)
         stack.push_async_callback(hosts.aclose)
         await hosts.start()
         await self._stations_ready(mes, hosts)
@@ -448,6 +434,10 @@ class Demo:
         self.say(f"{o.hosts} host{'s' if o.hosts > 1 else ''} {where}; a station mission "
                  f"per scope ({', '.join(self.scopes)}) in the script engine of host 1; "
                  f"speed {o.speed:g}, seed {o.seed}")
+        url = f"http://{WEB_HOST}:{web['metrics_port']}/" if web else ""
+        if url:
+            self.say(f"web view: {url} "
+                     + ("(job control on)" if o.web_control else "(read-only)"))
         await self._work_masters(mes)
         jobs = plan(o, self.scopes)
         self.tally.jobs = {j.id: j for j in jobs}
@@ -462,7 +452,30 @@ class Demo:
                                            hosts.answers())
         self.say()
         self.say(demo_report.render(report))
-        return EXIT_OK if finished else EXIT_FAILED
+        code = EXIT_OK if finished else EXIT_FAILED
+        if url:
+            self.outcome = code
+            self.say()
+            self.say(f"web view: {url} stays up, with the hosts and stations, until Ctrl-C")
+            await self._serve(hosts)
+        return code
+
+    def _web_settings(self) -> dict[str, Any]:
+        """The first host's settings that serve the web view: the host's own ``web``,
+        ``web_control`` and HTTP port, on loopback (no access token needed)."""
+        o = self.opts
+        if not o.web:
+            return {}
+        return {"web": True, "web_control": o.web_control, "metrics_host": WEB_HOST,
+                "metrics_port": o.web_port or free_port()}
+
+    async def _serve(self, hosts: Hosts) -> None:
+        """Keep everything running for the web view until a signal cancels this."""
+        while True:
+            await asyncio.sleep(0.5)
+            why = hosts.died()
+            if why:
+                raise DemoFailed(f"the web view is gone: {why}")
 
     def _station_settings(self, workdir: Path) -> dict[str, Any]:
         """``scripts_dir`` with the station script, and one mission per scope."""
@@ -520,7 +533,7 @@ class Demo:
                     # status events are best effort (dropped when the host's queue is
                     # nearly full): ask Redis about jobs quiet for a while
                     reconciled = now
-                    await demo_report.reconcile(redis_url, t)
+                    await t.reconcile(redis_url)
                 if now > deadline:
                     break
         finally:

@@ -6,10 +6,8 @@ under the Engine, Task and Mission machines of ``sfc_fast.machines``.
 """
 
 from sfc_host.engine.api import (
-    JobAPI,
     JobsNotConnected,
     LocalBus,
-    MqttLink,
     ScriptAPI,
     ScriptAPIError,
     VariableStore,
@@ -23,6 +21,14 @@ from sfc_host.engine.missions import (
     MissionStore,
     RedisMissionStore,
 )
+from sfc_host.engine.ports import (
+    EngineControl,
+    JobAPI,
+    MissionHandle,
+    MqttLink,
+    TaskHandle,
+    Variables,
+)
 from sfc_host.engine.script import MissionDef, TaskDef, Variable, mission, task
 from sfc_host.engine.tasks import TaskDisposed, TaskRunner
 
@@ -30,6 +36,7 @@ __all__ = [
     "BuildFailed",
     "BuildProblem",
     "Engine",
+    "EngineControl",
     "EngineFault",
     "EngineStateError",
     "JobAPI",
@@ -37,6 +44,7 @@ __all__ = [
     "LocalBus",
     "MemoryMissionStore",
     "MissionDef",
+    "MissionHandle",
     "MissionInstance",
     "MissionStore",
     "MqttLink",
@@ -45,9 +53,11 @@ __all__ = [
     "ScriptAPIError",
     "TaskDef",
     "TaskDisposed",
+    "TaskHandle",
     "TaskRunner",
     "Variable",
     "VariableStore",
+    "Variables",
     "build_scripts",
     "mission",
     "task",

@@ -16,14 +16,18 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
+from sfc_host.engine.ports import (
+    EngineControl,
+    Handler,
+    JobAPI,
+    MissionHandle,
+    Props,
+    TaskHandle,
+    Variables,
+)
 from sfc_host.mqtt import filter_problem, topic_matches
-
-if TYPE_CHECKING:
-    from sfc_host.engine.manager import Engine
-    from sfc_host.engine.missions import MissionInstance
-    from sfc_host.engine.tasks import TaskRunner
 
 log = logging.getLogger("sfc_host.engine")
 
@@ -132,12 +136,6 @@ class ScriptLog:
 
 # ---- MQTT -----------------------------------------------------------------------------
 
-# handler(topic, payload) or handler(topic, payload, properties): the properties as a
-# flat dict (MQTT 5 user properties by name, and ContentType, ResponseTopic,
-# CorrelationData when present), so a script can read binary-mode CloudEvents.
-Handler = Callable[..., Any]
-Props = dict[str, Any]
-
 
 def wants_properties(handler: Handler) -> bool:
     """Whether a handler takes a third positional parameter (the properties)."""
@@ -148,18 +146,6 @@ def wants_properties(handler: Handler) -> bool:
     positional = [p for p in params
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in params)
-
-
-class MqttLink(Protocol):
-    """What the engine needs from an MQTT link (the host's link implements it)."""
-
-    async def publish(self, topic: str, payload: bytes, *, qos: int = 0,
-                      retain: bool = False, properties: Props | None = None) -> None: ...
-
-    def subscribe(self, topic_filter: str, handler: Handler) -> Callable[[], None]:
-        """Deliver matching messages to ``handler(topic, payload[, properties])``;
-        returns unsubscribe."""
-        ...
 
 
 class LocalBus:
@@ -225,7 +211,7 @@ class ScriptMqtt:
     Subscriptions end with their Task or Mission.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineControl) -> None:
         self._engine = engine
         self._unsubs: list[Callable[[], None]] = []
 
@@ -256,18 +242,6 @@ class ScriptMqtt:
 
 
 # ---- jobs -----------------------------------------------------------------------------
-
-
-class JobAPI(Protocol):
-    """Job orders from scripts; the host's job control fills it in."""
-
-    async def submit(self, job_order: dict[str, Any], *, scope: str,
-                     start: bool = True) -> str: ...
-    async def query(self, job_id: str, *, scope: str) -> dict[str, Any] | None: ...
-    async def pause(self, job_id: str, *, scope: str, reason: str = "") -> str: ...
-    async def resume(self, job_id: str, *, scope: str, reason: str = "") -> str: ...
-    async def stop(self, job_id: str, *, scope: str, reason: str = "") -> str: ...
-    async def abort(self, job_id: str, *, scope: str, reason: str = "") -> str: ...
 
 
 class JobsNotConnected:
@@ -303,7 +277,7 @@ class JobsNotConnected:
 class ScriptAPI:
     """Passed as the first argument to every Task execution and Mission."""
 
-    def __init__(self, engine: Engine, kind: str, name: str, *, keep_log: int) -> None:
+    def __init__(self, engine: EngineControl, kind: str, name: str, *, keep_log: int) -> None:
         self._engine = engine
         self.kind = kind
         self.name = name
@@ -312,7 +286,7 @@ class ScriptAPI:
         self.mqtt = ScriptMqtt(engine)
 
     @property
-    def vars(self) -> VariableStore:
+    def vars(self) -> Variables:
         return self._engine.vars
 
     @property
@@ -323,14 +297,14 @@ class ScriptAPI:
         self.score += points
         return self.score
 
-    def task(self, name: str) -> TaskRunner:
+    def task(self, name: str) -> TaskHandle:
         """Another Task of the engine (``enable()`` / ``disable()`` it, read its state)."""
         return self._engine.task(name)
 
-    def create_mission(self, name: str, **args: Any) -> MissionInstance:
+    def create_mission(self, name: str, **args: Any) -> MissionHandle:
         return self._engine.create_mission(name, **args)
 
-    async def start_mission(self, name: str, **args: Any) -> MissionInstance:
+    async def start_mission(self, name: str, **args: Any) -> MissionHandle:
         return await self._engine.start_mission(name, **args)
 
     def close(self) -> None:

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from sfc_fast.machines import ENGINE, InvalidTransition
-from sfc_host.engine.api import JobAPI, JobsNotConnected, LocalBus, MqttLink, VariableStore
+from sfc_host.engine.api import JobsNotConnected, LocalBus, VariableStore
 from sfc_host.engine.build import SCRIPT_NAME, Build, BuildFailed, BuildProblem, build_scripts
 from sfc_host.engine.missions import MemoryMissionStore, MissionInstance, MissionStore
+from sfc_host.engine.ports import JobAPI, MissionHandle, MqttLink
 from sfc_host.engine.script import MissionDef, TaskDef
 from sfc_host.engine.tasks import TaskRunner
 
@@ -59,7 +60,11 @@ class EngineFault(RuntimeError):
 
 
 class Engine:
-    """The ScriptEngine: one scripts folder, its Tasks, Missions and Variables."""
+    """The ScriptEngine: one scripts folder, its Tasks, Missions and Variables.
+
+    Implements ``EngineControl`` (``sfc_host.engine.ports``), what its Task runners
+    and Mission instances call back.
+    """
 
     def __init__(
         self,
@@ -108,14 +113,16 @@ class Engine:
         old = self._state
         self._state = ENGINE.fire(self._state, T[trigger])
         log.info("engine: %s --%s--> %s", ENGINE.state_name(old), trigger, self.state)
-        self._changed()
+        self.notify_change()
 
     def on_change(self, listener: Callable[[Engine], None]) -> None:
         """Call ``listener(engine)`` after every state change of the engine, a Task or
         a Mission (on the event loop; keep it short)."""
         self._listeners.append(listener)
 
-    def _changed(self) -> None:
+    def notify_change(self) -> None:
+        """Something changed state: wake the stop waiting for quiescence and call the
+        listeners."""
         if self._settled is not None:
             self._settled.set()
         for f in self._listeners:
@@ -146,12 +153,14 @@ class Engine:
             raise EngineStateError("the engine is not running on an event loop")
         return asyncio.run_coroutine_threadsafe(coro, loop)
 
-    def _require_tasks_may_run(self, name: str) -> None:
+    def require_tasks_may_run(self, name: str) -> None:
+        """``EngineStateError`` unless Tasks may start (Starting or Running)."""
         if self._state not in (S["Starting"], S["Running"]):
             raise EngineStateError(f"task {name} can start only while the engine is "
                                    f"Starting or Running; it is {self.state}")
 
-    def _require_running(self, what: str) -> None:
+    def require_running(self, what: str) -> None:
+        """``EngineStateError`` saying it cannot ``what`` unless the engine is Running."""
         if self._state != S["Running"]:
             raise EngineStateError(f"cannot {what}: the engine is {self.state}, "
                                    "not Running")
@@ -273,7 +282,8 @@ class Engine:
         return (all(t.at_rest for t in self.tasks.values())
                 and all(m.state == "Idle" for m in self.instances.values()))
 
-    def _blockers(self) -> list[str]:
+    def blockers(self) -> list[str]:
+        """What keeps Stopping from ending: Tasks not at rest, Missions not Idle."""
         return ([f"task {t.name} is {t.state}" for t in self.tasks.values() if not t.at_rest]
                 + [f"mission {m.id} is {m.state}" + (" (saving its record)" if m.terminal
                                                      else "")
@@ -286,7 +296,7 @@ class Engine:
             try:
                 for m in list(self.instances.values()):
                     if m.active:
-                        m._request_cancel()
+                        m.request_cancel()
                 stops = [t.stop(self.stop_timeout) for t in self.tasks.values()
                          if t.state in ("Running", "Paused", "Pausing", "Resuming")]
                 results = await asyncio.gather(*stops, return_exceptions=True)
@@ -294,7 +304,7 @@ class Engine:
                     if isinstance(r, BaseException) and not isinstance(r, InvalidTransition):
                         log.error("engine stop: a task failed to stop: %s", _one_line(r))
                 if not await self._wait_quiescent(self.stop_timeout):
-                    raise self._fault_now("stop timed out: " + "; ".join(self._blockers()))
+                    raise self._fault_now("stop timed out: " + "; ".join(self.blockers()))
                 self._fire("StoppingCompleted")
             except EngineFault:
                 raise
@@ -344,19 +354,16 @@ class Engine:
             await asyncio.wait({self._halting})
         active = [m for m in self.instances.values() if m.active]
         for m in active:
-            m._request_cancel()
+            m.request_cancel()
         if active:
             await asyncio.wait([asyncio.ensure_future(m.join()) for m in active],
                                timeout=self.stop_timeout)
         for m in list(self.instances.values()):
-            if m._driver is not None and not m._driver.done():
-                m._driver.cancel()   # it would not end: force it (recorded as Canceled)
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await m._driver
+            await m.force_end()   # an instance that would not end on the cancel
         self.instances.clear()
         tasks, self.tasks = list(self.tasks.values()), {}
         await asyncio.gather(*(t.dispose(self.stop_timeout) for t in tasks))
-        self._changed()
+        self.notify_change()
 
     # ---- Fault --------------------------------------------------------------------
 
@@ -383,7 +390,7 @@ class Engine:
         # Nothing keeps running in Fault; Reset disposes what is left.
         for m in list(self.instances.values()):
             if m.active:
-                m._request_cancel()
+                m.request_cancel()
         await asyncio.gather(*(t.stop(self.stop_timeout) for t in self.tasks.values()
                                if t.state in ("Running", "Paused")),
                              return_exceptions=True)
@@ -410,7 +417,7 @@ class Engine:
         self._bind_loop_soft()
         inst = MissionInstance(defn, self, args)
         self.instances[inst.id] = inst
-        self._changed()
+        self.notify_change()
         return inst
 
     def _bind_loop_soft(self) -> None:
@@ -419,7 +426,7 @@ class Engine:
 
     async def start_mission(self, name: str, **args: Any) -> MissionInstance:
         """Create and start a Mission instance (the engine must be Running)."""
-        self._require_running(f"start mission {name}")
+        self.require_running(f"start mission {name}")
         inst = self.create_mission(name, **args)
         try:
             return await inst.start()
@@ -427,7 +434,7 @@ class Engine:
             self.instances.pop(inst.id, None)
             raise
 
-    async def _mission_ended(self, inst: MissionInstance) -> None:
+    async def mission_ended(self, inst: MissionHandle) -> None:
         """A Mission reached a final state: save its record, then dispose it."""
         assert inst.record is not None
         pending = [*self.unsaved, inst.record]
@@ -444,7 +451,7 @@ class Engine:
                 break
         self.ended += 1
         self.instances.pop(inst.id, None)
-        self._changed()
+        self.notify_change()
 
     # ---- status -------------------------------------------------------------------
 

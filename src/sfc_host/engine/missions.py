@@ -29,12 +29,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sfc_fast.machines import MISSION
 from sfc_host.engine.api import ScriptAPI, describe
+from sfc_host.engine.ports import EngineControl
 from sfc_host.engine.script import MissionDef
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
-
-    from sfc_host.engine.manager import Engine
 
 log = logging.getLogger("sfc_host.engine")
 
@@ -54,7 +53,8 @@ def _now_ms() -> int:
 class MissionInstance:
     """One run of a Mission: its state, generator, log, score and timings."""
 
-    def __init__(self, defn: MissionDef, engine: Engine, args: dict[str, Any]) -> None:
+    def __init__(self, defn: MissionDef, engine: EngineControl,
+                 args: dict[str, Any]) -> None:
         self.defn = defn
         self.name = defn.name
         self.args = args
@@ -112,14 +112,14 @@ class MissionInstance:
         log.debug("mission %s: %s --%s--> %s", self.id, MISSION.state_name(old), trigger,
                   self.state)
         self._changed.set()
-        self._engine._changed()
+        self._engine.notify_change()
 
     # ---- public operations --------------------------------------------------------
 
     async def start(self) -> MissionInstance:
         if not MISSION.can_fire(self._state, T["Start"]):
             MISSION.fire(self._state, T["Start"])   # raises InvalidTransition
-        self._engine._require_running(f"start mission {self.name}")
+        self._engine.require_running(f"start mission {self.name}")
         self._fire("Start")
         self.started_at = _now_ms()
         self._t_start = time.monotonic()
@@ -149,7 +149,7 @@ class MissionInstance:
             self._step.cancel()
         self._wake.set()
 
-    def _request_cancel(self) -> None:
+    def request_cancel(self) -> None:
         """Cancel for the engine (Stopping, Reset): also from Pausing or Resuming,
         by letting the driver pass through Paused / Running first."""
         self._cancel_requested = True
@@ -159,6 +159,15 @@ class MissionInstance:
             self._interrupt()
 
     _cancel_requested = False
+
+    async def force_end(self) -> None:
+        """End an instance whose driver would not end on a cancel: cancel the driver
+        (the instance is recorded as Canceled) and wait for it."""
+        driver = self._driver
+        if driver is not None and not driver.done():
+            driver.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await driver
 
     async def wait(self, *states: str, timeout: float | None = None) -> str:
         """Wait until the instance is in one of ``states`` (any final state if none)."""
@@ -271,7 +280,7 @@ class MissionInstance:
         self.record = self.to_record()
         self.api.close()
         try:
-            await self._engine._mission_ended(self)
+            await self._engine.mission_ended(self)
         finally:
             self._ended.set()
 
@@ -338,19 +347,6 @@ class MemoryMissionStore:
 
     async def get(self, mission_id: str) -> dict[str, Any] | None:
         return self.records.get(mission_id)
-
-
-def parse_mission_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``NAME`` or ``NAME={json object}`` (the CLI's ``--mission``, the host's
-    ``missions`` setting) as name and arguments; ValueError saying what is wrong."""
-    name, _, raw = spec.partition("=")
-    try:
-        args = json.loads(raw) if raw else {}
-    except ValueError as e:
-        raise ValueError(f"arguments are not JSON ({e})") from None
-    if not isinstance(args, dict):
-        raise ValueError("arguments must be a JSON object")
-    return name, args
 
 
 def mission_prefix(cluster: bool) -> str:

@@ -26,14 +26,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sfc_fast.machines import TASK
 from sfc_host.engine.api import ScriptAPI, describe
+from sfc_host.engine.ports import EngineControl
 from sfc_host.engine.script import TaskDef
-
-if TYPE_CHECKING:
-    from sfc_host.engine.manager import Engine
 
 log = logging.getLogger("sfc_host.engine")
 
@@ -67,7 +65,7 @@ class TaskDisposed(RuntimeError):
 class TaskRunner:
     """One Task of the engine: its state, timer, counters and API."""
 
-    def __init__(self, defn: TaskDef, engine: Engine) -> None:
+    def __init__(self, defn: TaskDef, engine: EngineControl) -> None:
         self.defn = defn
         self.name = defn.name
         self.interval = defn.interval
@@ -113,7 +111,7 @@ class TaskRunner:
         self._state = TASK.fire(self._state, T[trigger])
         log.debug("task %s: %s --%s--> %s", self.name, TASK.state_name(old), trigger,
                   self.state)
-        self._engine._changed()
+        self._engine.notify_change()
 
     def _check_alive(self) -> None:
         if self.disposed:
@@ -128,7 +126,7 @@ class TaskRunner:
             self._check_alive()
             if not TASK.can_fire(self._state, T["Start"]):
                 TASK.fire(self._state, T["Start"])   # raises InvalidTransition
-            self._engine._require_tasks_may_run(self.name)
+            self._engine.require_tasks_may_run(self.name)
             self.error = None
             self.error_text = None
             self._resumed.set()
@@ -178,7 +176,7 @@ class TaskRunner:
             await self._halt(timeout)
             self.api.close()
             self.disposed = True
-            self._engine._changed()
+            self._engine.notify_change()
 
     # ---- internals ----------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from typing import Any
 from sfc_fast import Graph, Problem
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import Message, MqttLink
-from sfc_host.store.keys import check_scope
+from sfc_host.names import check_scope
 
 log = logging.getLogger("sfc_host.equipment.capabilities")
 

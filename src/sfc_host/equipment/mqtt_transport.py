@@ -25,9 +25,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sfc_fast import Command
+from sfc_fast import Command, job_of_command
 from sfc_fast.events import BaseEvent, Completed, Failed, Held, NotHeld
-from sfc_fast.runner import job_of_command
 from sfc_host.mqtt import Message, MqttLink
 from sfc_host.mqtt.cloudevents import (
     CloudEvent,
@@ -36,7 +35,7 @@ from sfc_host.mqtt.cloudevents import (
     encode,
     encode_binary_plain,
 )
-from sfc_host.store.keys import check_scope
+from sfc_host.names import check_scope
 
 if TYPE_CHECKING:
     from sfc_host.execution.host import Host

@@ -25,9 +25,8 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sfc_fast import state_to_json
+from sfc_fast import job_of_command, state_to_json
 from sfc_fast.events import BaseEvent
-from sfc_fast.runner import job_of_command
 from sfc_host.config import HostConfig
 from sfc_host.execution.dispatch import CommandSink, Dispatcher, InProcessSink
 from sfc_host.execution.recovery import recover_scope
@@ -36,9 +35,10 @@ from sfc_host.execution.sweep import Sweeper
 from sfc_host.execution.wakeup import WakeOne
 from sfc_host.execution.work import WorkHandler
 from sfc_host.metrics import Metrics
+from sfc_host.names import check_scope
 from sfc_host.store.channel import RedisChannel
-from sfc_host.store.client import redis_from_url, retry, tls_options
-from sfc_host.store.keys import SCOPES, check_scope
+from sfc_host.store.client import connect
+from sfc_host.store.keys import SCOPES
 from sfc_host.store.lua_scripts import Scripts
 from sfc_host.store.orders import Orders
 from sfc_host.store.states import GraphCache, Store
@@ -50,18 +50,6 @@ GC_THRESHOLDS = (50_000, 20, 100)
 CLOSE_MARKERS_S = 5.0      # closing waits this long for the last sent markers
 ERROR_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 DISCOVER_FULL_EVERY = 30     # discovery passes between two full reads of the registry
-
-
-def connect(config: HostConfig) -> Any:
-    """The shared client (a pool of connections) for a config."""
-    tls = tls_options(config.redis_url, config.redis_ca_file, config.redis_cert_file,
-                      config.redis_key_file)
-    if config.redis_cluster:
-        from redis.asyncio.cluster import RedisCluster
-        return RedisCluster.from_url(config.redis_url, retry=retry(),
-                                     retry_on_error=[RedisConnectionError, RedisTimeoutError],
-                                     **tls)
-    return redis_from_url(config.redis_url, max_connections=config.redis_pool_size, **tls)
 
 
 class Host:

@@ -82,5 +82,5 @@ def compile_file(path: str | Path, dataschema: str | None = None) -> tuple[Loade
 
 def example_files() -> list[Path]:
     """The example recipes shipped with the package (used by the demo)."""
-    here = Path(__file__).parent / "examples"
+    here = Path(__file__).parents[1] / "examples"
     return sorted(here.glob("*.json"))

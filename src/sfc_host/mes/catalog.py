@@ -17,22 +17,15 @@ from __future__ import annotations
 from typing import Any
 
 from sfc_host import isa95 as model
+from sfc_host.config import MES_ACCEPTANCE_CHECKS
 from sfc_host.mes.codec import Invalid, typed
 from sfc_host.store.keys import ScopeKeys
 
-CHECKS = ("work_master", "equipment", "material_class", "material_definition", "personnel",
-          "physical_asset", "max_job_orders")
+CHECKS = MES_ACCEPTANCE_CHECKS
 # config kind -> the id field its payload names it by
 ID_FIELD = {"equipment": "ID", "personnel": "ID", "physicalasset": "ID",
             "materialclass": "MaterialClassID", "materialdefinition": "MaterialDefinitionID"}
 MAX_ID = 256
-
-
-def check_settings(acceptance: list[str]) -> None:
-    unknown = sorted(set(acceptance) - set(CHECKS))
-    if unknown:
-        raise ValueError(f"setting mes_acceptance: unknown check {unknown[0]!r} "
-                         f"(known: {', '.join(CHECKS)})")
 
 
 def config_id(kind: str, data: Any) -> str:

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 from sfc_fast.wire.mqtt5 import MAX_REMAINING
 from sfc_host import isa95 as model
 from sfc_host.config import HostConfig
-from sfc_host.isa95 import BY_ID, BY_STATE, CONFIG, JOB_CONTROL, METHODS, WORK_MASTER
+from sfc_host.isa95 import BY_ID, BY_STATE, CONFIG, JOB_CONTROL, METHODS, WORK_MASTER, status_names
 from sfc_host.mes.codec import levels
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import Message, MqttError, MqttLink, MqttRefused
@@ -39,20 +39,13 @@ from sfc_host.mqtt.cloudevents import (
     encode,
     new,
 )
-from sfc_host.store.keys import check_scope
+from sfc_host.names import check_scope
 
 __all__ = ["LISTED_STATES", "MesClient", "MesError", "NoReply", "Reply", "job_order",
            "status_names"]
 
 SOURCE = "sfc-host-cli"
 
-# OPC UA ISA-95 job control method return status: a bit map (bit 0 = no error); the
-# names are those of the constants, as the docs' reply table shows them.
-STATUS_BITS = {v.bit_length() - 1: name for name, v in (
-    ("NO_ERROR", model.NO_ERROR), ("UNKNOWN_JOB_ORDER_ID", model.UNKNOWN_JOB_ORDER_ID),
-    ("INVALID_JOB_ORDER_STATUS", model.INVALID_JOB_ORDER_STATUS),
-    ("UNABLE_TO_ACCEPT_JOB_ORDER", model.UNABLE_TO_ACCEPT_JOB_ORDER),
-    ("INVALID_REQUEST", model.INVALID_REQUEST))}
 # The states a job order can be in (RequestJobResponseByJobOrderState matches a state
 # exactly): listing every order asks for each.
 LISTED_STATES = ("NotAllowedToStart_Ready", "AllowedToStart_Ready", "Running",
@@ -81,14 +74,6 @@ class MesError(Exception):
 
 class NoReply(MesError):
     """No reply within the timeout (no host serves the scope, or it is overloaded)."""
-
-
-def status_names(status: int) -> list[str]:
-    """The names of the bits set in a return status (``BIT_n`` for one not named)."""
-    if status <= 0:
-        return [f"INVALID_STATUS_{status}"]
-    return [STATUS_BITS.get(b, f"BIT_{b}") for b in range(status.bit_length())
-            if status >> b & 1]
 
 
 @dataclass(slots=True)

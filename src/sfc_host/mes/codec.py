@@ -27,7 +27,7 @@ from sfc_host.mqtt.cloudevents import (
     timestamp,
 )
 from sfc_host.mqtt.cloudevents import new as new_event
-from sfc_host.store.keys import check_scope
+from sfc_host.names import check_scope
 
 T = TypeVar("T")
 

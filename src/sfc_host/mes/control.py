@@ -29,7 +29,8 @@ from sfc_host.mes.codec import Invalid
 from sfc_host.mes.publishing import Publisher
 from sfc_host.mqtt import Message, MqttLink
 from sfc_host.mqtt.cloudevents import CloudEvent, CloudEventError, decode
-from sfc_host.store.keys import ScopeKeys, check_job
+from sfc_host.names import check_job
+from sfc_host.store.keys import ScopeKeys
 from sfc_host.store.orders import OrderError
 
 if TYPE_CHECKING:

@@ -18,13 +18,13 @@ import itertools
 import json
 import os
 import re
-import time as _time
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from sfc_fast.wire.mqtt5 import Properties, plain_texts
+from sfc_host.times import timestamp
 
 __all__ = ["STRUCTURED_CONTENT_TYPE", "CloudEvent", "CloudEventError", "RawJSON", "decode",
            "encode_binary", "encode_binary_json_plain", "encode_binary_plain",
@@ -83,23 +83,6 @@ class CloudEvent:
 
 
 _FIELDS = frozenset(CloudEvent.__dataclass_fields__)
-
-
-# the last whole second formatted and its text, replaced as one tuple: a thread (a
-# script's) never reads one second's text with another's number
-_second: tuple[int, str] = (-1, "")
-
-
-def timestamp() -> str:
-    """Now as an RFC 3339 UTC time with milliseconds, as events carry it."""
-    global _second
-    now = _time.time()
-    sec = int(now)
-    at, text = _second
-    if at != sec:           # formatted once a second: every status event carries one
-        text = _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(sec))
-        _second = (sec, text)
-    return f"{text}.{int(now % 1 * 1000):03d}Z"
 
 
 class _Ids:
@@ -197,7 +180,7 @@ def _dumps(value: Any) -> bytes:
         if b"null" not in out:
             return out
     except (TypeError, ValueError, OverflowError, RecursionError):
-        pass        # json's own error, worded as before
+        pass        # json words the error: the same text whichever encoder ran
     try:
         return _ENCODER.encode(value).encode()
     except (TypeError, ValueError, RecursionError) as e:  # UnicodeEncodeError is a ValueError
@@ -219,7 +202,7 @@ def _parse(payload: bytes, code: str) -> Any:
     try:
         return _FAST_DECODE(text)
     except (msgspec.DecodeError, RecursionError):
-        pass        # json decides, and words the error as before
+        pass        # json decides, and words the error the same either way
     try:
         return _DECODER.decode(text)
     except RecursionError:

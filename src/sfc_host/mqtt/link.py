@@ -65,7 +65,6 @@ from sfc_fast.wire.mqtt5 import (
     encode_unsubscribe,
     publish_into,
 )
-from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt.connection import (
     REDIRECTS,
@@ -74,6 +73,7 @@ from sfc_host.mqtt.connection import (
     MqttError,
     reason_text,
 )
+from sfc_host.mqtt.settings import MqttSettings
 from sfc_host.mqtt.topics import filter_problem, topic_matches
 from sfc_host.tls import client_context
 
@@ -182,7 +182,7 @@ class _Ack:
 
 
 class MqttLink:
-    def __init__(self, config: HostConfig, metrics: Metrics, *, client_id: str = "",
+    def __init__(self, config: MqttSettings, metrics: Metrics, *, client_id: str = "",
                  fan_out: bool = False, once: bool = False, max_packet: int = 0) -> None:
         self.config = config
         self.metrics = metrics

@@ -22,9 +22,9 @@ import tempfile
 
 from sfc_host import __version__
 from sfc_host.config import HostConfig
-from sfc_host.engine.api import MqttLink as EngineMqtt
 from sfc_host.engine.manager import Engine
 from sfc_host.engine.missions import RedisMissionStore, mission_prefix
+from sfc_host.engine.ports import MqttLink as EngineMqtt
 from sfc_host.equipment.mqtt_transport import EquipmentIn, MqttSink
 from sfc_host.execution.host import Host
 from sfc_host.mes.control import MesControl

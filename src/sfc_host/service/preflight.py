@@ -15,8 +15,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from sfc_host.config import ConfigError, HostConfig, without_credentials
-from sfc_host.engine.missions import parse_mission_spec
+from sfc_host.config import ConfigError, HostConfig, parse_mission_spec, without_credentials
 from sfc_host.engine.script import MissionDef, check_mission_call
 
 EXIT_MISTAKE = 2
@@ -99,9 +98,9 @@ async def check_servers(config: HostConfig, timeout_s: float = 10.0) -> str:
     a client id of its own, so a running host with the same settings stays connected)."""
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    from sfc_host.execution.host import connect
     from sfc_host.metrics import Metrics
     from sfc_host.mqtt import MqttLink
+    from sfc_host.store.client import connect
     from sfc_host.store.lua_scripts import Scripts
 
     client = connect(config)

@@ -28,8 +28,7 @@ import hiredis
 from redis import exceptions as rx
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
-from sfc_fast.wire.resp import pack_command
-from sfc_host.store.client import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRIES
+from sfc_host.store.client import BACKOFF_BASE_S, BACKOFF_CAP_S, RETRIES, pack_request
 from sfc_host.tls import client_context
 
 CONNECT_TIMEOUT_S = 10.0
@@ -60,7 +59,7 @@ def reply_error(e: Exception) -> Exception:
 
 def _pack(args: tuple[Any, ...]) -> bytes:
     try:
-        return pack_command(args)
+        return pack_request(args)
     except TypeError as e:      # None, say: refused as redis-py refuses it
         raise rx.DataError(f"not a Redis argument: {e}") from e
 
@@ -270,7 +269,7 @@ class RedisChannel:
         if self.db:
             hello.append(("SELECT", self.db))
         if hello:
-            replies = await conn.send(b"".join(hiredis.pack_command(c) for c in hello),
+            replies = await conn.send(b"".join(_pack(c) for c in hello),
                                       len(hello))
             bad = next((r for r in replies if isinstance(r, Exception)), None)
             if bad is not None:

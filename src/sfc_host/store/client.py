@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import (
+    AbstractConnection,
     BlockingConnectionPool,
     Connection,
     SSLConnection,
@@ -25,6 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sfc_fast.wire.resp import pack_command
+from sfc_host.config import HostConfig
 
 # A call on a connection a Redis restart closed is tried again on a new one, this many
 # times and this far apart (exponential, capped): the host's writes are compare-and-set
@@ -39,32 +41,36 @@ def retry() -> Retry:
     return Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES)
 
 
-def _pack(conn: Any, args: tuple[Any, ...]) -> list[bytes] | None:
+def pack_request(args: tuple[Any, ...]) -> bytes:
+    """One request in RESP, packed by the core (hiredis's bytes); ``TypeError`` for an
+    argument it does not take. A command name of two words (``CLIENT SETNAME``, as
+    redis-py writes some) is two arguments."""
     first = args[0]
-    if isinstance(first, str):
-        if " " in first:
-            args = (*first.split(), *args[1:])
-    elif isinstance(first, bytes) and b" " in first:
+    if (" " in first) if isinstance(first, str) else (isinstance(first, bytes) and b" " in first):
         args = (*first.split(), *args[1:])
+    return pack_command(args)
+
+
+def _pack(conn: AbstractConnection, args: tuple[Any, ...]) -> list[bytes]:
     try:
-        return [pack_command(args)]
-    except TypeError:
-        return None
+        return [pack_request(args)]
+    except TypeError:       # redis-py's packer decides, with its own errors
+        return AbstractConnection.pack_command(conn, *args)
 
 
 class FastConnection(Connection):
     def pack_command(self, *args: Any) -> list[bytes]:
-        return _pack(self, args) or super().pack_command(*args)
+        return _pack(self, args)
 
 
 class FastSSLConnection(SSLConnection):
     def pack_command(self, *args: Any) -> list[bytes]:
-        return _pack(self, args) or super().pack_command(*args)
+        return _pack(self, args)
 
 
 class FastUnixConnection(UnixDomainSocketConnection):
     def pack_command(self, *args: Any) -> list[bytes]:
-        return _pack(self, args) or super().pack_command(*args)
+        return _pack(self, args)
 
 
 def connection_class(url: str) -> type[Connection]:
@@ -101,3 +107,15 @@ def redis_from_url(url: str, max_connections: int = 16,
         timeout=pool_timeout_s, retry=retry(),
         retry_on_error=[RedisConnectionError, RedisTimeoutError], **tls)
     return aioredis.Redis(connection_pool=pool)
+
+
+def connect(config: HostConfig) -> Any:
+    """The shared client (a pool of connections) for a config."""
+    tls = tls_options(config.redis_url, config.redis_ca_file, config.redis_cert_file,
+                      config.redis_key_file)
+    if config.redis_cluster:
+        from redis.asyncio.cluster import RedisCluster
+        return RedisCluster.from_url(config.redis_url, retry=retry(),
+                                     retry_on_error=[RedisConnectionError, RedisTimeoutError],
+                                     **tls)
+    return redis_from_url(config.redis_url, max_connections=config.redis_pool_size, **tls)

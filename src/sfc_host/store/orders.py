@@ -29,10 +29,11 @@ from sfc_host.isa95 import (
     JobOrderData,
 )
 from sfc_host.metrics import Metrics
-from sfc_host.mqtt.cloudevents import timestamp
-from sfc_host.store.keys import SCOPES, ScopeKeys, check_job, check_scope
+from sfc_host.names import check_job, check_scope
+from sfc_host.store.keys import SCOPES, ScopeKeys
 from sfc_host.store.lua_scripts import Scripts
 from sfc_host.store.states import Store
+from sfc_host.times import timestamp
 
 log = logging.getLogger("sfc_host.store.orders")
 

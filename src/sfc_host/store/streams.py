@@ -22,7 +22,8 @@ from redis.exceptions import ResponseError
 
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
-from sfc_host.store.keys import ScopeKeys, check_job
+from sfc_host.names import check_job
+from sfc_host.store.keys import ScopeKeys
 from sfc_host.store.lua_scripts import Scripts
 from sfc_host.store.states import pairs
 

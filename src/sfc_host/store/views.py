@@ -8,12 +8,11 @@ time is the Redis server's clock (``TIME``), the same clock the hosts decide by.
 from __future__ import annotations
 
 import json
-from collections.abc import MutableMapping
 from typing import Any
 
 from sfc_fast import Graph, StateFormatError, state_to_json
 from sfc_host.store.keys import SCOPES, ScopeKeys
-from sfc_host.store.states import caught_up, whole_state
+from sfc_host.store.states import GraphCache, caught_up, whole_state
 
 # action phases that still wait for something (a command's answer, a timer, an exit)
 OPEN_PHASES = ("delayed", "open", "waiting_exit")
@@ -44,7 +43,7 @@ def _in_s(ms: int | None, now: int) -> float | None:
 
 
 async def read_job(client: Any, scope: str, job: str,
-                   graphs: MutableMapping[str, Graph] | None = None) -> dict[str, Any]:
+                   graphs: GraphCache | None = None) -> dict[str, Any]:
     """Everything known of a job; ``NotFound`` when there is neither order nor state.
     ``graphs`` (fingerprint -> recipe) saves reading a pinned recipe again: a
     fingerprint names its content, so a kept one never goes stale."""
@@ -91,7 +90,7 @@ async def read_job(client: Any, scope: str, job: str,
         if graph is None:
             graph = Graph.from_bytes(raw_graph)
             if graphs is not None and fp:
-                graphs[fp] = graph
+                graphs.put(graph)
         state = caught_up(graph, state, offset - int(job_h.get(b"o") or 0), now)
         view = state_to_json(graph, state)
     except (StateFormatError, ValueError) as e:
@@ -174,3 +173,39 @@ async def scope_sample(client: Any, scope_names: list[str], group: str) -> dict[
             "heartbeat_age_ms": None if hb is None else now - int(hb),
         })
     return {"server_ms": now, "scopes": out}
+
+
+def rate(now: int | None, before: int | None, secs: float) -> float | None:
+    """A counter's rate a second between two readings; None without both (a counter
+    that went back, a restarted host's, counts as 0)."""
+    if now is None or before is None or secs <= 0:
+        return None
+    return max(0, now - before) / secs
+
+
+def add_scope_rates(scopes_now: list[dict[str, Any]], scopes_before: list[dict[str, Any]],
+                    secs: float) -> None:
+    """Each scope's ``rates`` (completions, order changes and stream entries a second)
+    from two ``scope_sample`` readings ``secs`` apart."""
+    before = {s["scope"]: s for s in scopes_before}
+    for s in scopes_now:
+        p = before.get(s["scope"], {})
+        s["rates"] = {"completed": rate(s["completed"], p.get("completed"), secs),
+                      "order_changes": rate(s["seq"], p.get("seq"), secs),
+                      "entries": rate(s["entries_added"], p.get("entries_added"), secs)}
+
+
+class Ambiguous(LookupError):
+    """A job id found in more than one scope: the scope must be named."""
+
+
+async def find_scope(client: Any, job: str) -> str:
+    """The scope that holds a job: every scope a host served is in the registry, and the
+    job's key tells which holds it. ``NotFound`` or ``Ambiguous`` otherwise."""
+    names = await scopes(client)
+    found = [s for s in names if await client.exists(ScopeKeys(s).job(job))]
+    if not found:
+        raise NotFound(f"no job {job!r} in any scope ({len(names)} known)")
+    if len(found) > 1:
+        raise Ambiguous(f"job {job!r} is in scopes {', '.join(found)}: give --scope")
+    return found[0]

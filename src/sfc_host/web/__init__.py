@@ -7,5 +7,8 @@ script of our own (``static/``), served by aiohttp.
 - ``views``: what the pages show, read from Redis
 - ``pages``: the HTML, every name escaped
 - ``live``: Server-Sent Events for job pages, one poller per job
-- ``serve``: ``sfc-host web``, the view alone (read-only)
 """
+
+from sfc_host.web.app import WebView
+
+__all__ = ["WebView"]

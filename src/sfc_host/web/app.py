@@ -29,7 +29,7 @@ from aiohttp import web
 from sfc_host.isa95 import INVALID_REQUEST, NO_ERROR
 from sfc_host.mes.codec import Invalid
 from sfc_host.metrics import Metrics
-from sfc_host.store.keys import check_job, check_scope
+from sfc_host.names import check_job, check_scope
 from sfc_host.store.orders import OrderError
 from sfc_host.store.views import NotFound
 from sfc_host.web import pages

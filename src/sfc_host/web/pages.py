@@ -6,7 +6,6 @@ anything else)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
@@ -14,7 +13,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 from sfc_host.charts.svg import to_svg
-from sfc_host.mes.client import status_names
+from sfc_host.isa95 import status_names
+from sfc_host.times import iso
 from sfc_host.web.views import TOP_STATES
 
 CONTROLS = ("Pause", "Resume", "Abort", "Stop", "Clear")
@@ -27,13 +27,6 @@ REFRESH_MS = 2000        # scopes and jobs tables: fetched again this often
 def esc(value: Any) -> str:
     """Text for HTML content and double-quoted attribute values."""
     return escape("" if value is None else str(value), quote=True)
-
-
-def iso(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    t = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _rate(v: float | None) -> str:

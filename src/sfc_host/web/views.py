@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +17,11 @@ from sfc_fast import Graph, RecipeError, compile_recipe
 from sfc_host.charts.svg import job_classes
 from sfc_host.execution.workmaster import resolve_schema
 from sfc_host.metrics import Metrics
-from sfc_host.store.keys import ScopeKeys, check_job, check_scope
+from sfc_host.names import check_job, check_scope
+from sfc_host.store.keys import ScopeKeys
 from sfc_host.store.orders import top_state
-from sfc_host.store.views import read_job, scope_sample, scopes
+from sfc_host.store.states import GraphCache
+from sfc_host.store.views import add_scope_rates, rate, read_job, scope_sample, scopes
 
 TOP_STATES = ("NotAllowedToStart", "AllowedToStart", "Running", "Interrupted", "Ended",
               "Aborted")
@@ -29,15 +30,6 @@ MAX_PER_PAGE = 500
 SAMPLE_S = 1.0           # scope readings shared by every viewer this long
 GRAPHS_KEPT = 256
 ORDER_FIELDS = ("state", "wm", "started", "ended", "reason")
-
-
-class GraphCache(OrderedDict[str, Graph]):
-    """Compiled recipes by fingerprint, the most recently stored ``GRAPHS_KEPT``."""
-
-    def __setitem__(self, key: str, value: Graph) -> None:
-        super().__setitem__(key, value)
-        while len(self) > GRAPHS_KEPT:
-            self.popitem(last=False)
 
 
 @dataclass
@@ -50,12 +42,6 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else (raw or "")
 
 
-def _rate(now: int | None, before: int | None, secs: float) -> float | None:
-    if now is None or before is None or secs <= 0:
-        return None
-    return max(0, now - before) / secs
-
-
 class WebData:
     """The web view's reads. ``metrics`` (the host's own, in ``sfc-host run``) adds the
     commands this host sent a second; ``sfc-host web`` has none."""
@@ -66,7 +52,7 @@ class WebData:
         self.group = group
         self.outage_ms = outage_ms
         self.metrics = metrics
-        self.graphs = GraphCache()
+        self.graphs = GraphCache(GRAPHS_KEPT)
         self._last: Sample | None = None
 
     # ---- scopes
@@ -87,14 +73,10 @@ class WebData:
         data["commands_sent"] = commands
         prev = self._last
         secs = now - prev.mono if prev is not None else 0.0
-        before = {s["scope"]: s for s in prev.data["scopes"]} if prev is not None else {}
-        data["commands_rate"] = _rate(commands, prev.data.get("commands_sent"), secs) \
+        data["commands_rate"] = rate(commands, prev.data.get("commands_sent"), secs) \
             if prev is not None else None
+        add_scope_rates(data["scopes"], prev.data["scopes"] if prev is not None else [], secs)
         for s, cons in zip(data["scopes"], consumers, strict=True):
-            p = before.get(s["scope"], {})
-            s["rates"] = {"completed": _rate(s["completed"], p.get("completed"), secs),
-                          "order_changes": _rate(s["seq"], p.get("seq"), secs),
-                          "entries": _rate(s["entries_added"], p.get("entries_added"), secs)}
             s["hosts"] = [] if isinstance(cons, Exception) else sorted(
                 (_text(c.get("name")), int(c.get("idle") or 0)) for c in cons)
             hb = s["heartbeat_age_ms"]
