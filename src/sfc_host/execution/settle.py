@@ -13,13 +13,14 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from time import perf_counter
 from typing import Any
 
 import msgspec
 
 from sfc_fast import (
+    Decision,
     Graph,
     action_results,
     evolve_live,
@@ -33,7 +34,7 @@ from sfc_fast.events import BaseEvent, Event, Start, Tick
 from sfc_host.config import HostConfig
 from sfc_host.isa95 import state_list
 from sfc_host.metrics import Metrics
-from sfc_host.store.states import JobRow, Record, Store, pairs, started_at
+from sfc_host.store.states import Flat, JobRow, Record, Store, pairs, started_at
 
 log = logging.getLogger("sfc_host.execution.settle")
 
@@ -153,7 +154,7 @@ class _Plan:
                  "scope", "start_graph")
 
     def __init__(self, scope: str, now: int, its: list[Item], row: JobRow, graph: Graph,
-                 decisions: list, reset: bool, start_graph: Graph | None, archived: bytes,
+                 decisions: list[Decision], reset: bool, start_graph: Graph | None, archived: bytes,
                  record: Record | None = None) -> None:
         self.scope = scope
         self.now = now
@@ -165,6 +166,30 @@ class _Plan:
         self.start_graph = start_graph
         self.archived = archived
         self.record = record
+
+
+_Key = tuple[str, str]                      # (scope, job)
+# one job's write as the commit's replies are read: its items, record, graph, decisions
+# and the row it was evolved from
+_Written = tuple[list[Item], Record, Graph, list[Decision], JobRow]
+_DeliveredFlat = list[tuple[str, list[tuple[bytes, list[bytes]]]]]
+
+
+class _Round:
+    """What the phases of one compare-and-set round share: one object a round, so the
+    phases add nothing per item."""
+
+    __slots__ = ("decided", "fetched", "first", "read_at", "rows", "stale", "wanted")
+
+    def __init__(self, first: bool, wanted: dict[_Key, list[Item]]) -> None:
+        self.first = first
+        self.wanted = wanted                    # the round's items by job, in order
+        self.rows: dict[_Key, JobRow] = {}      # the row each job is evolved from
+        # per scope: the server time its rows were read at (absent: from the cache)
+        self.read_at: dict[str, int] = {}
+        self.fetched: set[_Key] = set()         # rows read in this round, not cached
+        self.stale: list[Item] = []             # items for the next round, read anew
+        self.decided = 0    # the oldest server time a decision of this round was made at
 
 
 class Settler:
@@ -212,9 +237,26 @@ class Settler:
                         self.config.cas_rounds, extra={"scope": it.scope, "job": it.job})
 
     async def _round(self, items: list[Item], first: bool) -> list[Item]:
-        # Keyed flat by (scope, job), not per scope: with one job a scope, per-scope
-        # containers were most of a round's own work (issue 19, goal 5).
-        wanted: dict[tuple[str, str], list[Item]] = {}
+        """One compare-and-set round over ``items``; the items to try again."""
+        r = _Round(first, self._group(items))
+        await self._read_rows(r)
+        evolved = await self._check_archives(r, await self._evolve_jobs(r))
+        batches, plans = self._build_writes(evolved)
+        self._count_round(r)
+        if not batches:
+            return r.stale
+        versions, marks, _, delivered = await self._commit(r, batches)
+        made, dues, wrote = self._take_replies(r, plans, versions, marks)
+        self._schedule(dues, wrote, delivered)
+        await self._send(made, delivered)
+        return r.stale
+
+    @staticmethod
+    def _group(items: list[Item]) -> dict[_Key, list[Item]]:
+        """The round's items by job, in their order. Keyed flat by (scope, job), not per
+        scope: with one job a scope, per-scope containers would be most of a round's own
+        work. First, as every later phase works job by job."""
+        wanted: dict[_Key, list[Item]] = {}
         for it in items:
             it.outcome = None
             key = (it.scope, it.job)
@@ -223,19 +265,21 @@ class Settler:
                 wanted[key] = [it]
             else:
                 same.append(it)
-        # Jobs this host wrote last are evolved from the cache on the first round; a
-        # stale one loses the compare-and-set and is read on the next.
+        return wanted
+
+    async def _read_rows(self, r: _Round) -> None:
+        """The row each job is evolved from: on the first round the one its caller read,
+        else the cached one (this host wrote it last; a stale one loses the
+        compare-and-set and is read on the next round); what is left is read from Redis
+        in one call. A ``fresh`` job (a sweep's tick needs the sent markers) is read
+        whole, any other lean: what a cached row holds, at a cost that does not grow
+        with the job's history (an answer routed to another host than the last
+        writer's). Before evolving, which needs every row and its server time."""
+        first, rows, read_at, fetched = r.first, r.rows, r.read_at, r.fetched
         cache = self.store.cache
-        rows: dict[tuple[str, str], JobRow] = {}
-        # per scope: the server time its rows were read at (absent: from the cache)
-        read_at: dict[str, int] = {}
-        # jobs read whole (``fresh``: a sweep's tick needs the sent markers), and jobs
-        # read lean: what a cached row holds, a read whose cost does not grow with the
-        # job's history (an answer routed to another host than the last writer's)
         to_load: dict[str, list[str]] = {}
         to_lean: dict[str, list[str]] = {}
-        fetched: set[tuple[str, str]] = set()     # rows read in this round, not cached
-        for key, its in wanted.items():
+        for key, its in r.wanted.items():
             if len(its) == 1:
                 fresh, pre = its[0].fresh, its[0].read
             else:
@@ -248,9 +292,9 @@ class Settler:
                     rows[key] = pre[1]
                     fetched.add(key)
                     continue
-                r = cache.get(key[0], key[1])
-                if r is not None:
-                    rows[key] = r
+                row = cache.get(key[0], key[1])
+                if row is not None:
+                    rows[key] = row
                     continue
             target = to_load if fresh else to_lean
             jobs = target.get(key[0])
@@ -262,16 +306,23 @@ class Settler:
             loaded = await self.store.load(to_load, to_lean)
             for s, (now, got) in loaded.items():
                 read_at[s] = now
-                for job, r in got.items():
-                    rows[(s, job)] = r
+                for job, row in got.items():
+                    rows[(s, job)] = row
                     if first:
                         fetched.add((s, job))
+
+    async def _evolve_jobs(self, r: _Round) -> list[_Plan]:
+        """Each job's events evolved at its scope's read time (one clock reading for all
+        jobs from the cache), and the oldest of those times, which bounds the commit.
+        A cached job to which nothing applied goes to ``stale``: only a state just read
+        proves that nothing applies; one from the cache may be behind. After the rows
+        are read, before the archives, which only ending jobs need."""
+        first, rows, read_at, fetched, stale = r.first, r.rows, r.read_at, r.fetched, r.stale
         evolved: list[_Plan] = []
-        stale: list[Item] = []
-        decided = 0          # the oldest server time a decision of this round was made at
+        decided = 0
         clock = self.store.clock
-        cached_now = 0       # one clock reading for every scope evolved from the cache
-        for key, its in wanted.items():
+        cached_now = 0
+        for key, its in r.wanted.items():
             s = key[0]
             now = read_at.get(s, 0)
             if not now:
@@ -281,60 +332,90 @@ class Settler:
             if not decided or now < decided:
                 decided = now
             p = await self._plan(s, now, rows[key], its)
-            # Nothing applied: only a state just read proves that; one from the cache
-            # may be behind, so the job is read and evolved again.
             if ((p is None or not p.decisions) and first and key not in fetched
                     and all(it.outcome != ERROR for it in its)):
                 stale.extend(its)
                 continue
             if p is not None:
                 evolved.append(p)
-        # The job response of an ending job lists every result: the archives of cached
-        # rows are read in one call for the whole round (one round trip, not one per
-        # ending job); a row behind its hash (another host wrote since) is read again
-        # and evolved anew.
+        r.decided = decided
+        return evolved
+
+    async def _check_archives(self, r: _Round, evolved: list[_Plan]) -> list[_Plan]:
+        """The archives of ending jobs evolved from a cached row, read in one call for
+        the whole round (not one round trip per ending job): the job response of an
+        ending job lists every result. A row behind its hash (another host wrote since)
+        leaves ``evolved`` for ``stale``, to be read and evolved anew. After evolving,
+        as only the decisions tell which jobs end; before the writes, which hold the
+        job response."""
         ending = [p for p in evolved if p.decisions and p.decisions[-1].status in TERMINAL
                   and not p.reset and not p.row.archive_known]
-        if ending:
-            got_archives = await self.store.read_archives([(p.scope, p.row.job)
-                                                           for p in ending])
-            behind: set[int] = set()
-            for p, (version, archive) in zip(ending, got_archives, strict=True):
-                if version != p.row.version:
-                    behind.add(id(p))
-                    stale.extend(p.its)
-                else:
-                    p.row.archive, p.row.archive_known = archive, True
-            if behind:
-                evolved = [p for p in evolved if id(p) not in behind]
+        if not ending:
+            return evolved
+        got_archives = await self.store.read_archives([(p.scope, p.row.job) for p in ending])
+        behind: set[int] = set()
+        for p, (version, archive) in zip(ending, got_archives, strict=True):
+            if version != p.row.version:
+                behind.add(id(p))
+                r.stale.extend(p.its)
+            else:
+                p.row.archive, p.row.archive_known = archive, True
+        if behind:
+            return [p for p in evolved if id(p) not in behind]
+        return evolved
+
+    def _build_writes(self, evolved: list[_Plan]
+                      ) -> tuple[dict[str, list[Record]], dict[str, list[_Written]]]:
+        """Each evolved job's write, batched per scope for the commit, and beside it
+        what reading the commit's replies needs, in the same order (the replies come
+        flat in the order of the batches). No Redis call: the last step before the
+        commit."""
         batches: dict[str, list[Record]] = {}
-        plans: dict[str, list[tuple[list[Item], Record, Graph, list, JobRow]]] = {}
+        plans: dict[str, list[_Written]] = {}
         for p in evolved:
             rec = p.record if p.record is not None else self._record(
                 p.scope, p.now, p.row, p.graph, p.decisions, p.reset, p.start_graph,
                 p.archived)
             batches.setdefault(p.scope, []).append(rec)
             plans.setdefault(p.scope, []).append((p.its, rec, p.graph, p.decisions, p.row))
+        return batches, plans
+
+    def _count_round(self, r: _Round) -> None:
+        """The round's evolve time and its cache rereads into the metrics: once a round
+        (evolve calls are timed per job's loop, not per call, so the hot path gains no
+        Python call), after every evolve of the round and before the commit's wait."""
         if self._evolve_n:
             # each call of the batch counts once, at the batch's mean time per call
             n, self._evolve_n = self._evolve_n, 0
             self.metrics.observe_n("evolve_seconds", self._evolve_s / n, n)
             self._evolve_s = 0.0
-        if stale:
+        if r.stale:
             # read on the next round, which takes nothing from the cache
-            self.metrics.inc("cache_rereads", len(stale))
-        if not batches:
-            return stale
+            self.metrics.inc("cache_rereads", len(r.stale))
+
+    async def _commit(self, r: _Round, batches: dict[str, list[Record]]) -> Flat:
+        """Every write of the round in one compare-and-set call per scope, pipelined, with
+        the delivery of this host's new work entries in the same round trip. A decision
+        older than the outage threshold when it reaches Redis (the host was frozen in
+        between) may predate an outage whose sweep did not see this job yet: its
+        deadlines would not move by the gap. It is not written; it is read and decided
+        again."""
         c = self.config
-        deliver = (c.group, c.consumer_name, c.read_count)
-        # A decision older than the outage threshold when it reaches Redis (the host was
-        # frozen in between) may predate an outage whose sweep did not see this job yet:
-        # its deadlines would not move by the gap. It is not written; read and decide again.
-        versions, marks_flat, _, delivered = await self.store.commit_flat(
-            batches, deliver, self.serves, not_after=decided + c.outage_threshold_ms)
-        # The replies come flat over the scopes, in the order of ``batches`` (so of
-        # ``plans``): no per-scope containers (issue 19, goal 5).
-        retry: list[Item] = stale
+        return await self.store.commit_flat(
+            batches, (c.group, c.consumer_name, c.read_count), self.serves,
+            not_after=r.decided + c.outage_threshold_ms)
+
+    def _take_replies(self, r: _Round, plans: dict[str, list[_Written]], versions: list[int],
+                      marks_flat: list[Any]) -> tuple[list[Fresh], dict[str, int], set[str]]:
+        """The commit's replies, flat over the scopes in the order of ``plans`` (no
+        per-scope containers): a lost write's items go to ``stale`` for the next round; a
+        stored one updates the cache and the stored recipes, tells the end listeners of
+        a job that ended, and yields the commands to send, the earliest deadline per
+        scope and the scopes with new entries. Right after the commit, before anything
+        leaves the host, so the cache holds each new state before its commands go
+        out."""
+        retry = r.stale
+        cache = self.store.cache
         on_end, end_listeners = self.on_end, self.end_listeners
         stored = self.store.graphs.stored
         marks = iter(marks_flat)
@@ -376,16 +457,25 @@ class Settler:
                                 on_end(s, it.job, d)
                             for listener in end_listeners:
                                 listener(s, it.job, d)
+        return made, dues, wrote
+
+    def _schedule(self, dues: dict[str, int], wrote: set[str], delivered: _DeliveredFlat
+                  ) -> None:
+        """The host's schedule learns the deadlines and the new work the commit wrote;
+        a scope whose delivery was full may have entries waiting unread. Before the
+        commands go out, which may take a while."""
         if dues and self.on_due is not None:
             self.on_due(dues)
         if wrote and self.on_work is not None:
-            # a full delivery may have left entries behind
-            self.on_work(wrote, {s for s, got in delivered
-                                 if len(got) >= c.read_count and s in wrote})
-        # Commands whose entries this call delivered to us go out now (commands without
-        # a delivered entry are read later); any other entry it delivered is handled
-        # like one read from the stream. The usual case, checked first: it delivered
-        # exactly the entries just written, in the same order.
+            n = self.config.read_count
+            self.on_work(wrote, {s for s, got in delivered if len(got) >= n and s in wrote})
+
+    async def _send(self, made: list[Fresh], delivered: _DeliveredFlat) -> None:
+        """Commands whose entries the commit delivered to this host go out now (commands
+        without a delivered entry are read later); any other entry it delivered is
+        handled like one read from the stream. The usual case, checked first: it
+        delivered exactly the entries just written, in the same order. Last, as sending
+        waits on the broker."""
         fresh = made
         if [(f.scope, f.entry_id) for f in made] != [
                 (s, eid) for s, got in delivered for eid, _ in got]:
@@ -399,11 +489,10 @@ class Settler:
                     self.on_delivered(s, rest)
         if fresh and self.dispatcher is not None:
             await self.dispatcher.send_fresh(fresh)
-        return retry
 
     @staticmethod
-    def _fresh(scope: str, rec: Record, graph: Graph, decisions: list, marks: Any,
-               out: list[Fresh]) -> None:
+    def _fresh(scope: str, rec: Record, graph: Graph, decisions: list[Decision],
+               marks: Iterator[Any], out: list[Fresh]) -> None:
         cmds = None
         started = 0
         for kind, _, cid in rec.entries:
@@ -454,7 +543,7 @@ class Settler:
                 else:
                     it.outcome, it.error = ERROR, f"recipe {row.fingerprint} is not stored"
             return None
-        decisions = []
+        decisions: list[Decision] = []
         calls = 0
         t0 = perf_counter()
         try:
@@ -520,8 +609,9 @@ class Settler:
                    if it.putback and it.decision is not None), None)
         return Record(row.job, row.version, None, nd, None, offset=row.offset)
 
-    def _record(self, scope: str, now: int, row: JobRow, graph: Graph, decisions: list,
-                reset: bool, start_graph: Graph | None, archived: bytes = b"") -> Record:
+    def _record(self, scope: str, now: int, row: JobRow, graph: Graph,
+                decisions: list[Decision], reset: bool, start_graph: Graph | None,
+                archived: bytes = b"") -> Record:
         """The write of ``decisions`` (made by ``evolve_live``): the live part, and
         ``archived``, the archive records to append (a catch-up's included)."""
         last = decisions[-1]

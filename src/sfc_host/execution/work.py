@@ -8,7 +8,7 @@ import hashlib
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -32,6 +32,9 @@ log = logging.getLogger("sfc_host.execution.work")
 ALIGN_ROUNDS = 4
 MAX_EVENT_CANDIDATES = 64
 EVENT_ARRIVED_MAX = 10_000
+
+Done = dict[str, list[bytes]]                       # per scope: the entries done
+Failed = dict[str, list[tuple[bytes, str]]]         # per scope: the entries failed, why
 
 
 class Unusable(Exception):
@@ -96,7 +99,44 @@ class Recipes:
             return Unusable(f"the recipe does not compile: {first}{more}")
 
 
+class _Batch:
+    """What the phases of one ``handle`` call share: its outcomes per scope, the orders,
+    Work Masters and jobs read for its entries, and the entries kept for the two calls
+    after the handlers (the items to settle together, the dispatch entries)."""
+
+    __slots__ = ("dispatch", "done", "failed", "items", "known", "metrics", "orders", "read",
+                 "wms")
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.done: Done = {}
+        self.failed: Failed = {}
+        self.orders: dict[int, dict[str, str] | None] = {}     # by id(entry)
+        # job entries whose order is the one this host last read or wrote
+        self.known: set[int] = set()
+        self.wms: dict[int, bytes | None] = {}                 # a start's Work Master
+        # per scope: the server time and rows of its starts' jobs
+        self.read: dict[str, tuple[int, dict[str, JobRow]]] = {}
+        self.items: list[tuple[Entry, Item]] = []
+        self.dispatch: list[Entry] = []
+
+    def ok(self, e: Entry) -> None:
+        self.done.setdefault(e.scope, []).append(e.id)
+
+    def fail(self, e: Entry, reason: str) -> None:
+        self.failed.setdefault(e.scope, []).append((e.id, reason))
+        self.metrics.inc("entry_failures")
+
+
+# An entry's handler: one that must wait (on Redis, on a settle) returns the awaitable to
+# wait on, one that only files the entry returns None, as most entries of a batch need
+# no coroutine of their own.
+_Handler = Callable[[Entry, _Batch], Awaitable[None] | None]
+
+
 class WorkHandler:
+    """Handles batches of work entries: each entry through the handler of its kind."""
+
     def __init__(self, store: Store, settler: Settler, dispatcher: Dispatcher,
                  orders: Orders, config: HostConfig, metrics: Metrics) -> None:
         self.store = store
@@ -109,26 +149,44 @@ class WorkHandler:
         # event entry id -> when this host received the pull event (perf_counter); an
         # entry another host added is not here, and its latency is not measured
         self.event_arrived: OrderedDict[bytes, float] = OrderedDict()
+        # the handler of each kind a parsed entry can have, job entries aside: they take
+        # their order transitions in one pipeline before any handler runs
+        self._handlers: dict[str, _Handler] = {
+            "tick": self._on_tick,
+            "resume": self._on_resume,
+            "dispatch": self._on_dispatch,
+            "start": self._on_start,
+            "cancel": self._on_cancel,
+            "hold": self._on_align,
+            "release": self._on_align,
+            "event": self._on_event,
+        }
 
     def event_queued(self, entry_id: bytes, arrived: float) -> None:
         self.event_arrived[entry_id] = arrived
         if len(self.event_arrived) > EVENT_ARRIVED_MAX:  # read by another host, or never
             self.event_arrived.popitem(last=False)
 
-    async def handle(self, raws: Sequence[Raw]
-                     ) -> tuple[dict[str, list[bytes]], dict[str, list[tuple[bytes, str]]]]:
+    async def handle(self, raws: Sequence[Raw]) -> tuple[Done, Failed]:
         """Handle a batch; ``(done ids, failed ids with reasons)`` per scope. Failed
         entries stay pending (redelivered after the claim idle time)."""
-        done: dict[str, list[bytes]] = {}
-        failed: dict[str, list[tuple[bytes, str]]] = {}
+        b = _Batch(self.metrics)
+        entries = self._parse(raws, b)
+        entries = await self._read_orders(entries, b)
+        for e in await self._jobs([e for e in entries if e.kind == "job" and id(e) in b.orders],
+                                  b.orders, b.fail, b.known):
+            b.ok(e)
+        await self._run_handlers(entries, b)
+        if b.items:
+            await self._settle_items(b)
+        if b.dispatch:
+            await self._dispatch_entries(b)
+        return b.done, b.failed
 
-        def ok(e: Entry) -> None:
-            done.setdefault(e.scope, []).append(e.id)
-
-        def fail(e: Entry, reason: str) -> None:
-            failed.setdefault(e.scope, []).append((e.id, reason))
-            self.metrics.inc("entry_failures")
-
+    def _parse(self, raws: Sequence[Raw], b: _Batch) -> list[Entry]:
+        """The usable entries; an invalid one is logged, counted and acked, as no
+        handler could ever use it. First, as every later phase works on parsed
+        entries."""
         entries: list[Entry] = []
         for scope, eid, fields in raws:
             try:
@@ -137,17 +195,20 @@ class WorkHandler:
                 self.metrics.inc("invalid_entries")
                 log.warning("invalid entry %s in scope %s acked: %s", eid.decode(), scope, ex,
                             extra={"scope": scope})
-                done.setdefault(scope, []).append(eid)
+                b.done.setdefault(scope, []).append(eid)
         self.metrics.inc("entries", len(entries))
+        return entries
 
-        # One pipeline reads the orders of every start, cancel and job entry (and, in the
-        # same write, the starts' jobs), one more the Work Masters of the starts: a batch
-        # costs the same round trips at any size.
+    async def _read_orders(self, entries: list[Entry], b: _Batch) -> list[Entry]:
+        """The orders of every start, cancel and job entry (and, in the same call, the
+        starts' jobs) in one pipeline, the Work Masters of the starts in one more: a
+        batch costs the same round trips at any size. A job entry (the recipe's Run,
+        Complete, Abort) tries the order as this host last read or wrote it: its write
+        checks the version, and a stale one is read. If the reads fail, the entries that
+        needed them fail and drop out of the batch (returned: the entries left). Before
+        the handlers, which decide on what was read."""
         need = [e for e in entries if e.kind in ("start", "cancel", "job")]
-        orders: dict[int, dict[str, str] | None] = {}
-        # A job entry (the recipe's Run, Complete, Abort) tries the order as this host
-        # last read or wrote it: its write checks the version, and a stale one is read.
-        known: set[int] = set()
+        orders, known = b.orders, b.known
         for e in need:
             if e.kind == "job":
                 o = self.orders.known(e.scope, e.job)
@@ -156,15 +217,13 @@ class WorkHandler:
                     known.add(id(e))
         if known:
             need = [e for e in need if id(e) not in known]
-        wms: dict[int, bytes | None] = {}
         starting: dict[str, dict[str, None]] = {}     # scope -> its starts' jobs, once
         for e in need:
             if e.kind == "start":
                 starting.setdefault(e.scope, {})[e.job] = None
-        read: dict[str, tuple[int, dict[str, JobRow]]] = {}
         try:
             if starting:
-                got, read = await self.store.orders_and_jobs(
+                got, b.read = await self.store.orders_and_jobs(
                     [(e.scope, e.job) for e in need],
                     {s: list(jobs) for s, jobs in starting.items()})
             else:
@@ -176,91 +235,122 @@ class WorkHandler:
             starts = [(e, _wm_id(orders[id(e)])) for e in need if e.kind == "start"]
             starts = [(e, w) for e, w in starts if w]
             raw = await self.store.work_masters_many([(e.scope, w) for e, w in starts])
-            wms = {id(e): r for (e, _), r in zip(starts, raw, strict=True)}
+            b.wms = {id(e): r for (e, _), r in zip(starts, raw, strict=True)}
         except Exception as ex:
             log.exception("reading %d job orders failed", len(need))
             for e in need:
-                fail(e, f"{type(ex).__name__}: {ex}")
-            entries = [e for e in entries if e not in need]
-            need = []
-        jobs_done = await self._jobs([e for e in entries if e.kind == "job"
-                                      and id(e) in orders], orders, fail, known)
-        for e in jobs_done:
-            ok(e)
+                b.fail(e, f"{type(ex).__name__}: {ex}")
+            return [e for e in entries if e not in need]
+        return entries
 
-        batch: list[tuple[Entry, Item]] = []
-        dispatch: list[Entry] = []
+    async def _run_handlers(self, entries: list[Entry], b: _Batch) -> None:
+        """Each entry through the handler of its kind, in order; one that raises fails
+        alone. Job entries have no handler: their transitions were taken before (any
+        other kind is refused by ``parse_entry``). After the orders are read, before
+        the settle and the dispatch the handlers fill."""
+        handlers = self._handlers
         for e in entries:
+            handler = handlers.get(e.kind)
+            if handler is None:
+                continue
             try:
-                if e.kind == "tick":
-                    batch.extend((e, Item(e.scope, j, tick_events, putback=True, fresh=True))
-                                 for j in e.jobs or ())
-                elif e.kind == "resume":
-                    batch.append((e, Item(e.scope, e.job, [Resume()])))
-                elif e.kind == "dispatch":
-                    dispatch.append(e)
-                elif e.kind == "start":
-                    it = await self._start_item(e, orders[id(e)], wms.get(id(e)))
-                    if it is None:
-                        ok(e)
-                    else:
-                        now, rows = read.get(e.scope, (0, {}))
-                        row = rows.get(e.job)
-                        if row is not None:
-                            it.read = (now, row)
-                        batch.append((e, it))
-                elif e.kind == "cancel":
-                    it = self._cancel_item(e, orders[id(e)])
-                    if it is None:
-                        ok(e)
-                    else:
-                        batch.append((e, it))
-                elif e.kind in ("hold", "release"):
-                    await self._align(e)
-                    ok(e)
-                elif e.kind == "event":
-                    await self._event(e)
-                    ok(e)
+                pending = handler(e, b)
+                if pending is not None:
+                    await pending
             except Exception as ex:
                 log.exception("entry %s (%s) of job %s/%s failed", e.id.decode(), e.kind,
                               e.scope, e.job, extra=_fields(e))
-                fail(e, f"{type(ex).__name__}: {ex}")
+                b.fail(e, f"{type(ex).__name__}: {ex}")
 
-        if batch:
-            by_id = {id(e): e for e, _ in batch}
-            try:
-                await self.settler.settle([it for _, it in batch])
-            except Exception as ex:
-                log.exception("settling %d entries failed", len(by_id))
-                for e in by_id.values():
-                    fail(e, f"{type(ex).__name__}: {ex}")
-                batch = []
-            # an entry of several jobs (a sweep's tick) is done when each of them is
-            why: dict[int, str | None] = {}
-            for e, it in batch:
-                if it.outcome == CONFLICT:
-                    why[id(e)] = why.get(id(e)) or "lost the compare-and-set race repeatedly"
-                elif it.outcome == ERROR:
-                    why[id(e)] = why.get(id(e)) or it.error or "the job cannot be evaluated"
-                else:
-                    why.setdefault(id(e), None)
-            for key, reason in why.items():
-                e = by_id[key]
-                if reason is None:
-                    ok(e)
-                else:
-                    fail(e, reason)
-        if dispatch:
-            try:
-                await self.dispatcher.dispatch([(e.scope, e.job, e.action, e.cid)
-                                                for e in dispatch])
-                for e in dispatch:
-                    ok(e)
-            except Exception as ex:
-                log.exception("dispatching %d entries failed", len(dispatch))
-                for e in dispatch:
-                    fail(e, f"{type(ex).__name__}: {ex}")
-        return done, failed
+    async def _settle_items(self, b: _Batch) -> None:
+        """The items of every entry that changes job states, settled together (one read
+        and one write call per scope); an entry of several jobs (a sweep's tick) is done
+        when each of them is. Before the dispatch entries, which go out against the
+        states just written."""
+        batch = b.items
+        by_id = {id(e): e for e, _ in batch}
+        try:
+            await self.settler.settle([it for _, it in batch])
+        except Exception as ex:
+            log.exception("settling %d entries failed", len(by_id))
+            for e in by_id.values():
+                b.fail(e, f"{type(ex).__name__}: {ex}")
+            batch = []
+        why: dict[int, str | None] = {}
+        for e, it in batch:
+            if it.outcome == CONFLICT:
+                why[id(e)] = why.get(id(e)) or "lost the compare-and-set race repeatedly"
+            elif it.outcome == ERROR:
+                why[id(e)] = why.get(id(e)) or it.error or "the job cannot be evaluated"
+            else:
+                why.setdefault(id(e), None)
+        for key, reason in why.items():
+            e = by_id[key]
+            if reason is None:
+                b.ok(e)
+            else:
+                b.fail(e, reason)
+
+    async def _dispatch_entries(self, b: _Batch) -> None:
+        """The dispatch entries' commands in one call; they all fail together if it
+        raises. Last, against the states the settle just wrote."""
+        dispatch = b.dispatch
+        try:
+            await self.dispatcher.dispatch([(e.scope, e.job, e.action, e.cid)
+                                            for e in dispatch])
+            for e in dispatch:
+                b.ok(e)
+        except Exception as ex:
+            log.exception("dispatching %d entries failed", len(dispatch))
+            for e in dispatch:
+                b.fail(e, f"{type(ex).__name__}: {ex}")
+
+    # ---- the handlers, one a kind
+
+    def _on_tick(self, e: Entry, b: _Batch) -> None:
+        """A sweep's tick: each of its jobs read whole (the sent markers) and put back
+        if nothing is written."""
+        b.items.extend((e, Item(e.scope, j, tick_events, putback=True, fresh=True))
+                       for j in e.jobs or ())
+
+    def _on_resume(self, e: Entry, b: _Batch) -> None:
+        """A resume: settled with the batch."""
+        b.items.append((e, Item(e.scope, e.job, [Resume()])))
+
+    def _on_dispatch(self, e: Entry, b: _Batch) -> None:
+        """A command to send: kept for the dispatch after the settle."""
+        b.dispatch.append(e)
+
+    async def _on_start(self, e: Entry, b: _Batch) -> None:
+        """A start whose order allows it, evolved from the job read with its order; a
+        skipped or aborted one is done."""
+        it = await self._start_item(e, b.orders[id(e)], b.wms.get(id(e)))
+        if it is None:
+            b.ok(e)
+            return
+        now, rows = b.read.get(e.scope, (0, {}))
+        row = rows.get(e.job)
+        if row is not None:
+            it.read = (now, row)
+        b.items.append((e, it))
+
+    def _on_cancel(self, e: Entry, b: _Batch) -> None:
+        """A cancel of an order that ended or is gone: settled with the batch; else done."""
+        it = self._cancel_item(e, b.orders[id(e)])
+        if it is None:
+            b.ok(e)
+        else:
+            b.items.append((e, it))
+
+    async def _on_align(self, e: Entry, b: _Batch) -> None:
+        """A hold or release, settled on its own: it reads the order until it stays."""
+        await self._align(e)
+        b.ok(e)
+
+    async def _on_event(self, e: Entry, b: _Batch) -> None:
+        """A pull event, given to the oldest waiting job that takes it."""
+        await self._event(e)
+        b.ok(e)
 
     # ---- start and cancel
 
@@ -332,7 +422,7 @@ class WorkHandler:
     # ---- the recipe's job order transitions
 
     async def _jobs(self, entries: list[Entry], orders: dict[int, dict[str, str] | None],
-                    fail: Any, known: set[int]) -> list[Entry]:
+                    fail: Callable[[Entry, str], None], known: set[int]) -> list[Entry]:
         """Job entries in one pipeline; the ones that lost a race go one by one, as do
         those whose remembered order (``known``) did not take the transition."""
         if not entries:
