@@ -192,16 +192,16 @@ async def profiled_saturation(e: E2E, prefix: str, n: int) -> dict[str, Any]:
 # Plain (not async) functions whose call counts tell how batched the path is: cProfile
 # counts every resumption of a coroutine as a call, so async ones would mislead.
 COUNTED = {
-    ("store.py", "cas_call"): "compare-and-set script calls",
-    ("jobs.py", "_record"): "job records written",
-    ("scripts.py", "_pipe"): "script pipelines",
+    ("store/states.py", "cas_call"): "compare-and-set script calls",
+    ("execution/settle.py", "_record"): "job records written",
+    ("store/lua_scripts.py", "_pipe"): "script pipelines",
     ("", "<built-in method hiredis.hiredis.pack_command>"): "Redis commands packed",
-    ("streams.py", "writelines"): "Redis socket writes (redis-py, asyncio streams)",
-    ("channel.py", "_flush"): "Redis socket writes (the host's channel)",
-    ("connection.py", "flush"): "MQTT socket writes (sfc_host.mqtt)",
-    ("connection.py", "data_received"): "MQTT socket reads (sfc_host.mqtt)",
-    ("cloudevents.py", "encode_binary"): "CloudEvents encoded",
-    ("cloudevents.py", "decode"): "CloudEvents decoded",
+    ("asyncio/streams.py", "writelines"): "Redis socket writes (redis-py, asyncio streams)",
+    ("store/channel.py", "_flush"): "Redis socket writes (the host's channel)",
+    ("mqtt/connection.py", "flush"): "MQTT socket writes (sfc_host.mqtt)",
+    ("mqtt/connection.py", "data_received"): "MQTT socket reads (sfc_host.mqtt)",
+    ("mqtt/cloudevents.py", "encode_binary"): "CloudEvents encoded",
+    ("mqtt/cloudevents.py", "decode"): "CloudEvents decoded",
     ("encoder.py", "encode"): "json.dumps-style encodes",
 }
 
