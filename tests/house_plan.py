@@ -36,6 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     "tls": set(),
     "metrics": set(),
     "versions": {"core", "sfc_host"},
+    # W3C trace context (and, with the otel extra, the spans)
+    "tracing": set(),
     # the ISA-95 model (job orders, states, return statuses): data every face shares
     "isa95": {"core"},
     "config": {"names"},

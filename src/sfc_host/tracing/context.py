@@ -1,0 +1,149 @@
+"""W3C Trace Context (``traceparent``, ``tracestate``): read from what arrives, made for
+what leaves, so one job's trace runs from the MES request through the host to every
+equipment command and back.
+
+``traceparent`` is ``{version}-{trace-id}-{parent-id}-{flags}``: two, 32, 16 and two
+lower-case hex digits. A header that breaks a rule is refused with the rule it broke
+(``InvalidTraceParent``): the caller drops it, counts and logs it, and goes on as if
+none had come; a bad header never fails a request. Rules, as the W3C Recommendation
+sets them:
+
+- version ``ff`` is invalid; version ``00`` is exactly 55 characters; a later version
+  may carry more after a ``-``, which is read past (its first four fields are read as
+  ``00``'s);
+- trace-id and parent-id are not all zeros;
+- the flags are kept as they came (bit 0 is ``sampled``; bits this version does not
+  know are passed on, not cleared).
+
+``tracestate`` is a list of ``key=value`` members, at most 32, at most 512 characters
+in all; one that breaks that is dropped whole, never cut.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+SAMPLED = 0x01
+MAX_STATE_MEMBERS = 32
+MAX_STATE_CHARS = 512
+
+_HEX = re.compile(r"[0-9a-f]+")
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
+# a member: a simple key or tenant@system, then a value of printable characters
+# without ',' and '=' (spaces only inside it)
+_MEMBER = re.compile(
+    r"(?:[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13})"
+    r"=[\x21-\x2b\x2d-\x3c\x3e-\x7e](?:[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,254}"
+    r"[\x21-\x2b\x2d-\x3c\x3e-\x7e])?")
+
+
+class InvalidTraceParent(ValueError):
+    """A ``traceparent`` that breaks a rule of the W3C format; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """One position in a trace: the trace, the span that is the parent of what comes
+    next, the flags and the vendors' ``tracestate`` (empty: none)."""
+
+    trace_id: str
+    span_id: str
+    flags: int = SAMPLED
+    state: str = ""
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.flags & SAMPLED)
+
+    @property
+    def traceparent(self) -> str:
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags:02x}"
+
+    def child(self) -> TraceContext:
+        """The same trace with a new span of ours as the parent of what follows."""
+        return TraceContext(self.trace_id, new_span_id(), self.flags, self.state)
+
+
+def new_trace_id() -> str:
+    while True:
+        t = os.urandom(16).hex()
+        if t != _ZERO_TRACE:
+            return t
+
+
+def new_span_id() -> str:
+    while True:
+        s = os.urandom(8).hex()
+        if s != _ZERO_SPAN:
+            return s
+
+
+def new_trace(sampled: bool = True) -> TraceContext:
+    """A trace of its own, for a job started without one."""
+    return TraceContext(new_trace_id(), new_span_id(), SAMPLED if sampled else 0)
+
+
+def _hex(field: str, n: int, what: str) -> str:
+    if len(field) != n or not _HEX.fullmatch(field):
+        raise InvalidTraceParent(f"{what} is not {n} lower-case hex digits")
+    return field
+
+
+def parse_traceparent(value: object, tracestate: object = None) -> TraceContext:
+    """The context a ``traceparent`` (and its ``tracestate``) names; ``InvalidTraceParent``
+    for one that breaks a rule. A malformed ``tracestate`` alone does not refuse the
+    context: it is dropped (``valid_tracestate``)."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            raise InvalidTraceParent("not ASCII") from None
+    if not isinstance(value, str):
+        raise InvalidTraceParent(f"not text: {type(value).__name__}")
+    value = value.strip(" \t")
+    if len(value) < 55:
+        raise InvalidTraceParent(f"{len(value)} characters, at least 55 expected")
+    version = _hex(value[:2], 2, "the version")
+    if version == "ff":
+        raise InvalidTraceParent("version ff is invalid")
+    if version == "00" and len(value) != 55:
+        raise InvalidTraceParent(f"version 00 is 55 characters, not {len(value)}")
+    if len(value) > 55 and value[55] != "-":
+        raise InvalidTraceParent("a later version's fields follow a '-'")
+    if value[2] != "-" or value[35] != "-" or value[52] != "-":
+        raise InvalidTraceParent("fields are not separated by '-'")
+    trace_id = _hex(value[3:35], 32, "the trace-id")
+    span_id = _hex(value[36:52], 16, "the parent-id")
+    flags = int(_hex(value[53:55], 2, "the flags"), 16)
+    if trace_id == _ZERO_TRACE:
+        raise InvalidTraceParent("the trace-id is all zeros")
+    if span_id == _ZERO_SPAN:
+        raise InvalidTraceParent("the parent-id is all zeros")
+    return TraceContext(trace_id, span_id, flags, valid_tracestate(tracestate))
+
+
+def valid_tracestate(value: object) -> str:
+    """``value`` if it is a well-formed ``tracestate``, else '' (dropped whole)."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            return ""
+    if not isinstance(value, str) or not value or len(value) > MAX_STATE_CHARS:
+        return ""
+    members = [m.strip(" \t") for m in value.split(",")]
+    members = [m for m in members if m]
+    if not members or len(members) > MAX_STATE_MEMBERS:
+        return ""
+    keys = set()
+    for m in members:
+        if not _MEMBER.fullmatch(m):
+            return ""
+        key = m.partition("=")[0]
+        if key in keys:
+            return ""
+        keys.add(key)
+    return ",".join(members)
