@@ -108,21 +108,28 @@ class MqttStation:
                 msg.topic.value.removesuffix("/commands") + "/responses"
             cmd = {"id": ev["id"], "type": ev["type"], "subject": ev.get("subject"),
                    "correlationid": ev.get("correlationid"), "data": ev.get("data"),
-                   "response_topic": reply_to}
+                   "response_topic": reply_to, "traceparent": ev.get("traceparent"),
+                   "tracestate": ev.get("tracestate")}
         else:
             cmd = {"id": props.get("id"), "type": props.get("type"),
                    "subject": props.get("subject"), "correlationid": props.get("correlationid"),
                    "data": json.loads(payload) if payload else None,
                    "response_topic": props.get("ResponseTopic"),
-                   "specversion": props.get("specversion"), "source": props.get("source")}
+                   "specversion": props.get("specversion"), "source": props.get("source"),
+                   "traceparent": props.get("traceparent"), "tracestate": props.get("tracestate")}
         self.commands.append(cmd)
         data = self.answer(cmd)
         if data is not None:
             await self.reply(cmd, data)
 
     async def reply(self, cmd: dict[str, Any], data: dict[str, Any]) -> None:
+        # a device that traces answers in the command's trace (its span the parent)
         await self.publish(cmd["response_topic"], f"{cmd['type']}.answer", data,
-                           subject=cmd["subject"], causationid=cmd["id"])
+                           subject=cmd["subject"], causationid=cmd["id"],
+                           traceparent=self.answer_traceparent(cmd))
+
+    def answer_traceparent(self, cmd: dict[str, Any]) -> str | None:
+        return cmd.get("traceparent")
 
     async def publish(self, topic: str, type_: str, data: Any, **attrs: Any) -> None:
         assert self.client is not None

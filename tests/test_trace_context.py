@@ -92,3 +92,71 @@ def test_any_input_is_read_or_refused_never_crashes(value: str | bytes) -> None:
     except InvalidTraceParent:
         return
     assert len(c.trace_id) == 32 and len(c.span_id) == 16 and 0 <= c.flags <= 255
+
+
+def test_stored_contexts_are_carried_on_as_the_span_a_key_names() -> None:
+    from sfc_host.tracing.context import carried, from_stored, span_id_for, stored
+
+    c = parse_traceparent(GOOD, "vendor=x")
+    text = stored(c)
+    assert from_stored(text) == c and from_stored(text.encode()) == c
+    assert from_stored("") is None and from_stored("garbage") is None
+    out = carried(text, "J1:tighten#1")
+    span = span_id_for(c.trace_id, "J1:tighten#1")
+    assert out == {"traceparent": f"00-{c.trace_id}-{span}-01", "tracestate": "vendor=x"}
+    # derived, so any host names the span alike; another key, another span
+    assert span == span_id_for(c.trace_id, "J1:tighten#1") != span_id_for(c.trace_id, "J1:a#1")
+    assert carried("", "x") == {} and carried(None, "x") == {}
+
+
+def test_trace_url_is_an_http_address_with_the_trace_id() -> None:
+    from sfc_host.config import ConfigError, HostConfig
+    from sfc_host.web.pages import trace_item
+
+    HostConfig(trace_url="https://grafana.example/explore?traceId={trace_id}")
+    for bad in ("https://grafana.example/explore", "ftp://x/{trace_id}"):
+        with pytest.raises(ConfigError, match="setting trace_url"):
+            HostConfig(trace_url=bad)
+    t = "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert f"<code>{t}</code>" in trace_item(t, "") and "href" not in trace_item(t, "")
+    linked = trace_item(t, "https://g.example/e?a=1&traceId={trace_id}")
+    assert f'href="https://g.example/e?a=1&amp;traceId={t}"' in linked
+    assert trace_item(None, "https://g.example/{trace_id}").endswith(">-</dd>")
+
+
+def test_a_script_publishes_in_a_trace(tmp_path: object) -> None:
+    import asyncio
+    import textwrap
+    from pathlib import Path
+
+    from sfc_host.engine import Engine
+
+    folder = Path(str(tmp_path))
+    (folder / "answer.py").write_text(textwrap.dedent(f"""\
+        from sfc_host.engine import mission
+
+        @mission
+        async def answer(api, good):
+            if good:
+                await api.mqtt.publish("equipment/l1/responses", b"{{}}",
+                                       traceparent="{GOOD}", tracestate="vendor=x")
+            else:
+                await api.mqtt.publish("equipment/l1/responses", b"{{}}",
+                                       traceparent="00-bad")
+            yield
+    """))
+    e = Engine(folder)
+    got: list[dict[str, object]] = []
+
+    async def main() -> None:
+        await e.build()
+        e.mqtt.subscribe("equipment/+/responses", lambda t, p, props: got.append(props))
+        await e.start()
+        assert await (await e.start_mission("answer", good=True)).join(5) == "Completed"
+        bad = await e.start_mission("answer", good=False)
+        assert await bad.join(5) == "Error"
+        await e.stop()
+        assert "api.mqtt.publish: traceparent '00-bad'" in str(bad.record)
+
+    asyncio.run(main())
+    assert got == [{"traceparent": GOOD, "tracestate": "vendor=x"}]

@@ -137,6 +137,9 @@ class HostConfig:
     web_control: bool = False            # Pause/Resume/Abort/Stop/Clear buttons
     web_token: str = field(default="", repr=False)   # required off loopback; never logged
     web_token_file: str = ""             # or the token read from this file
+    # Traces: a link from a job's trace id to the plant's trace viewer, e.g.
+    # "https://grafana.example/explore?traceId={trace_id}" ("" = the id alone)
+    trace_url: str = ""
     # Process
     tune_gc: bool = True                 # raise the GC thresholds while the host runs
     # Logging
@@ -213,6 +216,10 @@ class HostConfig:
                    "redis://host:port/db, rediss://… or unix://path")
         _check_url("mqtt_url", self.mqtt_url, ("mqtt", "mqtts", "tcp", "ssl"),
                    "mqtt://host:port or mqtts://host:port")
+        if self.trace_url and ("{trace_id}" not in self.trace_url
+                               or urlsplit(self.trace_url).scheme not in ("http", "https")):
+            raise ConfigError(f"setting trace_url: {self.trace_url!r}: an http(s) address "
+                              "with {trace_id} where the trace id goes")
         if self.mqtt_version not in (3, 5):
             raise ConfigError(f"setting mqtt_version: expected 3 or 5, got {self.mqtt_version}")
         if self.mqtt_qos == 2:

@@ -87,6 +87,9 @@ HELP: dict[str, str] = {
                              "passed over) or no room in the backlog of unhandled "
                              "messages; to the broker, one it closed the connection on "
                              "twice (broker_refused).",
+    "trace_contexts_invalid": "Trace contexts (traceparent) that broke a W3C rule, by "
+                              "where they came from (mes, equipment): ignored, the message "
+                              "handled as if it had none.",
     "mqtt_ignored_properties": "MQTT acknowledgements from the broker with invalid "
                                "properties, used without them.",
     "mqtt_keepalive_timeouts": "MQTT connections left because the broker stopped "
@@ -124,7 +127,7 @@ HISTOGRAMS = frozenset(("evolve_seconds", "answer_to_command_seconds",
 # The counters a host exports from the start, at 0 until their first increment (a rate
 # or an alert needs the series before the first event, not from it on).
 # Counter families with one label (``inc_labeled``); exported from their first count.
-LABELED = frozenset(("mqtt_messages_dropped",))
+LABELED = frozenset(("mqtt_messages_dropped", "trace_contexts_invalid"))
 COUNTERS: tuple[str, ...] = tuple(n for n in HELP if n not in HISTOGRAMS and n not in LABELED)
 _HELP_PREFIXES: tuple[tuple[str, str], ...] = (
     ("loop_errors_", "Errors in the host loop {}."),

@@ -33,6 +33,7 @@ from sfc_host.cli.common import (
 from sfc_host.config import HostConfig
 from sfc_host.isa95 import state_name
 from sfc_host.names import check_job
+from sfc_host.tracing.context import InvalidTraceParent, parse_traceparent
 
 if TYPE_CHECKING:
     from sfc_host.mes.client import MesClient, Reply
@@ -340,14 +341,25 @@ def cmd_show(args: argparse.Namespace) -> int:
                     return error(f"no job order {job!r} in scope {scope!r}", EXIT_USAGE)
                 return _refused(args, reply)
             doc = {"JobOrder": (retained or {}).get("JobOrder"),
-                   "State": (retained or {}).get("State"), "JobResponse": response}
-            print(json.dumps(doc, indent=2) if args.json else _show_text(scope, job, doc))
+                   "State": (retained or {}).get("State"), "JobResponse": response,
+                   "TraceID": _trace_id(reply)}
+            text = _show_text(scope, job, doc, cfg.trace_url)
+            print(json.dumps(doc, indent=2) if args.json else text)
             return EXIT_OK
         return await _requests(cfg, args, send)
     return guarded(args, body)
 
 
-def _show_text(scope: str, job: str, d: dict[str, Any]) -> str:
+def _trace_id(reply: Reply) -> str | None:
+    """The job's trace id, as the reply with its job response carries it."""
+    tp = reply.event.extensions.get("traceparent") if reply.event is not None else None
+    try:
+        return parse_traceparent(tp).trace_id if tp else None
+    except InvalidTraceParent:
+        return None
+
+
+def _show_text(scope: str, job: str, d: dict[str, Any], trace_url: str = "") -> str:
     order = d.get("JobOrder") if isinstance(d.get("JobOrder"), dict) else {}
     resp = d.get("JobResponse") if isinstance(d.get("JobResponse"), dict) else None
     state = _state(d.get("State")) if d.get("State") else "?"
@@ -375,6 +387,9 @@ def _show_text(scope: str, job: str, d: dict[str, Any]) -> str:
         for item in resp.get("JobResponseData") or []:
             if isinstance(item, dict):
                 lines.append(("result", f"{item.get('ID')} = {json.dumps(item.get('Value'))}"))
+    trace = d.get("TraceID")
+    if trace:
+        lines.append(("trace", trace_url.replace("{trace_id}", trace) if trace_url else trace))
     w = max(len(k) for k, _ in lines)
     return "\n".join(f"{k.ljust(w)}  {'-' if v is None else v}" for k, v in lines)
 

@@ -125,6 +125,7 @@ def inspect_text(v: dict[str, Any]) -> str:
         f"order state    {v['order_state'] or '-'} (version {v['order_version']})",
         f"reason         {v['order_reason'] or (st or {}).get('reason') or '-'}",
         f"next deadline  {due}",
+        f"trace          {v.get('trace_id') or '-'}",
     ]
     if st is None:
         return "\n".join(lines)

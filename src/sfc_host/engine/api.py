@@ -28,6 +28,7 @@ from sfc_host.engine.ports import (
     Variables,
 )
 from sfc_host.mqtt import filter_problem, topic_matches
+from sfc_host.tracing.context import InvalidTraceParent, parse_traceparent, valid_tracestate
 
 log = logging.getLogger("sfc_host.engine")
 
@@ -216,8 +217,23 @@ class ScriptMqtt:
         self._unsubs: list[Callable[[], None]] = []
 
     def publish(self, topic: str, payload: Any, *, qos: int = 0, retain: bool = False,
-                properties: Props | None = None,
+                properties: Props | None = None, traceparent: str | None = None,
+                tracestate: str | None = None,
                 ) -> asyncio.Future[None] | concurrent.futures.Future[None]:
+        """``traceparent`` (and ``tracestate``) put the message in a trace: sent as the
+        CloudEvent attributes of that name in the MQTT 5 user properties (a message in
+        structured mode carries them in its JSON instead). ``ScriptAPIError`` for one
+        that breaks the W3C format."""
+        if traceparent is not None:
+            try:
+                parse_traceparent(traceparent)
+            except InvalidTraceParent as e:
+                raise ScriptAPIError(f"api.mqtt.publish: traceparent {traceparent!r}: "
+                                     f"{e}") from None
+            properties = {**(properties or {}), "traceparent": traceparent}
+            state = valid_tracestate(tracestate)
+            if state:
+                properties["tracestate"] = state
         coro = self._engine.mqtt.publish(topic, _to_bytes(payload), qos=qos, retain=retain,
                                          properties=properties)
         return self._engine.run_on_loop(coro)

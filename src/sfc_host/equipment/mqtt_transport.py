@@ -36,6 +36,7 @@ from sfc_host.mqtt.cloudevents import (
     encode_binary_plain,
 )
 from sfc_host.names import check_scope
+from sfc_host.tracing.context import InvalidTraceParent, carried, context_of
 
 if TYPE_CHECKING:
     from sfc_host.execution.host import Host
@@ -73,10 +74,13 @@ class MqttSink:
         # job -> when its last answer arrived: the answer-to-command latency histogram
         self.arrived: dict[str, float] = {}
 
-    def message(self, c: Command, *, plain: bool = True) -> tuple[str, bytes, Any]:
-        """Topic, payload and properties of a command. In binary mode its attributes,
-        plain ASCII as a rule, are encoded without building the CloudEvent (``plain``
-        off: always built; the tests compare the two)."""
+    def message(self, c: Command, trace: str = "", *,
+                plain: bool = True) -> tuple[str, bytes, Any]:
+        """Topic, payload and properties of a command; ``trace``, its job's stored trace
+        context, goes on as the command's ``traceparent`` (a span of its own: the
+        attempt). In binary mode its attributes, plain ASCII as a rule, are encoded
+        without building the CloudEvent (``plain`` off: always built; the tests compare
+        the two)."""
         data = {"Parameters": c.parameters or {},
                 "Context": {"JobOrderID": c.job, "Action": c.action, "Attempt": c.attempt,
                             "Hold": c.hold, "Restart": c.restart,
@@ -85,19 +89,23 @@ class MqttSink:
         reply_to = f"{self.prefix}/{scope}/responses"
         correlation = cid.encode()
         link = self.link
+        ext = {"correlationid": c.job}
+        if trace:
+            ext.update(carried(trace, cid))
         if plain and link.v5 and link.config.mqtt_binary:
-            got = encode_binary_plain(cid, SOURCE, c.type_id, scope, data,
-                                      {"correlationid": c.job}, reply_to, correlation)
+            got = encode_binary_plain(cid, SOURCE, c.type_id, scope, data, ext, reply_to,
+                                      correlation)
             if got is not None:
                 return f"{self.prefix}/{scope}/commands", got[0], got[1]
         ev = CloudEvent(id=cid, source=SOURCE, type=c.type_id, subject=scope,
-                        data=data, extensions={"correlationid": c.job})
+                        data=data, extensions=ext)
         ev.response_topic = reply_to
         ev.correlation_data = correlation
         payload, props = encode(ev, v5=link.v5, binary=link.config.mqtt_binary)
         return f"{self.prefix}/{scope}/commands", payload, props
 
-    def publish(self, commands: Sequence[Command]) -> list[asyncio.Future[None] | None]:
+    def publish(self, commands: Sequence[Command],
+                traces: Sequence[str] = ()) -> list[asyncio.Future[None] | None]:
         """Queue the commands; per command the future its PUBACK sets (cancelled: the
         broker refused it), or None when the link's queue was full. The dispatcher
         follows the futures (``Dispatcher``): the settle that made the commands goes
@@ -108,8 +116,8 @@ class MqttSink:
         observe = self.link.metrics.observe
         loop = asyncio.get_running_loop()
         publish = self.link.publish_nowait
-        for c in commands:
-            topic, payload, props = self.message(c)
+        for i, c in enumerate(commands):
+            topic, payload, props = self.message(c, traces[i] if traces else "")
             fut: asyncio.Future[None] = loop.create_future()
             acks.append(fut if publish(topic, payload, props, acked=fut, key=c.command_id)
                         else None)
@@ -182,6 +190,14 @@ class EquipmentIn:
             self.metrics.inc(f"bad_{what}")
             log.warning("%s on %s refused: %s", what, topic, e, extra={"scope": scope})
             return None
+        if "traceparent" in ev.extensions:
+            try:
+                context_of(ev.extensions)
+            except InvalidTraceParent as e:
+                # the message is used without it: a trace is never worth an answer
+                self.metrics.inc_labeled("trace_contexts_invalid", "source", "equipment")
+                log.info("%s %s on %s: traceparent ignored: %s", what, ev.id, topic, e,
+                         extra={"scope": scope})
         return scope, ev
 
     def on_answer(self, message: Message) -> None:

@@ -151,8 +151,10 @@ class Cell:
             data["Result"] = result
         if reason:
             data["Reason"] = reason
+        # in the command's trace: a trace viewer shows the station's work under it
+        trace = {k: cmd[k] for k in ("traceparent", "tracestate") if cmd.get(k)}
         await self.publish("responses", type_ + ".answer", data, causationid=cmd["id"],
-                           correlationid=job_id)
+                           correlationid=job_id, **trace)
         if outcome != "held":      # what follows a hold waits for the MES to resume
             self.last_answer[job_id] = time.perf_counter()
         self.served += 1

@@ -46,11 +46,13 @@ class CommandSink(Protocol):
 class AckedSink(Protocol):
     """A sink that says when each command reached its receiver (the MQTT sink: the
     broker's PUBACK). The dispatcher then follows the acknowledgements instead of
-    awaiting them: the settle that made the commands goes on at once."""
+    awaiting them: the settle that made the commands goes on at once. ``traces``, beside
+    the commands, are their jobs' trace contexts ('' none), which the sink carries on."""
 
     ack_wait_s: float
 
-    def publish(self, commands: Sequence[Command]) -> list[asyncio.Future[None] | None]: ...
+    def publish(self, commands: Sequence[Command],
+                traces: Sequence[str] = ()) -> list[asyncio.Future[None] | None]: ...
 
     def unacked(self, n: int) -> None: ...
 
@@ -233,7 +235,7 @@ class Dispatcher:
             seen.add((scope, cid))
             items.append(Fresh(scope, job, cmd, b"", row.markers.get(f"sent:{action}".encode()),
                                row.markers.get(f"sent:{action}:hold".encode()),
-                               started_at(row.state)))
+                               started_at(row.state), row.trace))
         await self._send(items, [])
 
     def _event_latency(self, commands: Sequence[Command], queued: Sequence[bool]) -> None:
@@ -275,7 +277,7 @@ class Dispatcher:
         try:
             acked_sink = self._acked_sink if to_send else None
             if acked_sink is not None:
-                futures = acked_sink.publish(to_send)
+                futures = acked_sink.publish(to_send, [f.trace for f in sent])
                 if self.event_arrived:
                     self._event_latency(to_send, [f is not None for f in futures])
                 self._batches += 1

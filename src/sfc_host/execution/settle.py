@@ -58,15 +58,17 @@ class Item:
     """Events for one job, settled in order; the outcome is set by ``Settler.settle``."""
 
     __slots__ = ("decision", "error", "events", "fresh", "graph", "job", "outcome", "putback",
-                 "read", "scope")
+                 "read", "scope", "trace")
 
     def __init__(self, scope: str, job: str, events: Sequence[BaseEvent] | EventsFn,
                  *, graph: Graph | None = None, putback: bool = False,
-                 fresh: bool = False, read: tuple[int, JobRow] | None = None) -> None:
+                 fresh: bool = False, read: tuple[int, JobRow] | None = None,
+                 trace: str = "") -> None:
         self.scope = scope
         self.job = job
         self.events = events
         self.graph = graph          # a Start brings the recipe it pins
+        self.trace = trace          # and the trace context of its order ('' = none)
         self.putback = putback      # a tick that writes nothing puts the job back
         self.fresh = fresh          # read the job from Redis (markers needed), not the cache
         # the job as its caller read it just now (server ms, row): no read of its own on
@@ -85,10 +87,11 @@ class Fresh:
     made (the markers from its compare-and-set) or one a dispatch entry names."""
 
     __slots__ = ("command", "entry_id", "hold_marker", "job", "scope", "sent_marker",
-                 "started")
+                 "started", "trace")
 
     def __init__(self, scope: str, job: str, command: Any, entry_id: bytes,
-                 sent_marker: bytes | None, hold_marker: bytes | None, started: int) -> None:
+                 sent_marker: bytes | None, hold_marker: bytes | None, started: int,
+                 trace: str = "") -> None:
         self.scope = scope
         self.job = job
         self.command = command
@@ -96,6 +99,7 @@ class Fresh:
         self.sent_marker = sent_marker
         self.hold_marker = hold_marker
         self.started = started
+        self.trace = trace          # the job's trace context, carried on by the command
 
 
 def tick_events(row: JobRow, graph: Graph, state: bytes | None) -> list[BaseEvent]:
@@ -376,6 +380,8 @@ class Settler:
             rec = p.record if p.record is not None else self._record(
                 p.scope, p.now, p.row, p.graph, p.decisions, p.reset, p.start_graph,
                 p.archived)
+            if p.start_graph is not None:
+                rec.trace = next((it.trace for it in p.its if it.trace), "")
             batches.setdefault(p.scope, []).append(rec)
             plans.setdefault(p.scope, []).append((p.its, rec, p.graph, p.decisions, p.row))
         return batches, plans
@@ -437,7 +443,7 @@ class Settler:
                         dues[s] = due
                 if rec.entries:
                     wrote.add(s)
-                    self._fresh(s, rec, graph, decisions, marks, made)
+                    self._fresh(s, rec, graph, decisions, marks, made, rec.trace or row.trace)
                 if rec.graph is not None:
                     stored.add((s, rec.fingerprint))
                 if rec.state is not None:
@@ -448,7 +454,7 @@ class Settler:
                     cache.put(s, JobRow(rec.job, str(v).encode(), rec.state, graph.fingerprint,
                                         offset=rec.offset, live=rec.state,
                                         archive=before + rec.archive if known else b"",
-                                        archive_known=known))
+                                        archive_known=known, trace=rec.trace or row.trace))
                 if on_end is not None or end_listeners:
                     for it in its:
                         d = it.decision
@@ -492,7 +498,7 @@ class Settler:
 
     @staticmethod
     def _fresh(scope: str, rec: Record, graph: Graph, decisions: list[Decision],
-               marks: Iterator[Any], out: list[Fresh]) -> None:
+               marks: Iterator[Any], out: list[Fresh], trace: str) -> None:
         cmds = None
         started = 0
         for kind, _, cid in rec.entries:
@@ -510,7 +516,7 @@ class Settler:
                 cur = open_command(graph, rec.state, cmd.action)
                 if cur is None or cur.command_id != cid:
                     continue
-            out.append(Fresh(scope, rec.job, cmd, eid, m1 or None, m2 or None, started))
+            out.append(Fresh(scope, rec.job, cmd, eid, m1 or None, m2 or None, started, trace))
 
     async def _plan(self, scope: str, now: int, row: JobRow,
                     its: list[Item]) -> _Plan | None:

@@ -374,7 +374,7 @@ class WorkHandler:
             return None
         params = order_params(order.get("order"), wm_id)
         return Item(e.scope, e.job, [Start(e.job, e.scope, params, order.get("token") or None)],
-                    graph=graph)
+                    graph=graph, trace=order.get("tp", ""))
 
     def _cancel_item(self, e: Entry, order: dict[str, str] | None) -> Item | None:
         state = order.get("state", "") if order else "EndState"

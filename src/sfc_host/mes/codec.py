@@ -169,21 +169,24 @@ def _with_props(ev: CloudEvent, *, v5: bool, binary: bool,
 
 
 def reply(req: CloudEvent, method: str | None, source: str, body: bytes, *, v5: bool,
-          binary: bool, expiry_s: int) -> tuple[bytes, Any]:
+          binary: bool, expiry_s: int, trace: dict[str, str] | None = None
+          ) -> tuple[bytes, Any]:
     """The reply to ``req``: its type, subject and correlation, ``causationid`` = its id,
-    ``body`` the encoded ``{…, ReturnStatus}``."""
+    ``body`` the encoded ``{…, ReturnStatus}``; ``trace``: the attributes that carry its
+    trace context on (``traceparent``, ``tracestate``)."""
     cid, cdata = correlation(req)
     ev = new_event(req.type, source, RawJSON(body), subject=req.subject,
                    datacontenttype=JSON_UTF8,
                    dataschema=model.reply_schema(method) if method else None,
-                   extensions={"correlationid": cid, "causationid": req.id})
+                   extensions={"correlationid": cid, "causationid": req.id, **(trace or {})})
     ev.correlation_data = cdata
     return _with_props(ev, v5=v5, binary=binary, expiry_s=expiry_s)
 
 
 def status_event(scope: str, order_json: bytes | None, state: str, source: str,
                  cause: CloudEvent | None, *, v5: bool, binary: bool,
-                 expiry_s: int, plain: bool = True) -> tuple[bytes, Any]:
+                 expiry_s: int, plain: bool = True,
+                 trace: dict[str, str] | None = None) -> tuple[bytes, Any]:
     """``{JobOrder, JobState}`` of one change, with the correlation of the MES request
     that caused it (none for the recipe's own Run, Complete and Abort). ``plain=False``
     builds the event even where the attributes alone would do (the tests compare)."""
@@ -195,6 +198,8 @@ def status_event(scope: str, order_json: bytes | None, state: str, source: str,
     if cause is not None:
         cid, cdata = correlation(cause)
         ext = {"correlationid": cid, "causationid": cause.id}
+    if trace:
+        ext = {**ext, **trace}
     if binary and v5 and plain:
         # three of these a job: encoded from the attributes, no event built
         got = encode_binary_json_plain(next_id(), source, model.STATUS_EVENT, scope,

@@ -32,6 +32,14 @@ from sfc_host.mqtt.cloudevents import CloudEvent, CloudEventError, decode
 from sfc_host.names import check_job
 from sfc_host.store.keys import ScopeKeys
 from sfc_host.store.orders import OrderError
+from sfc_host.tracing.context import (
+    InvalidTraceParent,
+    TraceContext,
+    carried,
+    context_of,
+    job_span_key,
+    stored,
+)
 
 if TYPE_CHECKING:
     from sfc_host.execution.host import Host
@@ -97,6 +105,7 @@ class MesControl:
             log.warning("MES request on %s refused (no reply possible): %s", topic, e)
             return
         method = model.method_of(ev.type)
+        trace = self._trace(ev)
         scope: str | None = None
         try:
             scope = codec.scope_of(ev, topic, self.prefix)
@@ -110,7 +119,7 @@ class MesControl:
         except Invalid as e:
             self.metrics.inc("bad_mes_requests")
             log.warning("MES request %s (%s) on %s refused: %s", ev.id, ev.type, topic, e)
-            self._reply(ev, method, scope, _status_body(e.status, str(e)))
+            self._reply(ev, method, scope, _status_body(e.status, str(e)), trace)
             return
         k = self.host.store.keys(scope)
         seen = k.seen(hashlib.blake2b(f"{ev.source}\x00{ev.id}".encode(),
@@ -121,16 +130,41 @@ class MesControl:
                 self.metrics.inc("mes_duplicates")
                 log.info("MES request %s from %s is a repeat: its reply is sent again",
                          ev.id, ev.source, extra={"scope": scope})
-                self._reply(ev, method, scope, bytes(before))
+                self._reply(ev, method, scope, bytes(before), trace)
                 return
-        body = await self._answer(scope, ev, method)
-        self._reply(ev, method, scope, body)
+        body = await self._answer(scope, ev, method, trace)
+        carry = None if trace is not None or method != "RequestJobResponseByJobOrderID" \
+            else await self._job_trace(scope, ev)
+        self._reply(ev, method, scope, body, trace, carry)
         if self.config.mes_dedupe_s:
             await self.host.client.set(seen, body, ex=self.config.mes_dedupe_s)
 
-    async def _answer(self, scope: str, ev: CloudEvent, method: str) -> bytes:
+    def _trace(self, ev: CloudEvent) -> TraceContext | None:
+        """The request's trace context; a broken one is counted, logged and ignored."""
         try:
-            body = await self.handle(scope, ev, method)
+            return context_of(ev.extensions)
+        except InvalidTraceParent as e:
+            self.metrics.inc_labeled("trace_contexts_invalid", "source", "mes")
+            log.info("MES request %s from %s: traceparent ignored: %s", ev.id, ev.source, e)
+            return None
+
+    async def _job_trace(self, scope: str, ev: CloudEvent) -> dict[str, str] | None:
+        """The trace of the job a job response names, for the reply that carries it (a
+        request with a context of its own gets that one back instead)."""
+        try:
+            job = _job_id(codec.typed(codec.data_of(ev), model.IdCall).JobOrderID)
+        except (Invalid, CloudEventError, ValueError):
+            return None
+        tp, token = await self.host.client.hmget(self.host.store.keys(scope).order(job),
+                                                 "tp", "token")
+        if not tp:
+            return None
+        return carried(tp, job_span_key(job, token.decode() if token else ""))
+
+    async def _answer(self, scope: str, ev: CloudEvent, method: str,
+                      trace: TraceContext | None = None) -> bytes:
+        try:
+            body = await self.handle(scope, ev, method, trace)
         except Invalid as e:
             self.metrics.inc("bad_mes_requests")
             log.warning("MES request %s (%s) in %s refused: %s", ev.id, ev.type, scope, e,
@@ -144,11 +178,12 @@ class MesControl:
         self.metrics.inc("mes_requests")
         return body
 
-    async def handle(self, scope: str, ev: CloudEvent, method: str) -> bytes:
+    async def handle(self, scope: str, ev: CloudEvent, method: str,
+                     trace: TraceContext | None = None) -> bytes:
         """The reply's JSON for one request; ``Invalid`` or ``OrderError`` to refuse."""
         data = codec.data_of(ev)
         if method in model.METHODS:
-            await self.job_control(scope, method, data, cause=ev)
+            await self.job_control(scope, method, data, cause=ev, trace=trace)
             return _status_body(model.NO_ERROR)
         if method == "RequestJobResponseByJobOrderID":
             return await self._by_id(scope, data)
@@ -160,9 +195,11 @@ class MesControl:
         return _status_body(model.NO_ERROR)
 
     async def job_control(self, scope: str, method: str, data: Any, *,
-                          cause: CloudEvent | None = None) -> dict[str, str]:
+                          cause: CloudEvent | None = None,
+                          trace: TraceContext | None = None) -> dict[str, str]:
         """Run one job control method (also for scripts' ``api.jobs``): the job order id
-        and its new state; ``Invalid`` or ``OrderError`` when refused."""
+        and its new state; ``Invalid`` or ``OrderError`` when refused. A stored order
+        keeps ``trace``, the context of the request that stored it, for its job."""
         orders = self.host.orders
         k = self.host.store.keys(scope)
         if method in model.STORE_METHODS:
@@ -183,7 +220,8 @@ class MesControl:
             else:
                 # "" when the scope knows none of them: stored, and its start aborts it
                 state = await orders.store_order(scope, order, start=method == "StoreAndStart",
-                                                 work_master=wm or "", cause=cause)
+                                                 work_master=wm or "", cause=cause,
+                                                 trace=stored(trace) if trace else "")
             return {"JobOrderID": job, "JobState": state}
         id_call = codec.typed(data, model.IdCall)
         job = _job_id(id_call.JobOrderID)
@@ -318,7 +356,10 @@ class MesControl:
     # ---- replies
 
     def _reply(self, req: CloudEvent, method: str | None, scope: str | None,
-               body: bytes) -> None:
+               body: bytes, trace: TraceContext | None = None,
+               carry: dict[str, str] | None = None) -> None:
+        """Send the reply; it carries the request's trace context on (as the span that
+        handled the request), else ``carry`` (a job response's: its job's)."""
         topic = req.response_topic or (
             f"{self.prefix}/{codec.levels(scope)}/replies" if scope else None)
         if topic is None:
@@ -326,7 +367,9 @@ class MesControl:
         try:
             payload, props = codec.reply(req, method, self.config.mes_source, body,
                                          v5=self.link.v5, binary=self.config.mqtt_binary,
-                                         expiry_s=self.config.mes_message_expiry_s)
+                                         expiry_s=self.config.mes_message_expiry_s,
+                                         trace=carried(stored(trace), f"mes:{req.id}")
+                                         if trace else carry)
         except (CloudEventError, ValueError) as e:
             self.metrics.inc("bad_mes_replies")
             log.warning("reply to %s could not be encoded: %s", req.id, e)

@@ -34,6 +34,7 @@ from sfc_host.mes.outbox import OrderRow, Outbox
 from sfc_host.mqtt.cloudevents import CloudEvent, CloudEventError, publish_properties
 from sfc_host.store.keys import SCOPES, ScopeKeys
 from sfc_host.store.orders import top_state
+from sfc_host.tracing.context import carried, job_span_key
 
 if TYPE_CHECKING:
     from sfc_host.execution.host import Host
@@ -164,8 +165,10 @@ class Publisher:
         acknowledgement: the order stays in the outbox until it is there."""
         body = order.get("order")
         ended = top_state(new) in _ENDED
+        tp = order.get("tp")
+        trace = carried(tp, job_span_key(job, order.get("token", ""))) if tp else None
         ack = self._status_event(scope, job, body.encode() if body else None, new, cause,
-                                 followed=ended)
+                                 followed=ended, trace=trace)
         if ack is not None:
             self._ends.setdefault(scope, []).append(ack)
         self._mark(scope, job)
@@ -177,15 +180,15 @@ class Publisher:
         self._mark(scope, job)
 
     def _status_event(self, scope: str, job: str, order: bytes | None, state: str,
-                      cause: CloudEvent | None, *, followed: bool
-                      ) -> asyncio.Future[None] | None:
+                      cause: CloudEvent | None, *, followed: bool,
+                      trace: dict[str, str] | None = None) -> asyncio.Future[None] | None:
         """Publish a status event; with ``followed``, its acknowledgement (done at once
         for one that cannot be encoded: sending it again would not help)."""
         ack = asyncio.get_running_loop().create_future() if followed else None
         try:
             payload, props = codec.status_event(
                 scope, order, state, self.source, cause, v5=self.link.v5,
-                binary=self.link.config.mqtt_binary, expiry_s=self.expiry_s)
+                binary=self.link.config.mqtt_binary, expiry_s=self.expiry_s, trace=trace)
         except (CloudEventError, KeyError) as e:
             log.warning("status event of %s/%s could not be encoded: %s", scope, job, e,
                         extra={"scope": scope, "job": job})

@@ -239,11 +239,12 @@ class Orders:
 
     async def store_order(self, scope: str, order: dict[str, Any] | JobOrderData, *,
                           start: bool, work_master: str | None = None,
-                          cause: Any = None) -> str:
+                          cause: Any = None, trace: str = "") -> str:
         """Store (or StoreAndStart) an ISA-95 job order; its new state.
 
         ``work_master`` is the Work Master that runs (default: the first one the order
-        lists; "": none); it must exist in the scope when the order is written. An id whose
+        lists; "": none); it must exist in the scope when the order is written. ``trace``
+        (``tracing.stored``) is the trace context its job carries on. An id whose
         order is live is refused unless the order is the same (an MES repeating a Store
         whose reply it lost: success, nothing changes); an ended or cleared id is
         stored afresh.
@@ -268,7 +269,7 @@ class Orders:
         new = JOB_ORDER.fire(JOB_ORDER.initial_name, trigger)
         entries = implied_entries(trigger, "InitialState", new)
         body = _ENCODE.encode(order).decode()
-        extra = {"wm": work_master or ""}
+        extra = {"wm": work_master or "", "tp": trace}
         cur: dict[str, str] | None = None
         for round_ in range(ROUNDS):
             if round_ > 0:

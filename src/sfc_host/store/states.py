@@ -63,6 +63,7 @@ class JobRow:
     archive: bytes = b""
     archive_known: bool = False
     unsaved: bytes = b""
+    trace: str = ""         # the trace context its commands carry on ('' = none)
 
     @property
     def exists(self) -> bool:
@@ -105,6 +106,8 @@ def _row(job: str, flat: list[bytes], whole: bool = True) -> JobRow:
             r.fingerprint = v.decode()
         elif k == b"o":
             r.offset = int(v)
+        elif k == b"t":
+            r.trace = v.decode("ascii", "replace")
         elif k.startswith(ARCHIVE_PREFIX):
             archive.append((k, v))
         elif k == b"hn":
@@ -135,6 +138,7 @@ class Record:
     response: str | bytes | None = None
     offset: int = 0                # the scope offset the state is shifted to
     archive: bytes = b""           # archive records to append (written with the state)
+    trace: str = ""                # the job's trace context ('' = keep what is stored)
 
 
 def started_at(state: bytes) -> int:
@@ -191,7 +195,7 @@ class StateCache:
     def __init__(self, size: int) -> None:
         self.size = size
         self._rows: OrderedDict[tuple[str, str],
-                                tuple[bytes, bytes, str | None, int, bytes | None]] = \
+                                tuple[bytes, bytes, str | None, int, bytes | None, str]] = \
             OrderedDict()
         self.hits = 0
 
@@ -202,7 +206,7 @@ class StateCache:
         self.hits += 1
         archive = r[4]
         return JobRow(job, r[0], r[1], r[2], _NO_MARKERS, r[3], live=r[1],
-                      archive=archive or b"", archive_known=archive is not None)
+                      archive=archive or b"", archive_known=archive is not None, trace=r[5])
 
     def put(self, scope: str, row: JobRow) -> None:
         """Keep the row's live part (what the settler evolves), and its archive when
@@ -218,7 +222,7 @@ class StateCache:
             rows.move_to_end(key)
         archive = row.archive if row.archive_known and \
             len(row.archive) <= CACHED_ARCHIVE_MAX else None
-        rows[key] = (row.version, row.live, row.fingerprint, row.offset, archive)
+        rows[key] = (row.version, row.live, row.fingerprint, row.offset, archive, row.trace)
         if len(rows) > self.size:
             rows.popitem(last=False)
 
@@ -502,7 +506,7 @@ class Store:
                              ki(k.outbox) if self.outbox else 0)
                 else:
                     args += (0, b"", 0, 0)
-                args.append(r.archive)
+                args += (r.archive, r.trace)
         return (self.scripts["cas"], keys, args)
 
     async def commit(self, batches: dict[str, Sequence[Record]],

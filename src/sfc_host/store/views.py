@@ -13,6 +13,7 @@ from typing import Any
 from sfc_fast import Graph, StateFormatError, state_to_json
 from sfc_host.store.keys import SCOPES, ScopeKeys
 from sfc_host.store.states import GraphCache, caught_up, whole_state
+from sfc_host.tracing.context import from_stored
 
 # action phases that still wait for something (a command's answer, a timer, an exit)
 OPEN_PHASES = ("delayed", "open", "waiting_exit")
@@ -75,6 +76,7 @@ async def read_job(client: Any, scope: str, job: str,
         "status": None, "state": None, "state_error": None,
         "markers": {a.decode()[5:]: b.decode() for a, b in job_h.items()
                     if a.startswith(b"sent:")},
+        "trace_id": _trace_id(order.get("tp")),
     }
     state, fp = whole_state(job_h), _text(job_h.get(b"g"))
     if state is None:
@@ -99,6 +101,11 @@ async def read_job(client: Any, scope: str, job: str,
     out["status"] = view["status"]
     out["state"] = _annotate(view, now)
     return out
+
+
+def _trace_id(stored_trace: str | None) -> str | None:
+    ctx = from_stored(stored_trace)
+    return ctx.trace_id if ctx is not None else None
 
 
 def _annotate(view: dict[str, Any], now: int) -> dict[str, Any]:

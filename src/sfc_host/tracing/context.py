@@ -21,6 +21,7 @@ in all; one that breaks that is dropped whole, never cut.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -147,3 +148,59 @@ def valid_tracestate(value: object) -> str:
             return ""
         keys.add(key)
     return ",".join(members)
+
+
+def span_id_for(trace_id: str, key: str) -> str:
+    """The span id of ``key`` (a command id, a job's run, a request id) in the trace:
+    derived, not drawn, so every host names the same span the same way and the host
+    that sees a span end can record it, whichever host began it."""
+    s = hashlib.blake2b(f"{trace_id}\x00{key}".encode(), digest_size=8).hexdigest()
+    return s if s != _ZERO_SPAN else "0" * 15 + "1"
+
+
+def job_span_key(job: str, token: str) -> str:
+    """What names a job's run in its trace (``span_id_for``): the job id and its order's
+    token, drawn anew each time the id is stored."""
+    return f"job:{job}:{token}"
+
+
+def stored(context: TraceContext) -> str:
+    """A context as the host keeps it with a job: the ``traceparent`` as it came, and
+    its ``tracestate`` after a tab (a character no ``tracestate`` holds)."""
+    tp = context.traceparent
+    return f"{tp}\t{context.state}" if context.state else tp
+
+
+def from_stored(text: str | bytes | None) -> TraceContext | None:
+    """The context ``stored`` wrote; None for none (or a value that is not one)."""
+    if not text:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    tp, _, state = text.partition("\t")
+    try:
+        return parse_traceparent(tp, state or None)
+    except InvalidTraceParent:
+        return None
+
+
+def carried(text: str | bytes | None, key: str) -> dict[str, str]:
+    """The CloudEvent attributes that carry a stored context on, as the span ``key``
+    names (a command's id: the command's attempt): ``traceparent`` and, when the job
+    has one, ``tracestate``. Empty for a job without a context."""
+    c = from_stored(text)
+    if c is None:
+        return {}
+    out = {"traceparent": f"00-{c.trace_id}-{span_id_for(c.trace_id, key)}-{c.flags:02x}"}
+    if c.state:
+        out["tracestate"] = c.state
+    return out
+
+
+def context_of(attributes: dict[str, str]) -> TraceContext | None:
+    """The context a CloudEvent's ``traceparent`` and ``tracestate`` attributes carry;
+    None without one; ``InvalidTraceParent`` for a broken one."""
+    tp = attributes.get("traceparent")
+    if tp is None:
+        return None
+    return parse_traceparent(tp, attributes.get("tracestate"))

@@ -72,7 +72,8 @@ class WebView:
 
     def __init__(self, client: Any, config: HostConfig, *, metrics: Metrics | None = None,
                  control: MesControl | None = None) -> None:
-        self.data = WebData(client, config.group, config.outage_threshold_ms, metrics)
+        self.data = WebData(client, config.group, config.outage_threshold_ms, metrics,
+                            config.trace_url)
         self.guard = Guard(config.web_access_token())
         self.control = control
         self.hub = LiveHub(self.live_payload, probe=self.live_probe)

@@ -197,9 +197,20 @@ def summary_part(v: Mapping[str, Any]) -> str:
     ]
     if v.get("state_error"):
         items.append(("problem", v["state_error"]))
-    return "<dl>" + "".join(
-        f'<dt>{esc(k)}</dt><dd class="{esc(k.replace(" ", "-"))}">{esc(val)}</dd>'
-        for k, val in items) + "</dl>"
+    dl = "".join(f'<dt>{esc(k)}</dt><dd class="{esc(k.replace(" ", "-"))}">{esc(val)}</dd>'
+                 for k, val in items)
+    return f"<dl>{dl}{trace_item(v.get('trace_id'), v.get('trace_url') or '')}</dl>"
+
+
+def trace_item(trace_id: str | None, trace_url: str) -> str:
+    """The job's trace id; a link to the plant's trace viewer with ``trace_url``."""
+    if not trace_id:
+        return '<dt>trace</dt><dd class="trace">-</dd>'
+    if not trace_url:
+        return f'<dt>trace</dt><dd class="trace"><code>{esc(trace_id)}</code></dd>'
+    href = trace_url.replace("{trace_id}", trace_id)
+    return (f'<dt>trace</dt><dd class="trace"><a href="{esc(href)}" rel="noopener">'
+            f'<code>{esc(trace_id)}</code></a></dd>')
 
 
 def timeline_part(v: Mapping[str, Any]) -> str:

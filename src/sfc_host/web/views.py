@@ -47,11 +47,12 @@ class WebData:
     commands this host sent a second; ``sfc-host web`` has none."""
 
     def __init__(self, client: Any, group: str, outage_ms: int,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, trace_url: str = "") -> None:
         self.client = client
         self.group = group
         self.outage_ms = outage_ms
         self.metrics = metrics
+        self.trace_url = trace_url     # a job's trace id links here (setting trace_url)
         self.graphs = GraphCache(GRAPHS_KEPT)
         self._last: Sample | None = None
 
@@ -145,6 +146,7 @@ class WebData:
         view["step_classes"], view["action_classes"] = steps, actions
         view["qualifiers"] = _qualifiers(graph)
         view["timeline"] = timeline(view)
+        view["trace_url"] = self.trace_url
         return view
 
     async def job_versions(self, scope: str, job: str) -> tuple[Any, ...]:

@@ -29,7 +29,9 @@
 --     archive records to append ('' = none; written with a state as the job's next
 --     archive piece h:{hn + 1} (hn: the last one's number), merged with the pieces
 --     before it every ARCHIVE_MERGE pieces; the archive is the h: fields joined in the
---     order of their numbers).
+--     order of their numbers),
+--     the job's trace context ('' = keep: written as field t with a state, by the
+--     start that brings it from the job order).
 -- A record whose version does not match writes nothing; the others still apply.
 -- After every group's records, the new entries of the delivering groups' streams
 -- (those just appended among them) are delivered to that consumer with one
@@ -98,7 +100,8 @@ for g = 1, ngroups do
     local xidx = tonumber(ARGV[e + 3 * ne + 2])
     local oidx = tonumber(ARGV[e + 3 * ne + 3])
     local archive = ARGV[e + 3 * ne + 4]
-    p = e + 3 * ne + 5
+    local trace = ARGV[e + 3 * ne + 5]
+    p = e + 3 * ne + 6
     -- The version, the archive's last piece number and the markers of the record's
     -- first dispatch entry: one call (nothing below writes a marker; a reset deletes
     -- them, so then they are read after it)
@@ -125,6 +128,7 @@ for g = 1, ngroups do
         local f = {'s', state, 'v', string.format('%d', v)}
         if fp ~= '' then f[#f + 1] = 'g' f[#f + 1] = fp end
         if offset ~= '0' then f[#f + 1] = 'o' f[#f + 1] = offset end
+        if trace ~= '' then f[#f + 1] = 't' f[#f + 1] = trace end
         -- Settled records of the state (no event reads or rewrites them again) go to a
         -- field of their own, h:{hn + 1}, without reading what is stored: Redis's Lua
         -- hashes every byte of every string it makes, so reading and rewriting a chunk

@@ -1,16 +1,16 @@
 -- Read many job hashes of one or more scopes in one call, with the server clock and
 -- each scope's outage offset.
 -- ARGV[1] = n: KEYS[1..n] are the scopes' offset keys, the rest job hashes.
--- ARGV[2] = '1': only the fields an event is evolved from (s, v, g, o), not the
--- archive and the sent markers, whose count grows with the job's history (absent or
--- '0': every field).
+-- ARGV[2] = '1': only the fields an event is evolved from (s, v, g, o) and the trace
+-- context its commands carry (t), not the archive and the sent markers, whose count
+-- grows with the job's history (absent or '0': every field).
 -- Returns {now_ms, offset of scope 1 .. n, fields of job 1, fields of job 2, ...}
 -- (each a flat field-value list as HGETALL's, empty for a job that does not exist).
 local t = redis.call('TIME')
 local out = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
 local n = tonumber(ARGV[1])
 local lean = ARGV[2] == '1'
-local LEAN = {'s', 'v', 'g', 'o'}
+local LEAN = {'s', 'v', 'g', 'o', 't'}
 for i, key in ipairs(KEYS) do
   if i <= n then
     out[i + 1] = tonumber(redis.call('GET', key) or '0')
