@@ -107,6 +107,9 @@ def test_stored_contexts_are_carried_on_as_the_span_a_key_names() -> None:
     # derived, so any host names the span alike; another key, another span
     assert span == span_id_for(c.trace_id, "J1:tighten#1") != span_id_for(c.trace_id, "J1:a#1")
     assert carried("", "x") == {} and carried(None, "x") == {}
+    under = c.under("mes:r1")
+    assert under.trace_id == c.trace_id and under.span_id == span_id_for(c.trace_id, "mes:r1")
+    assert under.flags == c.flags and under.state == c.state
 
 
 def test_trace_url_is_an_http_address_with_the_trace_id() -> None:

@@ -13,8 +13,14 @@ from mqtt_station import MqttStation
 from test_mes import BY_ID, JC, STATUS, Mes, answer_all, no_tighten_answer, order, run, start_app
 
 from sfc_host.cli.ops import inspect_text
+from sfc_host.store.keys import ScopeKeys
 from sfc_host.store.views import read_job
-from sfc_host.tracing.context import parse_traceparent, span_id_for
+from sfc_host.tracing.context import (
+    TraceContext,
+    from_stored,
+    parse_traceparent,
+    span_id_for,
+)
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 MES_SPAN = "00f067aa0ba902b7"
@@ -48,7 +54,12 @@ def test_the_mes_trace_runs_through_every_command_reply_and_status_event(
                                      traceparent=TP, tracestate="vendor=x")
                 assert rep["data"]["ReturnStatus"] == 1
                 reply_ctx = parse_traceparent(rep["traceparent"])
-                assert reply_ctx.trace_id == TRACE and reply_ctx.span_id != MES_SPAN
+                # the reply names the host's handling of the request; the job's run
+                # hangs under it (the order keeps it as the parent)
+                assert reply_ctx.trace_id == TRACE
+                assert reply_ctx.span_id == span_id_for(TRACE, "mes:" + rep["causationid"])
+                kept = await app.host.client.hget(ScopeKeys("line1").order("T1"), "tp")
+                assert from_stored(kept) == TraceContext(TRACE, reply_ctx.span_id, 1, "vendor=x")
                 await wait_until(lambda: "Ended_Completed" in mes.states("T1"), 20, "T1 done")
                 _assert_carried(_commands_of(station, "T1"), TRACE, "vendor=x")
                 events = [e for e in mes.events if e["type"] == STATUS

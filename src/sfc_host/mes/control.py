@@ -50,6 +50,14 @@ MAX_BY_STATE = 1000       # job responses in one ByJobOrderState reply
 NO_SCOPE = "the request names no scope (no CloudEvent subject, no scope in the topic)"
 
 
+def _kept(trace: TraceContext | None, cause: CloudEvent | None) -> str:
+    """What an order keeps of its request's context: the trace, with the host's handling
+    of the request (the span the reply names) as the parent of the job's run."""
+    if trace is None:
+        return ""
+    return stored(trace.under(f"mes:{cause.id}") if cause is not None else trace)
+
+
 def _job_id(value: str | None) -> str:
     if value is None:
         raise Invalid("JobOrderID is missing")
@@ -221,7 +229,7 @@ class MesControl:
                 # "" when the scope knows none of them: stored, and its start aborts it
                 state = await orders.store_order(scope, order, start=method == "StoreAndStart",
                                                  work_master=wm or "", cause=cause,
-                                                 trace=stored(trace) if trace else "")
+                                                 trace=_kept(trace, cause))
             return {"JobOrderID": job, "JobState": state}
         id_call = codec.typed(data, model.IdCall)
         job = _job_id(id_call.JobOrderID)

@@ -67,6 +67,12 @@ class TraceContext:
         """The same trace with a new span of ours as the parent of what follows."""
         return TraceContext(self.trace_id, new_span_id(), self.flags, self.state)
 
+    def under(self, key: str) -> TraceContext:
+        """The same trace with the span ``key`` names (``span_id_for``) as the parent of
+        what follows: ours, named alike on every host."""
+        return TraceContext(self.trace_id, span_id_for(self.trace_id, key), self.flags,
+                            self.state)
+
 
 def new_trace_id() -> str:
     while True:
