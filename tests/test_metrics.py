@@ -258,7 +258,7 @@ def test_operations_md_lists_exactly_the_metrics_the_host_emits() -> None:
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
     section = doc.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
-    listed = {re.sub(r"\{reason\}$", "", n)
+    listed = {re.sub(r"\{(reason|source)\}$", "", n)
               for n in re.findall(r"^\| `([a-z_{}]+)` \|", section, re.M)}
     assert listed - set(HELP) == {"loop_errors_{loop}"}
     assert sorted(set(HELP) - listed) == []
