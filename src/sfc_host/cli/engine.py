@@ -24,16 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
-EXIT_USAGE = 2
+from sfc_host.cli.common import EXIT_OK, EXIT_PROBLEMS, UsageError, error
+
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 STATUS_FILE = ".sfc-engine.json"
-
-
-def _err(msg: str, code: int = EXIT_USAGE) -> int:
-    print(f"sfc-host: error: {msg}", file=sys.stderr)
-    return code
 
 
 def _scripts_dir(args: argparse.Namespace) -> Path | None:
@@ -42,7 +36,7 @@ def _scripts_dir(args: argparse.Namespace) -> Path | None:
 
 
 def _no_folder(args: argparse.Namespace) -> int:
-    return _err(f"scripts folder {args.scripts} does not exist")
+    return error(f"scripts folder {args.scripts} does not exist")
 
 
 def _last_status(args: argparse.Namespace) -> dict[str, Any] | int:
@@ -53,7 +47,7 @@ def _last_status(args: argparse.Namespace) -> dict[str, Any] | int:
         return _no_folder(args)
     st = read_status(scripts)
     if st is None:
-        return _err(f"no engine has run on {scripts} (no {STATUS_FILE}); start one with: "
+        return error(f"no engine has run on {scripts} (no {STATUS_FILE}); start one with: "
                     f"sfc-host engine start --scripts {args.scripts}")
     return st
 
@@ -146,23 +140,19 @@ def cmd_start(args: argparse.Namespace) -> int:
         try:
             missions.append(parse_mission_spec(spec))
         except ValueError as e:
-            return _err(f"--mission {spec}: {e}")
+            return error(f"--mission {spec}: {e}")
     prev = read_status(scripts)
     if prev and prev.get("running") and pid_alive(int(prev.get("pid", 0))) \
             and prev.get("pid") != os.getpid():
-        return _err(f"an engine already runs on {scripts} (pid {prev['pid']}); "
+        return error(f"an engine already runs on {scripts} (pid {prev['pid']}); "
                     "stop it with: sfc-host engine stop --scripts " + str(args.scripts),
                     EXIT_PROBLEMS)
     try:
         return asyncio.run(_run_engine(scripts, args, missions))
-    except _Usage as e:
-        return _err(str(e))
+    except UsageError as e:
+        return error(str(e))
     except _Unreachable as e:
-        return _err(str(e), EXIT_PROBLEMS)
-
-
-class _Usage(Exception):
-    """A user mistake: one line, exit 2."""
+        return error(str(e), EXIT_PROBLEMS)
 
 
 class _Unreachable(Exception):
@@ -179,7 +169,7 @@ async def _open_store(args: argparse.Namespace) -> Any:
     try:
         store = RedisMissionStore.from_url(args.redis)
     except ValueError as e:   # not a Redis URL
-        raise _Usage(f"--redis {redact(args.redis)}: {e}") from None
+        raise UsageError(f"--redis {redact(args.redis)}: {e}") from None
     try:
         await store.client.ping()
     except Exception as e:
@@ -222,10 +212,10 @@ async def _run_engine(scripts: Path, args: argparse.Namespace,
             try:
                 check_mission_call(engine.missions, name, margs)
             except UnknownMission as e:
-                raise _Usage(f"--mission {name}: no such mission in {scripts} "
+                raise UsageError(f"--mission {name}: no such mission in {scripts} "
                              f"({e.known})") from None
             except ValueError as e:
-                raise _Usage(f"--mission {name}: {e}") from None
+                raise UsageError(f"--mission {name}: {e}") from None
         await engine.start()
         save(True)
         print(f"engine {engine.state}: {len(engine.tasks)} tasks, {len(engine.missions)} "
@@ -284,7 +274,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
             break
         time.sleep(0.05)
     else:
-        return _err(f"engine (pid {pid}) did not stop within {args.timeout:g} s",
+        return error(f"engine (pid {pid}) did not stop within {args.timeout:g} s",
                     EXIT_PROBLEMS)
     final = read_status(scripts) or {}
     print(f"engine on {scripts} stopped (state {final.get('state')})")
@@ -331,13 +321,13 @@ def cmd_missions_list(args: argparse.Namespace) -> int:
         cfg = HostConfig.load(args.config, redis_url=args.redis,
                               redis_cluster=True if args.cluster else None)
     except ConfigError as e:
-        return _err(str(e))
+        return error(str(e))
     where = redact(cfg.redis_url)
 
     try:
         client = connect(cfg)   # no I/O yet: only the URL is read
     except ValueError as e:     # not a Redis URL
-        return _err(f"redis_url {where}: {e}")
+        return error(f"redis_url {where}: {e}")
 
     async def run() -> list[dict[str, Any]]:
         store = RedisMissionStore(client, prefix=mission_prefix(cfg.redis_cluster))
@@ -351,10 +341,10 @@ def cmd_missions_list(args: argparse.Namespace) -> int:
     try:
         records = asyncio.run(run())
     except (OSError, ConnectionError, RedisConnectionError) as e:
-        return _err(f"cannot reach Redis at {where} ({redact(str(e))})", EXIT_PROBLEMS)
+        return error(f"cannot reach Redis at {where} ({redact(str(e))})", EXIT_PROBLEMS)
     except Exception as e:
         if type(e).__module__.startswith("redis"):
-            return _err(f"cannot read mission records from {where} ({redact(str(e))})",
+            return error(f"cannot read mission records from {where} ({redact(str(e))})",
                         EXIT_PROBLEMS)
         raise
     if args.json:

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 import uvloop
 
 from sfc_host import logs
+from sfc_host.cli.common import error
 from sfc_host.config import ConfigError, HostConfig, without_credentials
-from sfc_host.service.preflight import EXIT_MISTAKE, describe_failure
+from sfc_host.service.preflight import describe_failure
 
 if TYPE_CHECKING:
     from sfc_host.service.app import App
@@ -46,20 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def _error(text: str) -> None:
-    print(f"sfc-host: error: {text}", file=sys.stderr)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     if args.connect and not args.check:
-        _error("--connect goes with --check")
-        return EXIT_MISTAKE
+        return error("--connect goes with --check")
     try:
         cfg = HostConfig.load(args.config, redis_url=args.redis, mqtt_url=args.mqtt,
                               scopes=args.scope)
     except ConfigError as e:
-        _error(str(e))
-        return EXIT_MISTAKE
+        return error(str(e))
     handler = logs.setup(logging.getLevelName(cfg.log_level.upper()), cfg.log_format,
                          sys.stderr)
     if args.check:
@@ -82,8 +77,7 @@ async def _check(cfg: HostConfig, connect: bool) -> int:
         failure = describe_failure(e, cfg)
         if failure is None:
             raise
-        _error(failure[1])
-        return failure[0]
+        return error(failure[1], failure[0])
     return 0
 
 
@@ -97,8 +91,7 @@ async def _serve(cfg: HostConfig) -> int:
     try:
         app = App(cfg)
     except ValueError as e:
-        _error(str(e))
-        return EXIT_MISTAKE
+        return error(str(e))
     log = logging.getLogger("sfc_host")
     starting = asyncio.create_task(app.start())
     stopped = asyncio.create_task(stop.wait())
@@ -120,8 +113,7 @@ async def _serve(cfg: HostConfig) -> int:
         failure = describe_failure(e, cfg, why)
         if failure is None:
             raise e
-        _error(failure[1])
-        return failure[0]
+        return error(failure[1], failure[0])
     log.info("host %s running: Redis %s, MQTT %s, %d scopes", cfg.consumer_name,
              without_credentials(cfg.redis_url), without_credentials(cfg.mqtt_url),
              len(app.host.streams.scopes))

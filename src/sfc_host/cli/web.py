@@ -16,8 +16,8 @@ import sys
 from aiohttp import web
 
 from sfc_host import logs
+from sfc_host.cli.common import EXIT_PROBLEMS, EXIT_USAGE, error
 from sfc_host.config import ConfigError, HostConfig, check_web_access, without_credentials
-from sfc_host.service.preflight import EXIT_MISTAKE, EXIT_UNREACHABLE
 
 log = logging.getLogger("sfc_host.web")
 SHUTDOWN_S = 1.0
@@ -34,11 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_web)
 
 
-def _error(text: str, code: int) -> int:
-    print(f"sfc-host: error: {' '.join(text.split())}", file=sys.stderr)
-    return code
-
-
 def cmd_web(args: argparse.Namespace) -> int:
     try:
         cfg = HostConfig.load(args.config, redis_url=args.redis, metrics_host=args.host,
@@ -46,7 +41,7 @@ def cmd_web(args: argparse.Namespace) -> int:
         cfg.check_files()
         check_web_access(cfg, "sfc-host web")
     except ConfigError as e:
-        return _error(str(e), EXIT_MISTAKE)
+        return error(str(e), EXIT_USAGE)
     logs.setup(logging.getLevelName(cfg.log_level.upper()), cfg.log_format, sys.stderr)
     import uvloop
 
@@ -66,8 +61,8 @@ async def serve(cfg: HostConfig, stop: asyncio.Event | None = None) -> int:
         try:
             await asyncio.wait_for(client.ping(), PING_S)
         except Exception as e:
-            return _error(f"cannot reach Redis at {without_credentials(cfg.redis_url)} "
-                          f"({e or type(e).__name__})", EXIT_UNREACHABLE)
+            return error(f"cannot reach Redis at {without_credentials(cfg.redis_url)} "
+                          f"({e or type(e).__name__})", EXIT_PROBLEMS)
         app = web.Application()
         app.router.add_get("/healthz", _healthz)
         WebView(client, cfg).install(app)
@@ -78,8 +73,8 @@ async def serve(cfg: HostConfig, stop: asyncio.Event | None = None) -> int:
             await web.TCPSite(runner, cfg.metrics_host, cfg.metrics_port).start()
         except OSError as e:
             await runner.cleanup()
-            return _error(f"cannot listen on {cfg.metrics_host}:{cfg.metrics_port}: "
-                          f"{e.strerror or e}", EXIT_MISTAKE)
+            return error(f"cannot listen on {cfg.metrics_host}:{cfg.metrics_port}: "
+                          f"{e.strerror or e}", EXIT_USAGE)
         host = f"[{cfg.metrics_host}]" if ":" in cfg.metrics_host else cfg.metrics_host
         log.info("web view on http://%s:%d/ (read-only), Redis %s", host, cfg.metrics_port,
                  without_credentials(cfg.redis_url))
