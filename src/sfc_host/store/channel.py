@@ -12,9 +12,10 @@ made it; replies come back in order and go to their callers' futures (DESIGN 3.1
 redis-py's cluster client, which routes them by slot.
 
 Errors are redis-py's classes (``NoScriptError`` for ``NOSCRIPT``, ``ResponseError`` for
-other replies, ``ConnectionError`` when the connection fails), so callers handle them as
-before; a call whose connection failed is tried again on a new one, as the redis-py
-client of the host does (the host's script calls are all safe to repeat).
+other replies, ``ConnectionError`` when the connection fails), so callers handle them
+alike whichever connection ran the call. A call whose connection failed is tried again
+on a new one, as the host's redis-py client does (its script calls are all safe to
+repeat).
 """
 
 from __future__ import annotations
