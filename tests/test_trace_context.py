@@ -29,7 +29,7 @@ def test_a_valid_traceparent_is_read_field_by_field() -> None:
 def test_unknown_flags_are_kept() -> None:
     c = parse_traceparent(GOOD[:-2] + "ff")
     assert c.flags == 0xFF and c.sampled and c.traceparent.endswith("-ff")
-    assert c.child().flags == 0xFF
+    assert c.under("J1:a#1").flags == 0xFF
 
 
 @pytest.mark.parametrize(("value", "rule"), [
@@ -75,11 +75,11 @@ def test_tracestate_is_kept_when_valid_and_dropped_whole_when_not() -> None:
     assert c.state == "" and c.trace_id    # a bad tracestate does not refuse the context
 
 
-def test_a_new_trace_and_its_children() -> None:
+def test_a_new_trace_and_the_spans_under_it() -> None:
     t = new_trace()
     assert len(t.trace_id) == 32 and len(t.span_id) == 16 and t.sampled
     assert parse_traceparent(t.traceparent) == t
-    kid = t.child()
+    kid = t.under("J1:a#1")
     assert kid.trace_id == t.trace_id and kid.span_id != t.span_id
     assert not new_trace(sampled=False).sampled
     assert len({new_trace().trace_id for _ in range(1000)}) == 1000

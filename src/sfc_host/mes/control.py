@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sfc_host.mes")
 
+# a reply's JSON, and the trace attributes of the job it answers for (None: no job's)
+Answer = tuple[bytes, dict[str, str] | None]
+
 MAX_BY_STATE = 1000       # job responses in one ByJobOrderState reply
 NO_SCOPE = "the request names no scope (no CloudEvent subject, no scope in the topic)"
 
@@ -140,10 +143,8 @@ class MesControl:
                          ev.id, ev.source, extra={"scope": scope})
                 self._reply(ev, method, scope, bytes(before), trace)
                 return
-        body = await self._answer(scope, ev, method, trace)
-        carry = None if trace is not None or method != "RequestJobResponseByJobOrderID" \
-            else await self._job_trace(scope, ev)
-        self._reply(ev, method, scope, body, trace, carry)
+        body, job_trace = await self._answer(scope, ev, method, trace)
+        self._reply(ev, method, scope, body, trace, job_trace)
         if self.config.mes_dedupe_s:
             await self.host.client.set(seen, body, ex=self.config.mes_dedupe_s)
 
@@ -156,23 +157,11 @@ class MesControl:
             log.info("MES request %s from %s: traceparent ignored: %s", ev.id, ev.source, e)
             return None
 
-    async def _job_trace(self, scope: str, ev: CloudEvent) -> dict[str, str] | None:
-        """The trace of the job a job response names, for the reply that carries it (a
-        request with a context of its own gets that one back instead)."""
-        try:
-            job = _job_id(codec.typed(codec.data_of(ev), model.IdCall).JobOrderID)
-        except (Invalid, CloudEventError, ValueError):
-            return None
-        tp, token = await self.host.client.hmget(self.host.store.keys(scope).order(job),
-                                                 "tp", "token")
-        if not tp:
-            return None
-        return carried(tp, job_span_key(job, token.decode() if token else ""))
-
     async def _answer(self, scope: str, ev: CloudEvent, method: str,
-                      trace: TraceContext | None = None) -> bytes:
+                      trace: TraceContext | None = None) -> Answer:
+        job_trace = None
         try:
-            body = await self.handle(scope, ev, method, trace)
+            body, job_trace = await self.handle(scope, ev, method, trace)
         except Invalid as e:
             self.metrics.inc("bad_mes_requests")
             log.warning("MES request %s (%s) in %s refused: %s", ev.id, ev.type, scope, e,
@@ -184,23 +173,24 @@ class MesControl:
                      extra={"scope": scope})
             body = _status_body(e.status, str(e))
         self.metrics.inc("mes_requests")
-        return body
+        return body, job_trace
 
     async def handle(self, scope: str, ev: CloudEvent, method: str,
-                     trace: TraceContext | None = None) -> bytes:
-        """The reply's JSON for one request; ``Invalid`` or ``OrderError`` to refuse."""
+                     trace: TraceContext | None = None) -> Answer:
+        """The reply's JSON for one request, and the trace attributes of the job it
+        answers for (a job response's); ``Invalid`` or ``OrderError`` to refuse."""
         data = codec.data_of(ev)
         if method in model.METHODS:
             await self.job_control(scope, method, data, cause=ev, trace=trace)
-            return _status_body(model.NO_ERROR)
+            return _status_body(model.NO_ERROR), None
         if method == "RequestJobResponseByJobOrderID":
             return await self._by_id(scope, data)
         if method == "RequestJobResponseByJobOrderState":
-            return await self._by_state(scope, data)
+            return await self._by_state(scope, data), None
         kind = method.removeprefix("config.")
         delete = ev.extensions.get("method", "PUT").upper() == "DELETE"
         await self._config(scope, kind, data, delete=delete)
-        return _status_body(model.NO_ERROR)
+        return _status_body(model.NO_ERROR), None
 
     async def job_control(self, scope: str, method: str, data: Any, *,
                           cause: CloudEvent | None = None,
@@ -239,18 +229,20 @@ class MesControl:
 
     # ---- queries
 
-    async def _by_id(self, scope: str, data: Any) -> bytes:
+    async def _by_id(self, scope: str, data: Any) -> Answer:
         job = _job_id(codec.typed(data, model.IdCall).JobOrderID)
         k = self.host.store.keys(scope)
         pipe = self.host.client.pipeline(transaction=False)
         pipe.get(k.response(job))
-        pipe.hget(k.order(job), "order")
-        response, order = await pipe.execute()
+        pipe.hmget(k.order(job), "order", "tp", "token")
+        response, (order, tp, token) = await pipe.execute()
         if response is None:
             raise OrderError(model.UNKNOWN_JOB_ORDER_ID,
                              f"no job response for {job!r} in {scope!r} (yet)")
         served = model.with_actuals(bytes(response), order)
-        return _status_body(model.NO_ERROR, head=b'"JobResponse":' + served + b",")
+        job_trace = carried(tp, job_span_key(job, token.decode() if token else "")) \
+            if tp else None
+        return _status_body(model.NO_ERROR, head=b'"JobResponse":' + served + b","), job_trace
 
     async def _by_state(self, scope: str, data: Any) -> bytes:
         call = codec.typed(data, model.StateCall)
@@ -376,7 +368,7 @@ class MesControl:
             payload, props = codec.reply(req, method, self.config.mes_source, body,
                                          v5=self.link.v5, binary=self.config.mqtt_binary,
                                          expiry_s=self.config.mes_message_expiry_s,
-                                         trace=carried(stored(trace), f"mes:{req.id}")
+                                         trace=trace.attributes(f"mes:{req.id}")
                                          if trace else carry)
         except (CloudEventError, ValueError) as e:
             self.metrics.inc("bad_mes_replies")

@@ -21,6 +21,7 @@ in all; one that breaks that is dropped whole, never cut.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -63,15 +64,19 @@ class TraceContext:
     def traceparent(self) -> str:
         return f"00-{self.trace_id}-{self.span_id}-{self.flags:02x}"
 
-    def child(self) -> TraceContext:
-        """The same trace with a new span of ours as the parent of what follows."""
-        return TraceContext(self.trace_id, new_span_id(), self.flags, self.state)
-
     def under(self, key: str) -> TraceContext:
         """The same trace with the span ``key`` names (``span_id_for``) as the parent of
         what follows: ours, named alike on every host."""
         return TraceContext(self.trace_id, span_id_for(self.trace_id, key), self.flags,
                             self.state)
+
+    def attributes(self, key: str) -> dict[str, str]:
+        """The CloudEvent attributes that carry the context on, as the span ``key``
+        names (``under``): ``traceparent``, and ``tracestate`` when there is one."""
+        out = {"traceparent": self.under(key).traceparent}
+        if self.state:
+            out["tracestate"] = self.state
+        return out
 
 
 def new_trace_id() -> str:
@@ -183,6 +188,12 @@ def from_stored(text: str | bytes | None) -> TraceContext | None:
         return None
     if isinstance(text, bytes):
         text = text.decode("ascii", "replace")
+    return _read_stored(text)
+
+
+# every command of a job carries its stored context on: read once, not per command
+@functools.lru_cache(maxsize=4096)
+def _read_stored(text: str) -> TraceContext | None:
     tp, _, state = text.partition("\t")
     try:
         return parse_traceparent(tp, state or None)
@@ -195,12 +206,7 @@ def carried(text: str | bytes | None, key: str) -> dict[str, str]:
     names (a command's id: the command's attempt): ``traceparent`` and, when the job
     has one, ``tracestate``. Empty for a job without a context."""
     c = from_stored(text)
-    if c is None:
-        return {}
-    out = {"traceparent": f"00-{c.trace_id}-{span_id_for(c.trace_id, key)}-{c.flags:02x}"}
-    if c.state:
-        out["tracestate"] = c.state
-    return out
+    return c.attributes(key) if c is not None else {}
 
 
 def context_of(attributes: dict[str, str]) -> TraceContext | None:
