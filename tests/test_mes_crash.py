@@ -44,9 +44,9 @@ from sfc_fast.wire.mqtt5 import MalformedPacket, Message, Reader
 from sfc_host.execution.host import Host
 from sfc_host.isa95 import state_list, state_name
 from sfc_host.mes import publishing
-from sfc_host.mes.outbox import Outbox
 from sfc_host.store.keys import ScopeKeys
 from sfc_host.store.orders import NO_ERROR
+from sfc_host.store.outbox import Outbox
 from sfc_host.store.states import Record
 
 SCOPE = "line1"

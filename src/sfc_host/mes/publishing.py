@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 from sfc_fast.wire.mqtt5 import Properties
 from sfc_host import isa95 as model
 from sfc_host.mes import codec
-from sfc_host.mes.outbox import OrderRow, Outbox
 from sfc_host.mqtt.cloudevents import CloudEvent, CloudEventError, publish_properties
 from sfc_host.store.keys import SCOPES, ScopeKeys
 from sfc_host.store.orders import top_state
+from sfc_host.store.outbox import OrderRow, Outbox
 from sfc_host.tracing.context import carried, job_span_key
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@
 -- limits Store is exact.
 -- The outbox stamp (server time in µs) is written in the same step as the change, so
 -- the MES is sent the change even when the host that made it dies before publishing it
--- (sfc_host/mes/outbox.py).
+-- (sfc_host/store/outbox.py).
 -- Returns the new version, 0 when the expected version did not match, -1 when
 -- KEYS[10] does not exist.
 local ending = ARGV[2] == 'EndState'
