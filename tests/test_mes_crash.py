@@ -393,7 +393,7 @@ def test_a_stamp_leaves_the_outbox_only_as_read(redis_url: str) -> None:
         await flush(redis_url)
         h = Host(quick_config(redis_url), loops=False)
         h.store.outbox = True
-        box = Outbox(h.client)
+        box = Outbox(h.scripts)
         try:
             await h.store.put_work_master(SCOPE, work_master("tighten_rework", "wm"))
             await h.orders.store_order(SCOPE, order("O1")["JobOrder"], start=False)

@@ -79,7 +79,7 @@ class Publisher:
         self.prefix = c.mes_prefix
         self.source = c.mes_source
         self.expiry_s = c.mes_message_expiry_s
-        self.outbox = Outbox(host.client)
+        self.outbox = Outbox(host.scripts)
         host.store.outbox = True                  # every change is stamped from now on
         self._retained_props = publish_properties(expiry_s=c.mes_retained_expiry_s)
         # scope -> job -> its end event goes out again (a leftover: its first copy may

@@ -19,40 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sfc_host.store.keys import ScopeKeys
+from sfc_host.store.lua_scripts import Scripts
 
 CHUNK = 512        # orders read in one script call (each call holds Redis)
-
-# KEYS[1] the outbox, then each order's hash and job response, in pairs; ARGV the
-# orders' ids. Six values an order: whether its hash exists, its state, its order
-# JSON, when it ended (empty: never; a Clear leaves it set), its job response, its stamp.
-_READ_LUA = """
-local out = {}
-for i = 1, #ARGV do
-  local h = KEYS[2 * i]
-  local f = redis.call('HMGET', h, 'state', 'order', 'ended')
-  out[#out + 1] = redis.call('EXISTS', h)
-  out[#out + 1] = f[1]
-  out[#out + 1] = f[2]
-  out[#out + 1] = f[3]
-  out[#out + 1] = redis.call('GET', KEYS[2 * i + 1])
-  out[#out + 1] = redis.call('HGET', KEYS[1], ARGV[i])
-end
-return out
-"""
-
-# KEYS[1] the outbox; ARGV pairs of an order id and the stamp its published state was
-# read with. Returns how many orders left the outbox.
-_TAKE_LUA = """
-local n = 0
-for i = 1, #ARGV, 2 do
-  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    n = n + 1
-  end
-end
-return n
-"""
-
 
 @dataclass(slots=True)
 class OrderRow:
@@ -72,10 +41,12 @@ class OrderRow:
 
 
 class Outbox:
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self._read = client.register_script(_READ_LUA)
-        self._take = client.register_script(_TAKE_LUA)
+    """The outbox of every scope, through the host's scripts (``outbox_read.lua``,
+    ``outbox_take.lua``: loaded, called and loaded again as every other script)."""
+
+    def __init__(self, scripts: Scripts) -> None:
+        self.scripts = scripts
+        self.client = scripts.client
 
     async def read(self, k: ScopeKeys, jobs: Sequence[str]) -> list[OrderRow]:
         """Each order's state, job response and stamp, read together: a stamp that is
@@ -86,7 +57,7 @@ class Outbox:
             keys = [k.outbox]
             for job in part:
                 keys += (k.order(job), k.response(job))
-            raw = await self._read(keys=keys, args=list(part))
+            raw = await self.scripts.call(self.scripts["outbox_read"], keys, part)
             for n, job in enumerate(part):
                 exists, state, order, ended, response, stamp = raw[6 * n:6 * n + 6]
                 rows.append(OrderRow(job, bool(exists),
@@ -103,7 +74,7 @@ class Outbox:
             args: list[Any] = []
             for job, stamp in stamps[i:i + CHUNK]:
                 args += (job, stamp)
-            n += int(await self._take(keys=[k.outbox], args=args))
+            n += int(await self.scripts.call(self.scripts["outbox_take"], [k.outbox], args))
         return n
 
     async def leftovers(self, keys: Sequence[ScopeKeys], before_us: int | None,
