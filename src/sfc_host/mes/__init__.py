@@ -1,8 +1,8 @@
 """The MES face: ISA-95 job control over MQTT, as the Python original speaks it.
 
 - ``control``: ``MesControl``, requests in and replies out;
-- ``publishing`` and ``outbox``: status events and retained order, result and state
-  index, each stamped in Redis with the change and sent after it;
+- ``publishing``: status events and retained order, result and state index, each
+  stamped in Redis with the change (``sfc_host.store.outbox``) and sent after it;
 - ``codec``: payloads, scopes, topics and envelopes (pure);
 - ``catalog``: what an MES configures for a scope, and the job acceptance checks;
 - ``presence``: the host's own retained status and its Last Will;

@@ -7,6 +7,7 @@
 - ``states``: job states (read many, write with compare-and-set), pinned recipes;
 - ``streams``: the work streams of every scope, their consumer groups and dead letters;
 - ``orders``: job orders under the ISA-95 job order machine;
+- ``outbox``: the orders whose newest state the broker may not have yet;
 - ``views``: read-only readings for ``inspect``, ``top`` and the web view.
 """
 
