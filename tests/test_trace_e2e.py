@@ -14,10 +14,12 @@ from test_mes import BY_ID, JC, STATUS, Mes, answer_all, no_tighten_answer, orde
 
 from sfc_host.cli.ops import inspect_text
 from sfc_host.store.keys import ScopeKeys
+from sfc_host.store.outbox import Outbox
 from sfc_host.store.views import read_job
 from sfc_host.tracing.context import (
     TraceContext,
     from_stored,
+    job_carried,
     parse_traceparent,
     span_id_for,
 )
@@ -66,6 +68,12 @@ def test_the_mes_trace_runs_through_every_command_reply_and_status_event(
                           and e["data"]["JobOrder"]["JobOrderID"] == "T1"]
                 assert events and {parse_traceparent(e["traceparent"]).trace_id
                                    for e in events} == {TRACE}
+                # an end event sent again from the outbox (its host died) carries the
+                # same span as the first: read with the order, named by its run
+                [row] = await Outbox(app.host.scripts).read(ScopeKeys("line1"), ["T1"])
+                again = job_carried(row.trace, "T1", row.token)
+                assert again is not None and again["tracestate"] == "vendor=x"
+                assert {e["traceparent"] for e in events} == {again["traceparent"]}
                 # the operator sees it: inspect (and the web page) read it from the order
                 view = await read_job(app.host.client, "line1", "T1")
                 assert view["trace_id"] == TRACE and f"trace          {TRACE}" in \

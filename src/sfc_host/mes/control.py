@@ -35,9 +35,8 @@ from sfc_host.store.orders import OrderError
 from sfc_host.tracing.context import (
     InvalidTraceParent,
     TraceContext,
-    carried,
     context_of,
-    job_span_key,
+    job_carried,
     stored,
 )
 
@@ -240,9 +239,8 @@ class MesControl:
             raise OrderError(model.UNKNOWN_JOB_ORDER_ID,
                              f"no job response for {job!r} in {scope!r} (yet)")
         served = model.with_actuals(bytes(response), order)
-        job_trace = carried(tp, job_span_key(job, token.decode() if token else "")) \
-            if tp else None
-        return _status_body(model.NO_ERROR, head=b'"JobResponse":' + served + b","), job_trace
+        return (_status_body(model.NO_ERROR, head=b'"JobResponse":' + served + b","),
+                job_carried(tp, job, token))
 
     async def _by_state(self, scope: str, data: Any) -> bytes:
         call = codec.typed(data, model.StateCall)

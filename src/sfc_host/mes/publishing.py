@@ -34,7 +34,7 @@ from sfc_host.mqtt.cloudevents import CloudEvent, CloudEventError, publish_prope
 from sfc_host.store.keys import SCOPES, ScopeKeys
 from sfc_host.store.orders import top_state
 from sfc_host.store.outbox import OrderRow, Outbox
-from sfc_host.tracing.context import carried, job_span_key
+from sfc_host.tracing.context import job_carried
 
 if TYPE_CHECKING:
     from sfc_host.execution.host import Host
@@ -165,10 +165,9 @@ class Publisher:
         acknowledgement: the order stays in the outbox until it is there."""
         body = order.get("order")
         ended = top_state(new) in _ENDED
-        tp = order.get("tp")
-        trace = carried(tp, job_span_key(job, order.get("token", ""))) if tp else None
         ack = self._status_event(scope, job, body.encode() if body else None, new, cause,
-                                 followed=ended, trace=trace)
+                                 followed=ended,
+                                 trace=job_carried(order.get("tp"), job, order.get("token")))
         if ack is not None:
             self._ends.setdefault(scope, []).append(ack)
         self._mark(scope, job)
@@ -263,7 +262,8 @@ class Publisher:
                 acks.append(self._retained(f"{base}/result/{job}",
                                            model.with_actuals(row.response, order)))
             if end_again:
-                ack = self._status_event(scope, job, order, state, None, followed=True)
+                ack = self._status_event(scope, job, order, state, None, followed=True,
+                                         trace=job_carried(row.trace, job, row.token))
                 assert ack is not None
                 acks.append(ack)
         return acks

@@ -32,12 +32,18 @@ class OrderRow:
     state: str | None
     order: bytes | None
     ended: bool                  # it was Ended or Aborted (so EndState means cleared)
+    trace: str                   # its trace context (``tracing.stored``; '' none)
+    token: str                   # drawn at each Store: names the job's run in its trace
     response: bytes | None
     stamp: bytes | None          # None: not in the outbox
 
     @property
     def cleared(self) -> bool:
         return not self.exists or (self.state == "EndState" and self.ended)
+
+
+def _text(raw: bytes | None) -> str:
+    return raw.decode("ascii", "replace") if raw else ""
 
 
 class Outbox:
@@ -59,10 +65,11 @@ class Outbox:
                 keys += (k.order(job), k.response(job))
             raw = await self.scripts.call(self.scripts["outbox_read"], keys, part)
             for n, job in enumerate(part):
-                exists, state, order, ended, response, stamp = raw[6 * n:6 * n + 6]
+                exists, state, order, ended, trace, token, response, stamp = \
+                    raw[8 * n:8 * n + 8]
                 rows.append(OrderRow(job, bool(exists),
                                      state.decode() if state is not None else None,
-                                     order, bool(ended),
+                                     order, bool(ended), _text(trace), _text(token),
                                      bytes(response) if response is not None else None,
                                      stamp))
         return rows

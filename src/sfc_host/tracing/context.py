@@ -175,6 +175,17 @@ def job_span_key(job: str, token: str) -> str:
     return f"job:{job}:{token}"
 
 
+def job_carried(text: str | bytes | None, job: str,
+                token: str | bytes | None) -> dict[str, str] | None:
+    """What a job's messages (status events, its job response) carry of its stored
+    context: the job's run as the span; None for a job without one."""
+    if not text:
+        return None
+    if isinstance(token, bytes):
+        token = token.decode("ascii", "replace")
+    return carried(text, job_span_key(job, token or "")) or None
+
+
 def stored(context: TraceContext) -> str:
     """A context as the host keeps it with a job: the ``traceparent`` as it came, and
     its ``tracestate`` after a tab (a character no ``tracestate`` holds)."""
