@@ -10,6 +10,9 @@ from sfc_fast.recipe cimport Graph
 cdef enum:
     EF_HOLD = 1
     EF_RESTART = 2
+    EF_ENDED = 4         # not a command: an attempt (or the job's hold) that ended;
+                         # its outcome is code >> EF_OUTCOME_SHIFT
+    EF_OUTCOME_SHIFT = 4
 
 # Job order transitions an evolve call can imply (Eff.code when Eff.action is -1).
 cdef enum:
@@ -20,11 +23,14 @@ cdef enum:
 
 cdef struct Eff:
     # one effect of a call, in order: a command (action >= 0) or a job transition
+    # (action -1); with EF_ENDED, an action's attempt that ended (the job's hold when
+    # action is -1)
     int32_t action
     int32_t code         # EF_* flags of a command, JT_* of a job transition
     int32_t attempt
+    int32_t round        # EF_ENDED: the round of its step the attempt was in
     int64_t n            # command number
-    int64_t deadline
+    int64_t deadline     # EF_ENDED: when the attempt (or the hold) began
 
 
 cdef struct Texts:

@@ -31,6 +31,8 @@ class Decision:
     next_deadline: int | None
     waits_added: tuple[str, ...]
     waits_removed: tuple[str, ...]
+    @property
+    def ended(self) -> list[tuple[str | None, str | None, str, int, int, int, str]]: ...
 
 def evolve(graph: Graph, state: bytes | None, event: BaseEvent, now_ms: int) -> Decision: ...
 def evolve_live(graph: Graph, state: bytes | None, event: BaseEvent,

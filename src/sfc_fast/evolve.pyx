@@ -61,6 +61,11 @@ STATUS_HELD = "held"
 cdef str _HELD = STATUS_HELD
 cdef tuple _STATUS = ("running", "completed", "aborted", "stopped")
 cdef tuple _OUTCOMES = (None, "completed", "failed", "timeout", "cancelled", "limited")
+# how an attempt or a hold ended (Decision.ended): the outcomes, and two more
+cdef enum:
+    OC_RESTARTED = 6     # held work, issued again as a restart
+    OC_RELEASED = 7      # the job's hold, released
+cdef tuple _ENDINGS = _OUTCOMES + ("restarted", "released")
 cdef tuple _EMPTY = ()
 cdef tuple _JOB_TR = ("Run", "Abort", "Complete")
 cdef bytes _NO_BYTES = b""
@@ -286,12 +291,12 @@ cdef class Decision:
         cdef list out
         if self._commands is None:
             for i in range(self._n_effs):
-                if self._effs[i].action >= 0:
+                if self._effs[i].action >= 0 and not self._effs[i].code & EF_ENDED:
                     n += 1
             out = PyList_New(n)         # sized once, filled in place
             n = 0
             for i in range(self._n_effs):
-                if self._effs[i].action >= 0:
+                if self._effs[i].action >= 0 and not self._effs[i].code & EF_ENDED:
                     c = _command(self._g, &self._effs[i], self._job, self._scope,
                                  self.state, &self._at)
                     Py_INCREF(c)
@@ -308,6 +313,8 @@ cdef class Decision:
             out = []
             cmds = self.commands
             for i in range(self._n_effs):
+                if self._effs[i].code & EF_ENDED:
+                    continue
                 if self._effs[i].action >= 0:
                     c = <Command>cmds[k]
                     k += 1
@@ -323,8 +330,38 @@ cdef class Decision:
         cdef Py_ssize_t i
         if self._job_tr is None:
             self._job_tr = tuple([_JOB_TR[self._effs[i].code] for i in range(self._n_effs)
-                                  if self._effs[i].action < 0])
+                                  if self._effs[i].action < 0
+                                  and not self._effs[i].code & EF_ENDED])
         return self._job_tr
+
+    @property
+    def ended(self) -> list:
+        """What this call ended, in order: each action's attempt (an answer, a timeout
+        that retries or fails, a cancel, held work restarted) and the job's hold, as
+        ``(action, command_id, type_id, attempt, round, since_ms, outcome)``. A pull
+        action's wait has no command id; the hold has no action (``None``) and
+        outcome ``released`` or ``cancelled``. Made when read: a caller that does not
+        trace pays for no objects."""
+        cdef Py_ssize_t i
+        cdef Eff* e
+        cdef Graph g = self._g
+        out = []
+        for i in range(self._n_effs):
+            e = &self._effs[i]
+            if not e.code & EF_ENDED:
+                continue
+            outcome = _ENDINGS[e.code >> EF_OUTCOME_SHIFT]
+            if e.action < 0:
+                out.append((None, None, "", 0, 0, e.deadline, outcome))
+                continue
+            if e.n > 0:
+                c = _command(g, e, self._job, self._scope, self.state, &self._at)
+                out.append((c.action, c.command_id, c.type_id, e.attempt, e.round,
+                            e.deadline, outcome))
+            else:
+                out.append((g.s(g.act_name[e.action]), None, g.s(g.act_type[e.action]),
+                            e.attempt, e.round, e.deadline, outcome))
+        return out
 
     @property
     def next_deadline(self):
@@ -333,10 +370,15 @@ cdef class Decision:
     def __reduce__(self):
         cdef Py_ssize_t i
         effs = tuple([(self._effs[i].action, self._effs[i].code, self._effs[i].attempt,
-                       self._effs[i].n, self._effs[i].deadline) for i in range(self._n_effs)])
-        cmds = self.commands
-        job = (<Command>cmds[0]).job if cmds else None
-        scope = (<Command>cmds[0]).scope if cmds else None
+                       self._effs[i].n, self._effs[i].deadline, self._effs[i].round)
+                      for i in range(self._n_effs)])
+        job, scope = self._job, self._scope
+        if self._n_effs and job is None:
+            # the texts are in the state's bytes (every effect's command reads them there)
+            job = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(self.state) + self._at.job_at,
+                                       self._at.job_len, NULL)
+            scope = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(self.state) + self._at.scope_at,
+                                         self._at.scope_len, NULL)
         return (_restore_decision, (self._g, self.applied, self.state, self.status,
                                     self.reason, self.waits_added, self.waits_removed,
                                     self._next, effs, job, scope, self.archived))
@@ -593,9 +635,27 @@ cdef class _Run:
         e.action = action
         e.code = code
         e.attempt = attempt
+        e.round = 0
         e.n = n
         e.deadline = deadline
         self.n_effs += 1
+        return 0
+
+    cdef int end_attempt(self, int a, int outcome) except -1:
+        """Action a's open attempt ends now with ``outcome`` (Decision.ended)."""
+        cdef ActSt* x = &self.s.acts[a]
+        cdef int32_t code = EF_ENDED | (outcome << EF_OUTCOME_SHIFT)
+        if x.flags & AF_RESTART:
+            code |= EF_RESTART
+        self.add_eff(a, code, x.attempt, x.cmd_n, x.since)
+        self.effs[self.n_effs - 1].round = x.round
+        return 0
+
+    cdef int end_hold(self, int outcome) except -1:
+        """The job's hold ends now with ``outcome`` (Decision.ended)."""
+        if (self.s.flags & JF_HELD) and self.s.held_at != NO_TIME:
+            self.add_eff(-1, EF_ENDED | (outcome << EF_OUTCOME_SHIFT), 0, 0,
+                         self.s.held_at)
         return 0
 
     cdef int make_ctx(self) except -1:
@@ -723,6 +783,7 @@ cdef class _Run:
         cdef ActSt* x = &self.s.acts[a]
         cdef bint restart = (x.flags & AF_RESTART) != 0
         if new_attempt:
+            self.end_attempt(a, OC_TIMEOUT)
             x.attempt += 1
             self.s.cmd_counter += 1
             x.cmd_n = self.s.cmd_counter
@@ -738,6 +799,7 @@ cdef class _Run:
         """Held work goes on only through a restart: a new attempt of RestartTypeId."""
         cdef Graph g = self.g
         cdef ActSt* x = &self.s.acts[a]
+        self.end_attempt(a, OC_RESTARTED)
         self.s.cmd_counter += 1
         x.cmd_n = self.s.cmd_counter
         x.flags |= AF_RESTART
@@ -758,6 +820,8 @@ cdef class _Run:
     cdef int settle(self, int a, int outcome) except -1:
         cdef ActSt* x = &self.s.acts[a] if self.s.amark[a] & AM_LIVE else self.s.act(a)
         self.touch(a)
+        if x.phase == PH_OPEN:
+            self.end_attempt(a, outcome)
         x.phase = PH_DONE
         x.outcome = outcome
         x.deadline = NO_TIME
@@ -787,6 +851,7 @@ cdef class _Run:
 
     cdef int abort(self, str reason) except -1:
         self.withdraw_all(False)
+        self.end_hold(OC_CANCELLED)
         self.s.status = ST_ABORTED
         self.s.set_reason(reason)
         self.s.n_active = 0
@@ -1283,6 +1348,7 @@ cdef class _Run:
         cdef int64_t gap = self.now - self.s.held_at
         if gap < 0:
             gap = 0
+        self.end_hold(OC_RELEASED)
         self.s.flags &= ~JF_HELD
         self.s.held_at = NO_TIME
         self.changed = True
@@ -1495,6 +1561,7 @@ cdef Decision _run(Graph g, State s, object before, BaseEvent event, int64_t now
             r.on_tick(<Tick>event)
         elif kind == EV_CANCEL:
             r.withdraw_all(False)
+            r.end_hold(OC_CANCELLED)
             s.status = ST_STOPPED if (<Cancel>event).stop else ST_ABORTED
             s.set_reason((<Cancel>event).reason or ("stopped" if (<Cancel>event).stop
                                                     else "aborted"))
@@ -1672,6 +1739,7 @@ def _restore_command(Graph g, int32_t action, int32_t code, int32_t attempt, int
                      int64_t deadline, str job, str scope):
     cdef Eff e
     e.action, e.code, e.attempt, e.n, e.deadline = action, code, attempt, n, deadline
+    e.round = 0
     return _command(g, &e, job, scope, None, NULL)
 
 
@@ -1685,7 +1753,8 @@ def _restore_decision(Graph g, bint applied, state, str status, reason, tuple ad
         raise MemoryError()
     try:
         for i, rec in enumerate(effs):
-            buf[i].action, buf[i].code, buf[i].attempt, buf[i].n, buf[i].deadline = rec
+            buf[i].action, buf[i].code, buf[i].attempt, buf[i].n, buf[i].deadline = rec[:5]
+            buf[i].round = rec[5] if len(rec) > 5 else 0
         d.set_effs(buf, len(effs))
     finally:
         PyMem_Free(buf)
