@@ -47,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     # MQTT: the link on the compiled codec, CloudEvents; settings by a Protocol
     "mqtt": {"wire", "metrics", "times", "tls"},
     # running jobs: the host, settle, work entries, dispatch, recovery, sweeps, wake-ups
-    "execution": {"core", "store", "config", "isa95", "metrics", "names"},
+    "execution": {"core", "store", "config", "isa95", "metrics", "names", "tracing"},
     # station equipment over MQTT: commands out, answers and events in, capabilities
     "equipment": {"core", "execution", "store", "mqtt", "metrics", "names", "tracing"},
     # the MES face: ISA-95 job control over MQTT, and the MES client of the CLI
@@ -61,7 +61,7 @@ ALLOWED: dict[str, set[str]] = {
             "names", "times"},
     # the host process: the app that wires every part, preflight checks, HTTP endpoint
     "service": {"execution", "equipment", "engine", "mes", "web", "store", "mqtt", "isa95",
-                "config", "metrics", "names", "logs", "sfc_host"},
+                "config", "metrics", "names", "logs", "sfc_host", "tracing"},
     "demo": {"service", "execution", "mes", "mqtt", "store", "isa95", "config", "metrics",
              "core", "sfc_host"},
     "cli": {"demo", "service", "web", "charts", "engine", "mes", "execution", "store",

@@ -9,6 +9,7 @@ one clear line naming the setting.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import json
 import logging
@@ -140,6 +141,9 @@ class HostConfig:
     # Traces: a link from a job's trace id to the plant's trace viewer, e.g.
     # "https://grafana.example/explore?traceId={trace_id}" ("" = the id alone)
     trace_url: str = ""
+    # OpenTelemetry spans of requests, jobs, attempts and holds (the [otel] extra; the
+    # OTEL_* variables configure the exporter); off: the context still flows on the wire
+    otel: bool = False
     # Process
     tune_gc: bool = True                 # raise the GC thresholds while the host runs
     # Logging
@@ -271,6 +275,9 @@ class HostConfig:
                 raise ConfigError(f"setting {name}: {v!r} is not a file")
         if self.web_token_file:
             self.web_access_token()     # readable and not empty
+        if self.otel and importlib.util.find_spec("opentelemetry.sdk") is None:
+            raise ConfigError("setting otel: the OpenTelemetry SDK is not installed: "
+                              "pip install 'sfc-fast[otel]'")
 
     def web_access_token(self) -> str:
         """The web view's access token: ``web_token``, else the first line of

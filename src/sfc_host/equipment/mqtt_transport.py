@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sfc_fast import Command, job_of_command
 from sfc_fast.events import BaseEvent, Completed, Failed, Held, NotHeld
@@ -36,7 +36,7 @@ from sfc_host.mqtt.cloudevents import (
     encode_binary_plain,
 )
 from sfc_host.names import check_scope
-from sfc_host.tracing.context import InvalidTraceParent, carried, context_of
+from sfc_host.tracing.context import InvalidTraceParent, TraceContext, carried, context_of
 
 if TYPE_CHECKING:
     from sfc_host.execution.host import Host
@@ -149,6 +149,14 @@ ARRIVED_MAX = 100_000
 _OUTCOMES = {"completed": Completed, "failed": Failed, "held": Held, "not_held": NotHeld}
 
 
+class LinkedContexts(Protocol):
+    """Where answers' and pull events' own trace contexts go (``tracing.spans``)."""
+
+    def answered(self, command_id: str, trace: TraceContext) -> None: ...
+
+    def evented(self, scope: str, type_id: str, trace: TraceContext) -> None: ...
+
+
 class EquipmentIn:
     """Answers and pull events from equipment, for one host."""
 
@@ -171,6 +179,9 @@ class EquipmentIn:
                 prev_end(scope, job, decision)
         host.settler.on_end = on_end
         host.on_answers_done = link.release_acks
+        # where answers' and events' own contexts go, to be linked from the attempts
+        # they settle (setting otel)
+        self.spans: LinkedContexts | None = None
         link.subscribe(f"{self.prefix}/+/responses", self.on_answer)
         link.subscribe(f"{self.prefix}/+/events", self.on_event)
 
@@ -192,13 +203,26 @@ class EquipmentIn:
             return None
         if "traceparent" in ev.extensions:
             try:
-                context_of(ev.extensions)
+                ctx = context_of(ev.extensions)
+                if ctx is not None and self.spans is not None:
+                    self._link(scope, ev, what, ctx)
             except InvalidTraceParent as e:
                 # the message is used without it: a trace is never worth an answer
                 self.metrics.inc_labeled("trace_contexts_invalid", "source", "equipment")
                 log.info("%s %s on %s: traceparent ignored: %s", what, ev.id, topic, e,
                          extra={"scope": scope})
         return scope, ev
+
+    def _link(self, scope: str, ev: CloudEvent, what: str, ctx: TraceContext) -> None:
+        assert self.spans is not None
+        if what == "answers":
+            cid = ev.extensions.get("causationid")
+            if not cid and ev.correlation_data:
+                cid = ev.correlation_data.decode("utf-8", "replace")
+            if isinstance(cid, str) and cid:
+                self.spans.answered(cid, ctx)
+        else:
+            self.spans.evented(scope, ev.type, ctx)
 
     def on_answer(self, message: Message) -> None:
         got = self._receive(message, "responses", "answers")

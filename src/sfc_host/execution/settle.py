@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from time import perf_counter
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -52,6 +52,13 @@ Delivered = tuple[bytes, dict[bytes, bytes]]
 _ENCODE = msgspec.json.Encoder()
 _DECODE = msgspec.json.Decoder().decode
 EventsFn = Callable[[JobRow, Graph, bytes | None], Sequence[BaseEvent]]
+
+
+class AttemptSpans(Protocol):
+    """Where the attempts and holds a stored write ended go (``tracing.spans``)."""
+
+    def settled(self, scope: str, job: str, trace: str, decisions: Sequence[Decision],
+                now_ms: int, started_ms: int) -> None: ...
 
 
 class Item:
@@ -173,9 +180,9 @@ class _Plan:
 
 
 _Key = tuple[str, str]                      # (scope, job)
-# one job's write as the commit's replies are read: its items, record, graph, decisions
-# and the row it was evolved from
-_Written = tuple[list[Item], Record, Graph, list[Decision], JobRow]
+# one job's write as the commit's replies are read: its items, record, graph, decisions,
+# the row it was evolved from and the server time it was decided at
+_Written = tuple[list[Item], Record, Graph, list[Decision], JobRow, int]
 _DeliveredFlat = list[tuple[str, list[tuple[bytes, list[bytes]]]]]
 
 
@@ -221,6 +228,8 @@ class Settler:
         # delivery was full (some entries may wait unread)
         self.on_due: Callable[[dict[str, int]], None] | None = None
         self.on_work: Callable[[set[str], set[str]], None] | None = None
+        # the spans of the attempts and holds each stored write ended (setting otel)
+        self.spans: AttemptSpans | None = None
         # evolve time and calls since the last flush to the evolve_seconds histogram:
         # timed per job's loop, not per call, so the hot path gains no Python call
         self._evolve_s = 0.0
@@ -383,7 +392,8 @@ class Settler:
             if p.start_graph is not None:
                 rec.trace = next((it.trace for it in p.its if it.trace), "")
             batches.setdefault(p.scope, []).append(rec)
-            plans.setdefault(p.scope, []).append((p.its, rec, p.graph, p.decisions, p.row))
+            plans.setdefault(p.scope, []).append((p.its, rec, p.graph, p.decisions, p.row,
+                                                  p.now))
         return batches, plans
 
     def _count_round(self, r: _Round) -> None:
@@ -423,6 +433,7 @@ class Settler:
         retry = r.stale
         cache = self.store.cache
         on_end, end_listeners = self.on_end, self.end_listeners
+        spans = self.spans
         stored = self.store.graphs.stored
         marks = iter(marks_flat)
         made: list[Fresh] = []
@@ -430,7 +441,7 @@ class Settler:
         wrote: set[str] = set()          # the scopes with new entries
         vi = 0
         for s, lst in plans.items():
-            for its, rec, graph, decisions, row in lst:
+            for its, rec, graph, decisions, row, now in lst:
                 v = versions[vi]
                 vi += 1
                 if v == 0:
@@ -455,6 +466,10 @@ class Settler:
                                         offset=rec.offset, live=rec.state,
                                         archive=before + rec.archive if known else b"",
                                         archive_known=known, trace=rec.trace or row.trace))
+                if spans is not None and decisions and (rec.trace or row.trace):
+                    spans.settled(s, rec.job, rec.trace or row.trace, decisions, now,
+                                  started_at(rec.state) if rec.state is not None
+                                  and decisions[-1].status in TERMINAL else 0)
                 if on_end is not None or end_listeners:
                     for it in its:
                         d = it.decision

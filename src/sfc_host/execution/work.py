@@ -26,6 +26,7 @@ from sfc_host.store.orders import top_state as _top
 from sfc_host.store.states import JobRow, Store
 from sfc_host.store.streams import Entry, InvalidEntry, Raw, parse_entry
 from sfc_host.store.streams import log_fields as _fields
+from sfc_host.tracing.context import job_trace
 
 log = logging.getLogger("sfc_host.execution.work")
 
@@ -374,7 +375,8 @@ class WorkHandler:
             return None
         params = order_params(order.get("order"), wm_id)
         return Item(e.scope, e.job, [Start(e.job, e.scope, params, order.get("token") or None)],
-                    graph=graph, trace=order.get("tp", ""))
+                    graph=graph,
+                    trace=job_trace(order.get("tp"), e.job, order.get("token"), wm_id))
 
     def _cancel_item(self, e: Entry, order: dict[str, str] | None) -> Item | None:
         state = order.get("state", "") if order else "EndState"

@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sfc_host import isa95 as model
 from sfc_host.equipment.capabilities import Capabilities, unserved
@@ -37,6 +38,7 @@ from sfc_host.tracing.context import (
     TraceContext,
     context_of,
     job_carried,
+    new_trace,
     stored,
 )
 
@@ -49,6 +51,38 @@ log = logging.getLogger("sfc_host.mes")
 Answer = tuple[bytes, dict[str, str] | None]
 
 MAX_BY_STATE = 1000       # job responses in one ByJobOrderState reply
+_STATUS_AT = b'"ReturnStatus":'
+
+
+class RequestSpans(Protocol):
+    """Where the spans of MES requests and job control calls go (``tracing.spans``)."""
+
+    def request(self, event: Any, topic: str, method: str | None, scope: str | None,
+                trace: TraceContext, *, root: bool, start_ns: int, end_ns: int,
+                return_status: int | None, ok: bool, message: str = "",
+                job: str | None = None, repeat: bool = False) -> None: ...
+
+    def call(self, method: str, scope: str, job: str | None, trace: TraceContext, *,
+             start_ns: int, end_ns: int, ok: bool, message: str = "") -> None: ...
+
+
+def _return_status(body: bytes) -> tuple[int | None, str]:
+    """A reply's ReturnStatus and Message (our bodies put ReturnStatus last but one)."""
+    at = body.find(_STATUS_AT)
+    if at < 0:
+        return None, ""
+    at += len(_STATUS_AT)
+    end = at
+    while end < len(body) and 48 <= body[end] <= 57:
+        end += 1
+    message = ""
+    m = body.find(b'"Message":', end)
+    if m >= 0:
+        try:
+            message = json.loads(body[m + 10:-1])
+        except ValueError:
+            message = ""
+    return (int(body[at:end]) if end > at else None), message
 NO_SCOPE = "the request names no scope (no CloudEvent subject, no scope in the topic)"
 
 
@@ -58,6 +92,18 @@ def _kept(trace: TraceContext | None, cause: CloudEvent | None) -> str:
     if trace is None:
         return ""
     return stored(trace.under(f"mes:{cause.id}") if cause is not None else trace)
+
+
+def _named_job(ev: CloudEvent) -> str | None:
+    """The job order a request names, for its span: the JobOrderID of its data or of
+    its JobOrder; None when it names none."""
+    data = ev.data
+    if not isinstance(data, dict):
+        return None
+    job = data.get("JobOrderID")
+    if job is None and isinstance(data.get("JobOrder"), dict):
+        job = data["JobOrder"].get("JobOrderID")
+    return job if isinstance(job, str) and len(job) <= 256 else None
 
 
 def _job_id(value: str | None) -> str:
@@ -94,8 +140,14 @@ class MesControl:
         for f in codec.request_filters(self.prefix, c.mes_topic_levels):
             link.subscribe(f, self.on_request)
         self.capabilities = Capabilities(host.client, host.store.keys, link, host.metrics)
+        # the spans of requests and calls (setting otel; None: the context still flows)
+        self.spans: RequestSpans | None = None
         host.orders.on_change = self.publisher.on_change
         host.settler.end_listeners.append(self.publisher.on_job_end)
+
+    def trace_with(self, spans: Any) -> None:
+        """Record the spans of requests and calls (``tracing.spans``)."""
+        self.spans = spans
 
     async def start(self) -> None:
         """Once connected: the retained metadata message and every scope's index."""
@@ -108,6 +160,7 @@ class MesControl:
 
     async def on_request(self, message: Message) -> None:
         topic = message.topic
+        start_ns = time.time_ns()
         try:
             ev = decode(message.payload, message.properties, max_bytes=self.max_bytes)
         except CloudEventError as e:
@@ -116,6 +169,32 @@ class MesControl:
             return
         method = model.method_of(ev.type)
         trace = self._trace(ev)
+        root = trace is None and self.spans is not None
+        if root:
+            trace = new_trace()     # traced: a request without a context starts a trace
+        body = b""
+        repeat = False
+        try:
+            body, repeat = await self._request(ev, topic, method, trace)
+        finally:
+            if self.spans is not None and trace is not None:
+                status, text = _return_status(body)
+                self.spans.request(ev, topic, method, self._scope_or_none(ev, topic),
+                                   trace, root=root, start_ns=start_ns,
+                                   end_ns=time.time_ns(), return_status=status,
+                                   ok=status == model.NO_ERROR, message=text or "no reply",
+                                   job=_named_job(ev), repeat=repeat)
+
+    def _scope_or_none(self, ev: CloudEvent, topic: str) -> str | None:
+        try:
+            return codec.scope_of(ev, topic, self.prefix)
+        except Invalid:
+            return None
+
+    async def _request(self, ev: CloudEvent, topic: str, method: str | None,
+                       trace: TraceContext | None) -> tuple[bytes, bool]:
+        """Handle one decoded request and send its reply: the reply's JSON and whether
+        the request was a repeat."""
         scope: str | None = None
         try:
             scope = codec.scope_of(ev, topic, self.prefix)
@@ -129,8 +208,10 @@ class MesControl:
         except Invalid as e:
             self.metrics.inc("bad_mes_requests")
             log.warning("MES request %s (%s) on %s refused: %s", ev.id, ev.type, topic, e)
-            self._reply(ev, method, scope, _status_body(e.status, str(e)), trace)
-            return
+            body = _status_body(e.status, str(e))
+            self._reply(ev, method, scope, body, trace)
+            return body, False
+        assert method is not None
         k = self.host.store.keys(scope)
         seen = k.seen(hashlib.blake2b(f"{ev.source}\x00{ev.id}".encode(),
                                       digest_size=16).hexdigest())
@@ -141,11 +222,12 @@ class MesControl:
                 log.info("MES request %s from %s is a repeat: its reply is sent again",
                          ev.id, ev.source, extra={"scope": scope})
                 self._reply(ev, method, scope, bytes(before), trace)
-                return
+                return bytes(before), True
         body, job_trace = await self._answer(scope, ev, method, trace)
         self._reply(ev, method, scope, body, trace, job_trace)
         if self.config.mes_dedupe_s:
             await self.host.client.set(seen, body, ex=self.config.mes_dedupe_s)
+        return body, False
 
     def _trace(self, ev: CloudEvent) -> TraceContext | None:
         """The request's trace context; a broken one is counted, logged and ignored."""
@@ -197,6 +279,9 @@ class MesControl:
         """Run one job control method (also for scripts' ``api.jobs``): the job order id
         and its new state; ``Invalid`` or ``OrderError`` when refused. A stored order
         keeps ``trace``, the context of the request that stored it, for its job."""
+        if trace is None and cause is None and self.spans is not None \
+                and method in ("Store", "StoreAndStart"):
+            return await self._traced_call(scope, method, data)
         orders = self.host.orders
         k = self.host.store.keys(scope)
         if method in model.STORE_METHODS:
@@ -225,6 +310,24 @@ class MesControl:
         state = await orders.trigger(scope, job, method, reason=model.text_of(id_call.Comment),
                                      cause=cause)
         return {"JobOrderID": job, "JobState": state}
+
+    async def _traced_call(self, scope: str, method: str, data: Any) -> dict[str, str]:
+        """A Store with no request behind it (a script's ``api.jobs``): the job gets a
+        trace of its own, rooted in a span of the call."""
+        trace = new_trace()
+        start_ns = time.time_ns()
+        ok, message, job = False, "", None
+        try:
+            out = await self.job_control(scope, method, data, trace=trace)
+            ok, job = True, out.get("JobOrderID")
+            return out
+        except (Invalid, OrderError) as e:
+            message = str(e)
+            raise
+        finally:
+            assert self.spans is not None
+            self.spans.call(method, scope, job, trace, start_ns=start_ns,
+                            end_ns=time.time_ns(), ok=ok, message=message)
 
     # ---- queries
 

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import platform
 import tempfile
+from typing import Any
 
 from sfc_host import __version__
 from sfc_host.config import HostConfig
@@ -32,7 +33,12 @@ from sfc_host.mes.presence import Presence, presence_topic
 from sfc_host.metrics import COUNTERS, Metrics
 from sfc_host.mqtt import MqttLink
 from sfc_host.service.endpoint import Extension, HttpEndpoint
-from sfc_host.service.preflight import build_problems, check_missions, listen_error
+from sfc_host.service.preflight import (
+    build_problems,
+    check_missions,
+    listen_error,
+    span_recorder,
+)
 from sfc_host.service.script_bridge import ScriptJobs, ScriptLink
 
 log = logging.getLogger("sfc_host.service.app")
@@ -41,7 +47,10 @@ READY_PING_S = 1.0       # /readyz: Redis must answer a PING within this
 
 
 class App:
-    def __init__(self, config: HostConfig) -> None:
+    def __init__(self, config: HostConfig, *, span_processor: Any = None) -> None:
+        """``span_processor``: where spans go with ``otel = true`` (an SDK
+        ``SpanProcessor``); by default a batch processor over the exporter the
+        ``OTEL_*`` variables name."""
         config.check_files()     # before the engine would create a missing scripts_dir
         self.config = config
         self.metrics = Metrics()
@@ -55,6 +64,11 @@ class App:
         self.host = Host(config, self.sink, metrics=self.metrics, loops=False)
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
         self.mes = MesControl(self.host, self.link)
+        self.spans = span_recorder(config, span_processor)
+        if self.spans is not None:
+            self.host.settler.spans = self.spans
+            self.mes.trace_with(self.spans)
+            self.equipment.spans = self.spans
         self.presence = Presence(self.link, config.consumer_name,
                                  lambda: self.host.streams.scopes.keys())
         # a message of our own must come back through a shared subscription before the
@@ -167,6 +181,9 @@ class App:
         if self.link.connected.is_set():
             await self.presence.stop()
         await self.link.aclose()
+        if self.spans is not None:
+            # what is queued goes out (the exporter's own timeout bounds the wait)
+            await asyncio.to_thread(self.spans.shutdown)
         if self._empty is not None:
             self._empty.cleanup()
         self._closed.set()

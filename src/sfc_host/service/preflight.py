@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import socket
 from collections.abc import Mapping
 from typing import Any
 
+from sfc_host import __version__
 from sfc_host.config import ConfigError, HostConfig, parse_mission_spec, without_credentials
 from sfc_host.engine.script import MissionDef, check_mission_call
 
@@ -75,22 +77,63 @@ def check_port(config: HostConfig) -> None:
         raise listen_error(config, e) from None
 
 
+def span_recorder(config: HostConfig, processor: Any = None) -> Any:
+    """The span recorder of ``otel = true`` (``tracing.spans``; None when off or when
+    ``OTEL_TRACES_EXPORTER=none``); a ``ConfigError`` for a missing extra or an
+    ``OTEL_*`` variable the host cannot use. The SDK is imported only here."""
+    if not config.otel:
+        return None
+    try:
+        from sfc_host.tracing.spans import OtelSettingError, recorder_from
+    except ImportError as e:
+        raise ConfigError(f"setting otel: the OpenTelemetry SDK is not installed "
+                          f"({e.name}): pip install 'sfc-fast[otel]'") from None
+    try:
+        return recorder_from(config.consumer_name, __version__, config.equipment_prefix,
+                             processor=processor)
+    except OtelSettingError as e:
+        raise ConfigError(f"setting otel: {e}") from None
+
+
+def check_traces(config: HostConfig) -> str:
+    """``--check``: the exporter the ``OTEL_*`` variables name can be made; what it
+    is, for the summary line."""
+    if not config.otel:
+        return ""
+    try:
+        from sfc_host.tracing.spans import OtelSettingError, exporter_from
+    except ImportError as e:
+        raise ConfigError(f"setting otel: the OpenTelemetry SDK is not installed "
+                          f"({e.name}): pip install 'sfc-fast[otel]'") from None
+    try:
+        exporter = exporter_from(os.environ)
+    except OtelSettingError as e:
+        raise ConfigError(f"setting otel: {e}") from None
+    if exporter is None:
+        return "; traces: none (OTEL_TRACES_EXPORTER=none)"
+    where = getattr(exporter, "endpoint", "") or type(exporter).__name__
+    exporter.shutdown()
+    return f"; traces to {where}"
+
+
 async def check_config(config: HostConfig) -> str:
     """Settings, scripts, missions and the port, without connecting; a summary line."""
     from sfc_host.engine.manager import Engine
 
     config.check_files()
     check_port(config)
+    traces = check_traces(config)
     if not config.scripts_dir:
         check_missions({}, config.missions)     # none can be known
-        return "settings ok (no scripts_dir)"
+        return f"settings ok (no scripts_dir){traces}"
     engine = Engine(config.scripts_dir)
     problems = await engine.build()
     if problems:
         raise build_problems(problems)
     check_missions(engine.missions, config.missions)
     return (f"settings ok; scripts build: {len(engine.tasks)} tasks, "
-            f"{len(engine.missions)} missions; {len(config.missions)} missions to start")
+            f"{len(engine.missions)} missions; {len(config.missions)} missions to start"
+            f"{traces}")
 
 
 async def check_servers(config: HostConfig, timeout_s: float = 10.0) -> str:

@@ -107,7 +107,7 @@ def _row(job: str, flat: list[bytes], whole: bool = True) -> JobRow:
         elif k == b"o":
             r.offset = int(v)
         elif k == b"t":
-            r.trace = v.decode("ascii", "replace")
+            r.trace = v.decode("utf-8", "replace")
         elif k.startswith(ARCHIVE_PREFIX):
             archive.append((k, v))
         elif k == b"hn":

@@ -186,6 +186,40 @@ def job_carried(text: str | bytes | None, job: str,
     return carried(text, job_span_key(job, token or "")) or None
 
 
+def job_trace(text: str | bytes | None, job: str, token: str | bytes | None,
+              work_master: str = "") -> str:
+    """What a job keeps of its order's stored context when it starts: the same trace,
+    with the job's run (``job_span_key``) as the parent of its commands (the span its
+    status events name too), and after it the span the run hangs under (the request
+    that stored the order) and the Work Master: what the job's span is recorded with,
+    by whichever host ends the job. '' for an order without a context."""
+    c = from_stored(text)
+    if c is None:
+        return ""
+    if isinstance(token, bytes):
+        token = token.decode("ascii", "replace")
+    run = c.under(job_span_key(job, token or ""))
+    return f"{run.traceparent}\t{run.state}\t{c.span_id}\t{_one_line(work_master)}"
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\t", " ").replace("\n", " ")[:256]
+
+
+def job_run(text: str | bytes | None) -> tuple[TraceContext, str, str] | None:
+    """A job's stored context (``job_trace``): the run's context, the span it hangs
+    under ('' none) and its Work Master; None for a job without one."""
+    if not text:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    c = _read_stored(text)
+    if c is None:
+        return None
+    parts = text.split("\t")
+    return c, (parts[2] if len(parts) > 2 else ""), (parts[3] if len(parts) > 3 else "")
+
+
 def stored(context: TraceContext) -> str:
     """A context as the host keeps it with a job: the ``traceparent`` as it came, and
     its ``tracestate`` after a tab (a character no ``tracestate`` holds)."""
@@ -198,14 +232,15 @@ def from_stored(text: str | bytes | None) -> TraceContext | None:
     if not text:
         return None
     if isinstance(text, bytes):
-        text = text.decode("ascii", "replace")
+        text = text.decode("utf-8", "replace")
     return _read_stored(text)
 
 
 # every command of a job carries its stored context on: read once, not per command
 @functools.lru_cache(maxsize=4096)
 def _read_stored(text: str) -> TraceContext | None:
-    tp, _, state = text.partition("\t")
+    tp, _, rest = text.partition("\t")
+    state = rest.partition("\t")[0]    # a job's run keeps more after it (``job_trace``)
     try:
         return parse_traceparent(tp, state or None)
     except InvalidTraceParent:

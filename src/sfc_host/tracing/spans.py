@@ -1,0 +1,296 @@
+"""OpenTelemetry spans of a job's life (setting ``otel``): recorded when each ends, by
+the host that sees it end.
+
+Imported only with ``otel = true`` (it needs the ``[otel]`` extra); without it the trace
+context still flows on the wire (``context``) and no OpenTelemetry code is loaded.
+
+A span's start may have happened on another host, or before a restart: every start is
+read from what Redis keeps (the job's start, an attempt's ``since``), and every span id
+is derived from the trace id and what names the span (``context.span_id_for``), the id
+the wire already carries. So a span is recorded once, by the host whose write ends it,
+and its children, recorded elsewhere, still hang under it:
+
+- MES request (consumer): id from ``mes:{request id}``, under the MES's span (remote);
+- job (internal), start to end: id from ``job:{job}:{token}`` (what its status events
+  carry), under the request that stored its order;
+- action attempt, command sent to answer settled (producer; a pull wait: consumer): id
+  from the command id (what the command carries; a wait: the job span, action, round
+  and attempt), under the job;
+- hold (internal), Pause to Resume: id from the job span and the hold's start, under
+  the job.
+
+Spans go to a ``SpanProcessor`` (the SDK's batch processor, or any other); only sampled
+traces (flag bit 0) are recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
+
+from sfc_host.tracing.context import TraceContext, job_run, span_id_for
+from sfc_host.tracing.otlp import OtlpJsonExporter, OtlpSettingError
+
+SERVICE_NAME = "sfc-host"
+LINKS_MAX = 10_000       # answers' contexts waiting for their attempt to be recorded
+
+_UNSET = Status(StatusCode.UNSET)
+_ERROR_OUTCOMES = frozenset(("failed", "timeout"))
+
+
+class OtelSettingError(ValueError):
+    """The ``OTEL_*`` variables name an exporter or protocol the host cannot use."""
+
+
+@functools.lru_cache(maxsize=256)
+def _flags(flags: int) -> TraceFlags:
+    return TraceFlags(flags & 0xFF)
+
+
+@functools.lru_cache(maxsize=1024)
+def _state(header: str) -> TraceState | None:
+    return TraceState.from_header([header]) if header else None
+
+
+def _context(c: TraceContext, span_id: str, remote: bool = False) -> SpanContext:
+    return SpanContext(int(c.trace_id, 16), int(span_id, 16), remote, _flags(c.flags),
+                       _state(c.state))
+
+
+class SpanRecorder:
+    """Makes the spans of requests, jobs, attempts and holds and hands each to
+    ``processor`` as it ends."""
+
+    def __init__(self, processor: SpanProcessor, resource: Resource | None = None, *,
+                 equipment_prefix: str = "equipment", version: str = "") -> None:
+        self.processor = processor
+        self.resource = resource if resource is not None else Resource.create(
+            {"service.name": SERVICE_NAME})
+        self.scope = InstrumentationScope("sfc_host", version or None)
+        self.prefix = equipment_prefix
+        # the context an answer or a pull event came with, until its attempt is recorded
+        # (on this host, which applies the answers it receives)
+        self._answers: OrderedDict[str, SpanContext] = OrderedDict()
+        self._events: OrderedDict[tuple[str, str], SpanContext] = OrderedDict()
+        self.recorded = 0
+
+    def _emit(self, name: str, context: SpanContext, parent: SpanContext | None,
+              kind: SpanKind, start_ns: int, end_ns: int, attributes: dict[str, Any],
+              status: Status = _UNSET, links: Sequence[Link] = ()) -> None:
+        self.processor.on_end(ReadableSpan(
+            name, context, parent, self.resource, attributes, (), links, kind, None,
+            status, start_ns, max(end_ns, start_ns), self.scope))
+        self.recorded += 1
+
+    # ---- the MES side
+
+    def request(self, event: Any, topic: str, method: str | None, scope: str | None,
+                trace: TraceContext, *, root: bool, start_ns: int, end_ns: int,
+                return_status: int | None, ok: bool, message: str = "",
+                job: str | None = None, repeat: bool = False) -> None:
+        """The host's handling of one MES request (a CloudEvent): a consumer span under
+        the MES's (``root``: the request came without one; the span starts a trace)."""
+        if not trace.sampled:
+            return
+        ctx = _context(trace, span_id_for(trace.trace_id, f"mes:{event.id}"))
+        parent = None if root else _context(trace, trace.span_id, remote=True)
+        attrs: dict[str, Any] = {
+            "messaging.system": "mqtt", "messaging.operation.type": "process",
+            "messaging.operation.name": "process", "messaging.destination.name": topic,
+            "messaging.message.id": event.id, "cloudevents.event_id": event.id,
+            "cloudevents.event_source": event.source, "cloudevents.event_type": event.type,
+            "cloudevents.event_spec_version": "1.0"}
+        if event.subject:
+            attrs["cloudevents.event_subject"] = event.subject
+        if scope:
+            attrs["sfc.scope"] = scope
+        if job:
+            attrs["sfc.job_order.id"] = job
+        if method:
+            attrs["sfc.mes.method"] = method
+        if return_status is not None:
+            attrs["sfc.mes.return_status"] = return_status
+        if repeat:
+            attrs["sfc.mes.repeat"] = True
+        status = _UNSET if ok else Status(StatusCode.ERROR, message[:500] or None)
+        self._emit(f"process {method or 'request'}", ctx, parent, SpanKind.CONSUMER,
+                   start_ns, end_ns, attrs, status)
+
+    def call(self, method: str, scope: str, job: str | None, trace: TraceContext, *,
+             start_ns: int, end_ns: int, ok: bool, message: str = "") -> None:
+        """A job control call that came with no MES request (a script's ``api.jobs``):
+        the root of the trace it started."""
+        if not trace.sampled:
+            return
+        attrs: dict[str, Any] = {"sfc.scope": scope, "sfc.mes.method": method}
+        if job:
+            attrs["sfc.job_order.id"] = job
+        status = _UNSET if ok else Status(StatusCode.ERROR, message[:500] or None)
+        self._emit(method, _context(trace, trace.span_id), None, SpanKind.INTERNAL,
+                   start_ns, end_ns, attrs, status)
+
+    # ---- equipment
+
+    def answered(self, command_id: str, trace: TraceContext) -> None:
+        """An answer's own context, linked from its attempt's span when it is recorded."""
+        self._keep(self._answers, command_id, _context(trace, trace.span_id, remote=True))
+
+    def evented(self, scope: str, type_id: str, trace: TraceContext) -> None:
+        """A pull event's own context, linked from the wait it settles."""
+        self._keep(self._events, (scope, type_id), _context(trace, trace.span_id, remote=True))
+
+    @staticmethod
+    def _keep(into: OrderedDict[Any, SpanContext], key: Any, ctx: SpanContext) -> None:
+        into[key] = ctx
+        into.move_to_end(key)
+        while len(into) > LINKS_MAX:
+            into.popitem(last=False)
+
+    def settled(self, scope: str, job: str, trace: str, decisions: Sequence[Any],
+                now_ms: int, started_ms: int = 0) -> None:
+        """A job's write: the attempts and the hold its decisions ended, each a child of
+        the job span (the stored context's span, ``context.job_trace``); when it ended
+        the job (``started_ms``: when the job started), the job span."""
+        run = job_run(trace)
+        if run is None or not run[0].sampled:
+            return
+        c = run[0]
+        job_ctx = None
+        end_ns = now_ms * 1_000_000
+        if started_ms:
+            job_ctx = _context(c, c.span_id)
+            self._job(scope, job, run, decisions[-1], job_ctx, started_ms * 1_000_000, end_ns)
+        for d in decisions:
+            for action, cid, type_id, attempt, rnd, since, outcome in d.ended:
+                if job_ctx is None:
+                    job_ctx = _context(c, c.span_id)
+                start_ns = since * 1_000_000
+                base = {"sfc.scope": scope, "sfc.job_order.id": job}
+                if action is None:
+                    base["sfc.hold.outcome"] = outcome
+                    self._emit("hold", _context(c, span_id_for(
+                        c.trace_id, f"{c.span_id}:hold:{since}")), job_ctx, SpanKind.INTERNAL,
+                        start_ns, end_ns, base)
+                    continue
+                link = None
+                if cid is not None:
+                    span = span_id_for(c.trace_id, cid)
+                    attrs = {"messaging.system": "mqtt", "messaging.operation.type": "send",
+                             "messaging.operation.name": "send",
+                             "messaging.destination.name": f"{self.prefix}/{scope}/commands",
+                             "messaging.message.id": cid, "cloudevents.event_id": cid,
+                             "cloudevents.event_type": type_id, "sfc.command.id": cid, **base}
+                    name, kind = f"send {action}", SpanKind.PRODUCER
+                    link = self._answers.pop(cid, None)
+                else:
+                    span = span_id_for(c.trace_id, f"{c.span_id}:{action}:{rnd}:{attempt}")
+                    attrs = {"messaging.system": "mqtt", "messaging.operation.type": "receive",
+                             "messaging.operation.name": "receive",
+                             "messaging.destination.name": f"{self.prefix}/{scope}/events",
+                             "cloudevents.event_type": type_id, **base}
+                    name, kind = f"wait {action}", SpanKind.CONSUMER
+                    if outcome == "completed":
+                        link = self._events.pop((scope, type_id), None)
+                attrs["sfc.action.name"] = action
+                attrs["sfc.action.attempt"] = attempt
+                attrs["sfc.action.round"] = rnd
+                attrs["sfc.action.outcome"] = outcome
+                status = Status(StatusCode.ERROR, outcome) if outcome in _ERROR_OUTCOMES \
+                    else _UNSET
+                self._emit(name, _context(c, span), job_ctx, kind, start_ns, end_ns, attrs,
+                           status, (Link(link),) if link is not None else ())
+
+    def _job(self, scope: str, job: str, run: tuple[TraceContext, str, str], last: Any,
+             ctx: SpanContext, start_ns: int, end_ns: int) -> None:
+        """The job span: its run from start to end, under the request that stored it."""
+        c, parent, wm = run
+        attrs: dict[str, Any] = {"sfc.scope": scope, "sfc.job_order.id": job,
+                                 "sfc.job.status": last.status}
+        if wm:
+            attrs["sfc.work_master.id"] = wm
+        if last.reason:
+            attrs["sfc.job.reason"] = last.reason
+        status = Status(StatusCode.ERROR, (last.reason or "aborted")[:500]) \
+            if last.status == "aborted" else _UNSET
+        self._emit(f"job {wm}" if wm else "job", ctx,
+                   _context(c, parent) if parent else None, SpanKind.INTERNAL, start_ns,
+                   end_ns, attrs, status)
+
+    def shutdown(self) -> None:
+        """Export what is queued, then stop (the host's close)."""
+        self.processor.force_flush()
+        self.processor.shutdown()
+
+
+# ---- made from the standard variables
+
+
+def exporter_from(env: Mapping[str, str]) -> SpanExporter | None:
+    """The exporter ``OTEL_TRACES_EXPORTER`` names (``otlp`` by default; ``console``;
+    ``none``: no spans), for OTLP the protocol ``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL``
+    names: ``http/json`` (the default here, our encoder) or ``http/protobuf`` (the
+    SDK's exporter). ``OtelSettingError`` for anything else."""
+    names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
+             if n.strip()] or ["otlp"]
+    if len(names) > 1:
+        raise OtelSettingError(f"OTEL_TRACES_EXPORTER={env['OTEL_TRACES_EXPORTER']!r}: "
+                               "one exporter (otlp, console or none)")
+    name = names[0]
+    if name == "none":
+        return None
+    if name == "console":
+        return ConsoleSpanExporter()
+    if name != "otlp":
+        raise OtelSettingError(f"OTEL_TRACES_EXPORTER={name!r}: otlp, console or none")
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/json").strip().lower()
+    if protocol == "http/json":
+        try:
+            return OtlpJsonExporter(env=env)
+        except (OtlpSettingError, OSError) as e:
+            raise OtelSettingError(str(e)) from None
+    if protocol == "http/protobuf":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            raise OtelSettingError(
+                "OTLP protocol http/protobuf needs opentelemetry-exporter-otlp-proto-http "
+                "(pip install 'sfc-fast[otel]')") from None
+        return OTLPSpanExporter()
+    raise OtelSettingError(f"OTLP protocol {protocol!r}: http/json or http/protobuf "
+                           "(gRPC is not supported)")
+
+
+def resource_from(consumer: str, version: str) -> Resource:
+    """The host's resource: ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` as the
+    SDK reads them, ``sfc-host`` when they name no service, this host's consumer name as
+    ``service.instance.id`` and its version."""
+    base = Resource.create({"service.instance.id": consumer, "service.version": version})
+    if str(base.attributes.get("service.name", "")).startswith("unknown_service"):
+        base = base.merge(Resource({"service.name": SERVICE_NAME}))
+    return base
+
+
+def recorder_from(consumer: str, version: str, equipment_prefix: str,
+                  env: Mapping[str, str] | None = None,
+                  processor: SpanProcessor | None = None) -> SpanRecorder | None:
+    """The host's recorder as the ``OTEL_*`` variables configure it (a batch processor
+    over their exporter; ``processor`` instead, e.g. a test's), or None when they say
+    ``none``."""
+    if processor is None:
+        exporter = exporter_from(os.environ if env is None else env)
+        if exporter is None:
+            return None
+        processor = BatchSpanProcessor(exporter)
+    return SpanRecorder(processor, resource_from(consumer, version),
+                        equipment_prefix=equipment_prefix, version=version)
