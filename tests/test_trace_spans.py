@@ -29,7 +29,9 @@ from test_mes import (
 from sfc_host.service.app import App
 from sfc_host.store.keys import ScopeKeys
 from sfc_host.tracing.context import (
+    from_stored,
     job_span_key,
+    parse_traceparent,
     span_id_for,
 )
 
@@ -163,3 +165,116 @@ async def _start(redis_url: str, mqtt_url: str, exporter: InMemorySpanExporter,
     await app.host.add_scope(S)
     await app.start()
     return app
+
+
+def test_a_job_another_host_finishes_stays_in_its_trace(redis_url: str, mqtt_url: str) -> None:
+    async def main() -> None:
+        first_spans, second_spans = InMemorySpanExporter(), InMemorySpanExporter()
+        first: App | None = await _start(redis_url, mqtt_url, first_spans)
+        second: App | None = None
+        try:
+            async with Mes(mqtt_url) as mes, \
+                    MqttStation(mqtt_url, no_tighten_answer) as station:
+                rep = await mes.call(JC + "StoreAndStart.v2", order("H1"), traceparent=TP)
+                tighten = await wait_until(
+                    lambda: next((c for c in _commands_of(station, "H1")
+                                  if c["type"] == "com.example.cell.tighten.v1"), None),
+                    20, "the tightening command")
+                assert first is not None
+                token = await _token(first, "H1")
+                await first.aclose()
+                first = None
+                # a host that never saw the job: its run's context comes from Redis
+                second = await _start(redis_url, mqtt_url, second_spans, flush=False)
+                await asyncio.sleep(0.3)
+                station.answer = answer_all
+                await station.reply(tighten, {"Outcome": "completed",
+                                              "Result": {"torque": 85}})
+                await wait_until(lambda: "Ended_Completed" in mes.states("H1"), 20, "H1 done")
+                job_span = span_id_for(TRACE, job_span_key("H1", token))
+                await wait_until(lambda: any(_ids(s)[1] == job_span
+                                             for s in second_spans.get_finished_spans()),
+                                 10, "the job span")
+        finally:
+            for app in (first, second):
+                if app is not None:
+                    await app.aclose()
+        before, after = _traced(first_spans, TRACE), _traced(second_spans, TRACE)
+        request_span = span_id_for(TRACE, f"mes:{rep['causationid']}")
+        # the first host recorded the request and the attempts it settled ...
+        assert request_span in {_ids(s)[1] for s in before}
+        assert job_span not in {_ids(s)[1] for s in before}
+        # ... the second the tightening it settled and the job, in the same tree
+        by_id = {_ids(s)[1]: s for s in after}
+        assert _ids(by_id[job_span])[2] == request_span
+        tight = by_id[span_id_for(TRACE, tighten["id"])]
+        assert _ids(tight)[2] == job_span
+        assert tight.start_time is not None and tight.end_time is not None
+        assert by_id[job_span].start_time is not None
+        # the attempt began on the first host: its start is the command's, not the answer's
+        assert tight.start_time < tight.end_time - 250_000_000
+        assert by_id[job_span].start_time <= tight.start_time
+        every = {_ids(s)[1] for s in before + after}
+        for s in before + after:
+            parent = _ids(s)[2]
+            assert parent in every or parent == MES_SPAN, s.name
+    run(main(), 60)
+
+
+def test_untraced_requests_and_script_calls_start_traces_of_their_own(
+        redis_url: str, mqtt_url: str) -> None:
+    async def main() -> None:
+        exporter = InMemorySpanExporter()
+        app = await _start(redis_url, mqtt_url, exporter)
+        try:
+            async with Mes(mqtt_url) as mes, MqttStation(mqtt_url, answer_all) as station:
+                rep = await mes.call(JC + "StoreAndStart.v2", order("R1"))
+                # traced: the reply names the trace the request started
+                ctx = parse_traceparent(rep["traceparent"])
+                # a script's api.jobs call: no request, a root span of the call
+                out = await app.mes.job_control(S, "StoreAndStart", order("R2"))
+                assert out["JobOrderID"] == "R2"
+                await wait_until(lambda: "Ended_Completed" in mes.states("R1")
+                                 and "Ended_Completed" in mes.states("R2"), 20, "done")
+                kept = from_stored(await app.host.client.hget(ScopeKeys(S).order("R2"), "tp"))
+                assert kept is not None
+                r2_cmds = _commands_of(station, "R2")
+                assert r2_cmds and all(parse_traceparent(c["traceparent"]).trace_id
+                                       == kept.trace_id for c in r2_cmds)
+                tokens = {j: await _token(app, j) for j in ("R1", "R2")}
+                await wait_until(lambda: sum(s.name == "job wm"
+                                             for s in exporter.get_finished_spans()) >= 2,
+                                 10, "the job spans")
+        finally:
+            await app.aclose()
+        r1 = {_ids(s)[1]: s for s in _traced(exporter, ctx.trace_id)}
+        root = r1[span_id_for(ctx.trace_id, f"mes:{rep['causationid']}")]
+        assert root.parent is None and root.name == "process StoreAndStart"
+        job1 = r1[span_id_for(ctx.trace_id, job_span_key("R1", tokens["R1"]))]
+        assert _ids(job1)[2] == _ids(root)[1]
+        r2 = {_ids(s)[1]: s for s in _traced(exporter, kept.trace_id)}
+        call = r2[kept.span_id]
+        assert call.parent is None and call.name == "StoreAndStart"
+        assert dict(call.attributes or {})["sfc.job_order.id"] == "R2"
+        job2 = r2[span_id_for(kept.trace_id, job_span_key("R2", tokens["R2"]))]
+        assert _ids(job2)[2] == kept.span_id
+        assert sum(s.name.startswith("send ") for s in r2.values()) == len(r2_cmds)
+    run(main(), 60)
+
+
+def test_an_unsampled_trace_flows_on_the_wire_and_records_nothing(
+        redis_url: str, mqtt_url: str) -> None:
+    async def main() -> None:
+        exporter = InMemorySpanExporter()
+        app = await _start(redis_url, mqtt_url, exporter)
+        try:
+            async with Mes(mqtt_url) as mes, MqttStation(mqtt_url, answer_all) as station:
+                await mes.call(JC + "StoreAndStart.v2", order("U1"),
+                               traceparent=TP[:-2] + "00")
+                await wait_until(lambda: "Ended_Completed" in mes.states("U1"), 20, "done")
+                cmds = _commands_of(station, "U1")
+        finally:
+            await app.aclose()
+        assert cmds and all(parse_traceparent(c["traceparent"]).flags == 0 for c in cmds)
+        assert _traced(exporter, TRACE) == []
+    run(main(), 60)

@@ -275,7 +275,7 @@ class HostConfig:
                 raise ConfigError(f"setting {name}: {v!r} is not a file")
         if self.web_token_file:
             self.web_access_token()     # readable and not empty
-        if self.otel and importlib.util.find_spec("opentelemetry.sdk") is None:
+        if self.otel and not _installed("opentelemetry.sdk"):
             raise ConfigError("setting otel: the OpenTelemetry SDK is not installed: "
                               "pip install 'sfc-fast[otel]'")
 
@@ -328,6 +328,14 @@ def check_web_access(config: HostConfig, what: str) -> None:
                                                      or config.web_token_file):
         raise ConfigError(f"{what}: metrics_host {config.metrics_host!r} is not loopback: "
                           "set web_token or web_token_file (every request must carry it)")
+
+
+def _installed(module: str) -> bool:
+    """``module`` can be imported (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _check_url(name: str, url: str, schemes: tuple[str, ...], use: str) -> None:
