@@ -36,8 +36,9 @@ ALLOWED: dict[str, set[str]] = {
     "tls": set(),
     "metrics": set(),
     "versions": {"core", "sfc_host"},
-    # W3C trace context (and, with the otel extra, the spans)
-    "tracing": set(),
+    # W3C trace context; with the otel extra, the spans and their OTLP export (the
+    # protobuf encoder is a wire codec)
+    "tracing": {"wire"},
     # the ISA-95 model (job orders, states, return statuses): data every face shares
     "isa95": {"core"},
     "config": {"names"},

@@ -127,7 +127,7 @@ def test_a_jobs_spans_hang_under_the_mes_request(redis_url: str, mqtt_url: str) 
         for s in attempts:
             a = dict(s.attributes or {})
             assert _ids(s)[2] == job_span and s.kind == SpanKind.PRODUCER
-            assert a["sfc.command.id"] in sent and a["sfc.action.outcome"] == "completed"
+            assert a["messaging.message.id"] in sent and a["sfc.action.outcome"] == "completed"
             assert a["sfc.action.attempt"] == 1 and a["sfc.action.round"] >= 1
             assert a["messaging.destination.name"] == "equipment/line1/commands"
             assert s.start_time is not None and s.end_time is not None
@@ -135,8 +135,8 @@ def test_a_jobs_spans_hang_under_the_mes_request(redis_url: str, mqtt_url: str) 
             assert job.start_time <= s.start_time <= s.end_time
             (link,) = s.links
             assert _hex(link.context.trace_id, 32) == TRACE
-            assert _hex(link.context.span_id, 16) == span_id_for(TRACE, a["sfc.command.id"])
-        tight = next(s for s in attempts if dict(s.attributes or {})["sfc.command.id"]
+            assert _hex(link.context.span_id, 16) == span_id_for(TRACE, a["messaging.message.id"])
+        tight = next(s for s in attempts if dict(s.attributes or {})["messaging.message.id"]
                      == tighten["id"])
         assert tight.end_time is not None and tight.start_time is not None
         # the hold of the Pause: a child of the job, released by the Resume

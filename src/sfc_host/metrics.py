@@ -87,6 +87,9 @@ HELP: dict[str, str] = {
                              "passed over) or no room in the backlog of unhandled "
                              "messages; to the broker, one it closed the connection on "
                              "twice (broker_refused).",
+    "spans_exported": "OpenTelemetry spans the OTLP endpoint took (setting otel).",
+    "spans_dropped": "OpenTelemetry spans given up on: the OTLP endpoint refused them, "
+                     "did not take them within its timeout, or too many waited for it.",
     "trace_contexts_invalid": "Trace contexts (traceparent) that broke a W3C rule, by "
                               "where they came from (mes, equipment): ignored, the message "
                               "handled as if it had none.",

@@ -64,7 +64,7 @@ class App:
         self.host = Host(config, self.sink, metrics=self.metrics, loops=False)
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
         self.mes = MesControl(self.host, self.link)
-        self.spans = span_recorder(config, span_processor)
+        self.spans = span_recorder(config, span_processor, self.metrics)
         if self.spans is not None:
             self.host.settler.spans = self.spans
             self.mes.trace_with(self.spans)

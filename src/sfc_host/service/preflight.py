@@ -77,7 +77,7 @@ def check_port(config: HostConfig) -> None:
         raise listen_error(config, e) from None
 
 
-def span_recorder(config: HostConfig, processor: Any = None) -> Any:
+def span_recorder(config: HostConfig, processor: Any = None, metrics: Any = None) -> Any:
     """The span recorder of ``otel = true`` (``tracing.spans``; None when off or when
     ``OTEL_TRACES_EXPORTER=none``); a ``ConfigError`` for a missing extra or an
     ``OTEL_*`` variable the host cannot use. The SDK is imported only here."""
@@ -90,7 +90,7 @@ def span_recorder(config: HostConfig, processor: Any = None) -> Any:
                           f"({e.name}): pip install 'sfc-fast[otel]'") from None
     try:
         return recorder_from(config.consumer_name, __version__, config.equipment_prefix,
-                             processor=processor)
+                             processor=processor, metrics=metrics)
     except OtelSettingError as e:
         raise ConfigError(f"setting otel: {e}") from None
 
@@ -101,19 +101,22 @@ def check_traces(config: HostConfig) -> str:
     if not config.otel:
         return ""
     try:
-        from sfc_host.tracing.spans import OtelSettingError, exporter_from
+        from sfc_host.tracing.spans import OtelSettingError, check_batch, exporter_from
     except ImportError as e:
         raise ConfigError(f"setting otel: the OpenTelemetry SDK is not installed "
                           f"({e.name}): pip install 'sfc-fast[otel]'") from None
     try:
         exporter = exporter_from(os.environ)
+        if exporter is not None:
+            check_batch(os.environ)
     except OtelSettingError as e:
         raise ConfigError(f"setting otel: {e}") from None
     if exporter is None:
         return "; traces: none (OTEL_TRACES_EXPORTER=none)"
     where = getattr(exporter, "endpoint", "") or type(exporter).__name__
+    protocol = getattr(exporter, "protocol", "")
     exporter.shutdown()
-    return f"; traces to {where}"
+    return f"; traces to {where}" + (f" ({protocol})" if protocol else "")
 
 
 async def check_config(config: HostConfig) -> str:

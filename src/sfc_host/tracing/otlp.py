@@ -1,24 +1,27 @@
-"""OTLP/HTTP with JSON: the host's span exporter (``http/json``, the default).
+"""OTLP/HTTP: the host's span exporter, protobuf (the default) or JSON.
 
-The SDK's OTLP exporter builds a protobuf object per attribute: about 30 µs a span,
-half of what a whole action costs the host. This one writes the OTLP JSON encoding
-(the same messages, IDs in hex as OTLP's JSON requires) with msgspec, for a few µs a
-span, and sends it as a collector, Jaeger or Tempo takes it on port 4318.
+The SDK's OTLP exporter builds a protobuf object per span, attribute and value: about
+30 µs a span, half of what a whole action costs the host. This one sends what
+``sfc_fast.wire.otlp`` writes in C (``http/protobuf``, a few µs a span), or the OTLP
+JSON encoding written here (``http/json``, IDs in hex as OTLP's JSON has them), as a
+collector, Jaeger or Tempo takes them on port 4318.
 
 It does an exporter's whole job, configured by the standard variables (the
-``TRACES_`` form wins over the general one):
+``TRACES_`` form wins over the general one; an empty value counts as unset):
 
 - ``OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT``: the general one gets ``/v1/traces``
   appended, the traces one is used as given; default ``http://localhost:4318``;
+- ``…_PROTOCOL``: ``http/protobuf`` (default) or ``http/json``;
 - ``…_HEADERS`` (``key=value,…``, values URL-encoded), ``…_TIMEOUT`` (ms, default
   10,000), ``…_COMPRESSION`` (``gzip`` or ``none``);
 - ``…_CERTIFICATE`` (CA bundle), ``…_CLIENT_CERTIFICATE`` and ``…_CLIENT_KEY``
   (mutual TLS) for an ``https`` endpoint.
 
 A batch the collector refuses for a while (429, 502, 503, 504, or no connection) is
-sent again with exponential backoff (``Retry-After`` honoured) until the timeout; then
-it is dropped and the export reports failure (the SDK's processor logs it). Any other
-refusal drops the batch at once: sending it again would not help.
+sent again with exponential backoff (``Retry-After`` honoured) until the timeout, which
+bounds the whole export; then it is dropped and the export reports failure (the SDK's
+processor logs it). Any other refusal drops the batch at once: sending it again would
+not help.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from __future__ import annotations
 import base64
 import gzip
 import http.client
+import json
 import logging
+import math
 import os
 import random
 import ssl
@@ -41,11 +46,14 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
+from sfc_fast.wire.otlp import encode_spans
+
 log = logging.getLogger("sfc_host.tracing.otlp")
 
 DEFAULT_ENDPOINT = "http://localhost:4318"
 TRACES_PATH = "/v1/traces"
 DEFAULT_TIMEOUT_MS = 10_000
+PROTOCOLS = {"http/protobuf": "application/x-protobuf", "http/json": "application/json"}
 RETRYABLE = frozenset((429, 502, 503, 504))
 
 # OTLP's SpanKind and StatusCode numbers (the SDK's enums start at 0)
@@ -64,10 +72,20 @@ class OtlpSettingError(ValueError):
 
 
 def _env(env: Mapping[str, str], name: str) -> str | None:
-    v = env.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}")
-    if v is None:
-        v = env.get(f"OTEL_EXPORTER_OTLP_{name}")
-    return v.strip() if v is not None else None
+    """The ``TRACES_`` variable, else the general one; None when neither has a value."""
+    for v in (env.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}"), env.get(f"OTEL_EXPORTER_OTLP_{name}")):
+        if v is not None and v.strip():
+            return v.strip()
+    return None
+
+
+def protocol_from(env: Mapping[str, str]) -> str:
+    """``http/protobuf`` (the default) or ``http/json``; ``OtlpSettingError`` else."""
+    v = (_env(env, "PROTOCOL") or "http/protobuf").lower()
+    if v not in PROTOCOLS:
+        raise OtlpSettingError(f"OTLP protocol {v!r}: http/protobuf or http/json "
+                               "(gRPC is not supported)")
+    return v
 
 
 def endpoint_from(env: Mapping[str, str]) -> str:
@@ -77,6 +95,10 @@ def endpoint_from(env: Mapping[str, str]) -> str:
         base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or DEFAULT_ENDPOINT
         v = base.rstrip("/") + TRACES_PATH
     u = urllib.parse.urlsplit(v)
+    try:
+        u.port      # noqa: B018 - a port that is not a number raises here
+    except ValueError:
+        raise OtlpSettingError(f"OTLP endpoint {v!r}: the port is not a number") from None
     if u.scheme not in ("http", "https") or not u.hostname:
         raise OtlpSettingError(f"OTLP endpoint {v!r}: not an http(s) address")
     return v
@@ -95,15 +117,20 @@ def headers_from(text: str | None) -> dict[str, str]:
     return out
 
 
-class OtlpJsonExporter(SpanExporter):
-    """Spans to an OTLP/HTTP endpoint as JSON; one connection, kept open."""
+class OtlpExporter(SpanExporter):
+    """Spans to an OTLP/HTTP endpoint, protobuf or JSON; one connection, kept open."""
 
-    def __init__(self, endpoint: str | None = None, *, headers: Mapping[str, str] | None = None,
-                 timeout_ms: int | None = None, compression: str | None = None,
-                 ca_file: str | None = None, cert_file: str | None = None,
-                 key_file: str | None = None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, endpoint: str | None = None, *, protocol: str | None = None,
+                 headers: Mapping[str, str] | None = None, timeout_ms: int | None = None,
+                 compression: str | None = None, ca_file: str | None = None,
+                 cert_file: str | None = None, key_file: str | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         e = os.environ if env is None else env
-        self.endpoint = endpoint or endpoint_from(e)
+        self.endpoint = endpoint_from({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint}) \
+            if endpoint else endpoint_from(e)
+        self.protocol = protocol_from({"OTEL_EXPORTER_OTLP_PROTOCOL": protocol}) \
+            if protocol else protocol_from(e)
+        self._encode = encode_spans if self.protocol == "http/protobuf" else encode
         self.headers = dict(headers) if headers is not None else headers_from(_env(e, "HEADERS"))
         if timeout_ms is None:
             raw = _env(e, "TIMEOUT")
@@ -115,7 +142,7 @@ class OtlpJsonExporter(SpanExporter):
             raise OtlpSettingError(f"OTLP timeout {timeout_ms}: not a positive number of ms")
         self.timeout_s = timeout_ms / 1000
         compression = (compression if compression is not None
-                       else _env(e, "COMPRESSION") or "none").lower()
+                       else _env(e, "COMPRESSION") or "none").strip().lower()
         if compression not in ("gzip", "none"):
             raise OtlpSettingError(f"OTLP compression {compression!r}: gzip or none")
         self.gzip = compression == "gzip"
@@ -145,14 +172,28 @@ class OtlpJsonExporter(SpanExporter):
             return SpanExportResult.FAILURE
         if not spans:
             return SpanExportResult.SUCCESS
-        body = encode(spans)
+        ok = self.send(self.encode(spans), len(spans))
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    # ---- in two steps (``batch.OtlpBatcher`` encodes where spans end, sends elsewhere)
+
+    def encode(self, spans: Sequence[ReadableSpan]) -> bytes:
+        """A request's body of ``spans`` in the exporter's protocol."""
+        return self._encode(spans)
+
+    def send(self, body: bytes, n: int) -> bool:
+        """Post ``body`` (``n`` spans), retrying as the collector allows; False: the
+        spans are dropped (counted)."""
+        if self._stopped.is_set():
+            self.dropped += n
+            return False
         with self._lock:
             ok = self._post(body)
         if ok:
-            self.sent += len(spans)
-            return SpanExportResult.SUCCESS
-        self.dropped += len(spans)
-        return SpanExportResult.FAILURE
+            self.sent += n
+        else:
+            self.dropped += n
+        return ok
 
     def shutdown(self) -> None:
         self._stopped.set()
@@ -164,16 +205,21 @@ class OtlpJsonExporter(SpanExporter):
 
     # ---- HTTP
 
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._conn is None:
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        """The connection, its socket timeout set to what is left of the export's."""
+        conn = self._conn
+        if conn is None:
             if self._https:
-                self._conn = http.client.HTTPSConnection(self._host, self._port,
-                                                         timeout=self.timeout_s,
-                                                         context=self._tls)
+                conn = http.client.HTTPSConnection(self._host, self._port,
+                                                   timeout=timeout_s, context=self._tls)
             else:
-                self._conn = http.client.HTTPConnection(self._host, self._port,
-                                                        timeout=self.timeout_s)
-        return self._conn
+                conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
+            self._conn = conn
+        else:
+            conn.timeout = timeout_s
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout_s)
+        return conn
 
     def _close(self) -> None:
         if self._conn is not None:
@@ -181,7 +227,7 @@ class OtlpJsonExporter(SpanExporter):
             self._conn = None
 
     def _post(self, body: bytes) -> bool:
-        headers = {**self.headers, "Content-Type": "application/json"}
+        headers = {**self.headers, "Content-Type": PROTOCOLS[self.protocol]}
         if self.gzip:
             body = gzip.compress(body, compresslevel=6)
             headers["Content-Encoding"] = "gzip"
@@ -189,8 +235,13 @@ class OtlpJsonExporter(SpanExporter):
         delay = 0.1
         while True:
             retry_after: float | None = None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("OTLP endpoint %s: spans dropped, no answer within %g s",
+                            self.endpoint, self.timeout_s)
+                return False
             try:
-                conn = self._connection()
+                conn = self._connection(left)
                 conn.request("POST", self._path, body=body, headers=headers)
                 resp = conn.getresponse()
                 reply = resp.read()
@@ -235,25 +286,46 @@ def encode(spans: Sequence[ReadableSpan]) -> bytes:
     """An ``ExportTraceServiceRequest`` in OTLP's JSON encoding: spans grouped by
     resource and instrumentation scope; trace and span ids in hex, 64-bit integers as
     strings, enums as numbers."""
-    by_resource: dict[int, tuple[Any, dict[tuple[str, str | None], list[Any]]]] = {}
+    by_resource: dict[int, tuple[Any, dict[Any, tuple[Any, list[Any]]]]] = {}
     for s in spans:
         res = s.resource
         got = by_resource.get(id(res))
         if got is None:
             got = by_resource[id(res)] = (res, {})
         scope = s.instrumentation_scope
-        key = (scope.name, scope.version) if scope is not None else ("", None)
-        got[1].setdefault(key, []).append(_span(s))
+        key = scope     # equal scopes (name, version, schema, attributes) share a group
+        lst = got[1].get(key)
+        if lst is None:
+            lst = got[1][key] = (scope, [])
+        lst[1].append(_span(s))
     out = []
     for res, scopes in by_resource.values():
         rs: dict[str, Any] = {"resource": {"attributes": attributes(res.attributes)},
-                              "scopeSpans": [
-                                  {"scope": {"name": n, **({"version": v} if v else {})},
-                                   "spans": lst} for (n, v), lst in scopes.items()]}
+                              "scopeSpans": [_scope_spans(sc, lst)
+                                             for sc, lst in scopes.values()]}
         if res.schema_url:
             rs["schemaUrl"] = res.schema_url
         out.append(rs)
-    return _ENCODE.encode({"resourceSpans": out})
+    doc = {"resourceSpans": out}
+    try:
+        return _ENCODE.encode(doc)
+    except UnicodeEncodeError:
+        # a lone surrogate, which UTF-8 cannot hold: escaped, so the batch still goes
+        return json.dumps(doc).encode("ascii")
+
+
+def _scope_spans(scope: Any, spans: list[dict[str, Any]]) -> dict[str, Any]:
+    if scope is None:
+        return {"scope": {}, "spans": spans}
+    sc: dict[str, Any] = {"name": scope.name}
+    if scope.version:
+        sc["version"] = scope.version
+    if scope.attributes:
+        sc["attributes"] = attributes(scope.attributes)
+    out: dict[str, Any] = {"scope": sc, "spans": spans}
+    if scope.schema_url:
+        out["schemaUrl"] = scope.schema_url
+    return out
 
 
 def _span(s: ReadableSpan) -> dict[str, Any]:
@@ -275,10 +347,12 @@ def _span(s: ReadableSpan) -> dict[str, Any]:
     d["endTimeUnixNano"] = str(s.end_time or 0)
     if s.attributes:
         d["attributes"] = attributes(s.attributes)
+    if s.dropped_attributes:
+        d["droppedAttributesCount"] = s.dropped_attributes
     if s.events:
-        d["events"] = [{"timeUnixNano": str(ev.timestamp), "name": ev.name,
-                        **({"attributes": attributes(ev.attributes)} if ev.attributes else {})}
-                       for ev in s.events]
+        d["events"] = [_event(ev) for ev in s.events]
+    if s.dropped_events:
+        d["droppedEventsCount"] = s.dropped_events
     if s.links:
         links = []
         for link in s.links:
@@ -292,8 +366,12 @@ def _span(s: ReadableSpan) -> dict[str, Any]:
                 one["traceState"] = ls
             if link.attributes:
                 one["attributes"] = attributes(link.attributes)
+            if link.dropped_attributes:
+                one["droppedAttributesCount"] = link.dropped_attributes
             links.append(one)
         d["links"] = links
+    if s.dropped_links:
+        d["droppedLinksCount"] = s.dropped_links
     status = s.status
     code = _STATUS.get(status.status_code, 0)
     if code:
@@ -302,12 +380,25 @@ def _span(s: ReadableSpan) -> dict[str, Any]:
     return d
 
 
+def _event(ev: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"timeUnixNano": str(ev.timestamp), "name": ev.name}
+    if ev.attributes:
+        out["attributes"] = attributes(ev.attributes)
+    if ev.dropped_attributes:
+        out["droppedAttributesCount"] = ev.dropped_attributes
+    return out
+
+
 def attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     return [{"key": k, "value": any_value(v)} for k, v in (attrs or {}).items()]
 
 
 def any_value(v: Any) -> dict[str, Any]:
-    """An ``AnyValue``: bool before int (a bool is an int in Python)."""
+    """An ``AnyValue``: bool before int (a bool is an int in Python); None is an empty
+    one (an array's missing member), a float that is not finite as protobuf's JSON
+    names it."""
+    if v is None:
+        return {}
     if isinstance(v, str):
         return {"stringValue": v}
     if isinstance(v, bool):
@@ -315,6 +406,8 @@ def any_value(v: Any) -> dict[str, Any]:
     if isinstance(v, int):
         return {"intValue": str(v)}
     if isinstance(v, float):
+        if not math.isfinite(v):
+            return {"doubleValue": "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")}
         return {"doubleValue": v}
     if isinstance(v, (bytes, bytearray)):
         return {"bytesValue": base64.b64encode(bytes(v)).decode("ascii")}

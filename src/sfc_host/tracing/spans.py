@@ -38,8 +38,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
+from sfc_host.tracing.batch import BatchSettingError, OtlpBatcher, settings_from
 from sfc_host.tracing.context import TraceContext, job_run, span_id_for
-from sfc_host.tracing.otlp import OtlpJsonExporter, OtlpSettingError
+from sfc_host.tracing.otlp import OtlpExporter, OtlpSettingError
 
 SERVICE_NAME = "sfc-host"
 LINKS_MAX = 10_000       # answers' contexts waiting for their attempt to be recorded
@@ -65,6 +66,35 @@ def _state(header: str) -> TraceState | None:
 def _context(c: TraceContext, span_id: str, remote: bool = False) -> SpanContext:
     return SpanContext(int(c.trace_id, 16), int(span_id, 16), remote, _flags(c.flags),
                        _state(c.state))
+
+
+class _Run:
+    """A job's stored context, read once: what each of its spans needs."""
+
+    __slots__ = ("context", "job", "parent", "trace", "trace_int", "work_master")
+
+    def __init__(self, c: TraceContext, parent: str, work_master: str) -> None:
+        self.context = c
+        self.trace = c.trace_id
+        self.trace_int = int(c.trace_id, 16)
+        self.job = _context(c, c.span_id)
+        self.parent = _context(c, parent) if parent else None
+        self.work_master = work_master
+
+    def child(self, key: str) -> SpanContext:
+        """The context of the span ``key`` names in this trace (``span_id_for``)."""
+        c = self.context
+        return SpanContext(self.trace_int, int(span_id_for(self.trace, key), 16), False,
+                           _flags(c.flags), _state(c.state))
+
+
+# a job's spans are recorded one write at a time: its context is read once
+@functools.lru_cache(maxsize=4096)
+def _run_of(text: str) -> _Run | None:
+    got = job_run(text)
+    if got is None or not got[0].sampled:
+        return None
+    return _Run(*got)
 
 
 class SpanRecorder:
@@ -161,59 +191,65 @@ class SpanRecorder:
         """A job's write: the attempts and the hold its decisions ended, each a child of
         the job span (the stored context's span, ``context.job_trace``); when it ended
         the job (``started_ms``: when the job started), the job span."""
-        run = job_run(trace)
-        if run is None or not run[0].sampled:
+        run = _run_of(trace)
+        if run is None:
             return
-        c = run[0]
-        job_ctx = None
         end_ns = now_ms * 1_000_000
         if started_ms:
-            job_ctx = _context(c, c.span_id)
-            self._job(scope, job, run, decisions[-1], job_ctx, started_ms * 1_000_000, end_ns)
+            self._job(scope, job, run, decisions[-1], started_ms * 1_000_000, end_ns)
         for d in decisions:
-            for action, cid, type_id, attempt, rnd, since, outcome in d.ended:
-                if job_ctx is None:
-                    job_ctx = _context(c, c.span_id)
-                start_ns = since * 1_000_000
-                base = {"sfc.scope": scope, "sfc.job_order.id": job}
-                if action is None:
-                    base["sfc.hold.outcome"] = outcome
-                    self._emit("hold", _context(c, span_id_for(
-                        c.trace_id, f"{c.span_id}:hold:{since}")), job_ctx, SpanKind.INTERNAL,
-                        start_ns, end_ns, base)
-                    continue
-                link = None
-                if cid is not None:
-                    span = span_id_for(c.trace_id, cid)
-                    attrs = {"messaging.system": "mqtt", "messaging.operation.type": "send",
-                             "messaging.operation.name": "send",
-                             "messaging.destination.name": f"{self.prefix}/{scope}/commands",
-                             "messaging.message.id": cid, "cloudevents.event_id": cid,
-                             "cloudevents.event_type": type_id, "sfc.command.id": cid, **base}
-                    name, kind = f"send {action}", SpanKind.PRODUCER
-                    link = self._answers.pop(cid, None)
+            for ended in d.ended:
+                if ended[0] is None:
+                    self._hold(scope, job, run, ended[5], ended[6], end_ns)
                 else:
-                    span = span_id_for(c.trace_id, f"{c.span_id}:{action}:{rnd}:{attempt}")
-                    attrs = {"messaging.system": "mqtt", "messaging.operation.type": "receive",
-                             "messaging.operation.name": "receive",
-                             "messaging.destination.name": f"{self.prefix}/{scope}/events",
-                             "cloudevents.event_type": type_id, **base}
-                    name, kind = f"wait {action}", SpanKind.CONSUMER
-                    if outcome == "completed":
-                        link = self._events.pop((scope, type_id), None)
-                attrs["sfc.action.name"] = action
-                attrs["sfc.action.attempt"] = attempt
-                attrs["sfc.action.round"] = rnd
-                attrs["sfc.action.outcome"] = outcome
-                status = Status(StatusCode.ERROR, outcome) if outcome in _ERROR_OUTCOMES \
-                    else _UNSET
-                self._emit(name, _context(c, span), job_ctx, kind, start_ns, end_ns, attrs,
-                           status, (Link(link),) if link is not None else ())
+                    self._attempt(scope, job, run, ended, end_ns)
 
-    def _job(self, scope: str, job: str, run: tuple[TraceContext, str, str], last: Any,
-             ctx: SpanContext, start_ns: int, end_ns: int) -> None:
+    def _attempt(self, scope: str, job: str, run: _Run, ended: tuple[Any, ...],
+                 end_ns: int) -> None:
+        """An action's attempt: a command sent to its answer settled (producer), or a
+        pull action's wait (consumer)."""
+        action, cid, type_id, attempt, rnd, since, outcome = ended
+        link = None
+        if cid is not None:
+            ctx = run.child(cid)
+            attrs = {"messaging.system": "mqtt", "messaging.operation.type": "send",
+                     "messaging.operation.name": "send",
+                     "messaging.destination.name": f"{self.prefix}/{scope}/commands",
+                     "messaging.message.id": cid, "cloudevents.event_id": cid,
+                     "cloudevents.event_type": type_id, "sfc.scope": scope,
+                     "sfc.job_order.id": job, "sfc.action.name": action,
+                     "sfc.action.attempt": attempt, "sfc.action.round": rnd,
+                     "sfc.action.outcome": outcome}
+            name, kind = f"send {action}", SpanKind.PRODUCER
+            if self._answers:
+                link = self._answers.pop(cid, None)
+        else:
+            ctx = run.child(f"{run.context.span_id}:{action}:{rnd}:{attempt}")
+            attrs = {"messaging.system": "mqtt", "messaging.operation.type": "receive",
+                     "messaging.operation.name": "receive",
+                     "messaging.destination.name": f"{self.prefix}/{scope}/events",
+                     "cloudevents.event_type": type_id, "sfc.scope": scope,
+                     "sfc.job_order.id": job, "sfc.action.name": action,
+                     "sfc.action.attempt": attempt, "sfc.action.round": rnd,
+                     "sfc.action.outcome": outcome}
+            name, kind = f"wait {action}", SpanKind.CONSUMER
+            if outcome == "completed" and self._events:
+                link = self._events.pop((scope, type_id), None)
+        status = Status(StatusCode.ERROR, outcome) if outcome in _ERROR_OUTCOMES else _UNSET
+        self._emit(name, ctx, run.job, kind, since * 1_000_000, end_ns, attrs, status,
+                   (Link(link),) if link is not None else ())
+
+    def _hold(self, scope: str, job: str, run: _Run, since: int, outcome: str,
+              end_ns: int) -> None:
+        """The job's hold: from the Pause to the Resume (or the job's end)."""
+        self._emit("hold", run.child(f"{run.context.span_id}:hold:{since}"), run.job,
+                   SpanKind.INTERNAL, since * 1_000_000, end_ns,
+                   {"sfc.scope": scope, "sfc.job_order.id": job, "sfc.hold.outcome": outcome})
+
+    def _job(self, scope: str, job: str, run: _Run, last: Any, start_ns: int,
+             end_ns: int) -> None:
         """The job span: its run from start to end, under the request that stored it."""
-        c, parent, wm = run
+        wm = run.work_master
         attrs: dict[str, Any] = {"sfc.scope": scope, "sfc.job_order.id": job,
                                  "sfc.job.status": last.status}
         if wm:
@@ -222,9 +258,8 @@ class SpanRecorder:
             attrs["sfc.job.reason"] = last.reason
         status = Status(StatusCode.ERROR, (last.reason or "aborted")[:500]) \
             if last.status == "aborted" else _UNSET
-        self._emit(f"job {wm}" if wm else "job", ctx,
-                   _context(c, parent) if parent else None, SpanKind.INTERNAL, start_ns,
-                   end_ns, attrs, status)
+        self._emit(f"job {wm}" if wm else "job", run.job, run.parent, SpanKind.INTERNAL,
+                   start_ns, end_ns, attrs, status)
 
     def shutdown(self) -> None:
         """Export what is queued, then stop (the host's close)."""
@@ -236,15 +271,14 @@ class SpanRecorder:
 
 
 def exporter_from(env: Mapping[str, str]) -> SpanExporter | None:
-    """The exporter ``OTEL_TRACES_EXPORTER`` names (``otlp`` by default; ``console``;
-    ``none``: no spans), for OTLP the protocol ``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL``
-    names: ``http/json`` (the default here, our encoder) or ``http/protobuf`` (the
-    SDK's exporter). ``OtelSettingError`` for anything else."""
-    names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
-             if n.strip()] or ["otlp"]
+    """The exporter ``OTEL_TRACES_EXPORTER`` names: ``otlp`` (the default: the host's
+    own, ``otlp.OtlpExporter``, over HTTP as ``OTEL_EXPORTER_OTLP_*`` say), ``console``
+    or ``none`` (no spans). ``OtelSettingError`` for anything else."""
+    raw = env.get("OTEL_TRACES_EXPORTER", "")
+    names = [n.strip().lower() for n in raw.split(",") if n.strip()] or ["otlp"]
     if len(names) > 1:
-        raise OtelSettingError(f"OTEL_TRACES_EXPORTER={env['OTEL_TRACES_EXPORTER']!r}: "
-                               "one exporter (otlp, console or none)")
+        raise OtelSettingError(f"OTEL_TRACES_EXPORTER={raw!r}: one exporter (otlp, console "
+                               "or none)")
     name = names[0]
     if name == "none":
         return None
@@ -252,23 +286,10 @@ def exporter_from(env: Mapping[str, str]) -> SpanExporter | None:
         return ConsoleSpanExporter()
     if name != "otlp":
         raise OtelSettingError(f"OTEL_TRACES_EXPORTER={name!r}: otlp, console or none")
-    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/json").strip().lower()
-    if protocol == "http/json":
-        try:
-            return OtlpJsonExporter(env=env)
-        except (OtlpSettingError, OSError) as e:
-            raise OtelSettingError(str(e)) from None
-    if protocol == "http/protobuf":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            raise OtelSettingError(
-                "OTLP protocol http/protobuf needs opentelemetry-exporter-otlp-proto-http "
-                "(pip install 'sfc-fast[otel]')") from None
-        return OTLPSpanExporter()
-    raise OtelSettingError(f"OTLP protocol {protocol!r}: http/json or http/protobuf "
-                           "(gRPC is not supported)")
+    try:
+        return OtlpExporter(env=env)
+    except (OtlpSettingError, OSError) as e:
+        raise OtelSettingError(str(e)) from None
 
 
 def resource_from(consumer: str, version: str) -> Resource:
@@ -281,16 +302,42 @@ def resource_from(consumer: str, version: str) -> Resource:
     return base
 
 
+def processor_from(env: Mapping[str, str], metrics: Any = None) -> SpanProcessor | None:
+    """The span processor the variables configure: for OTLP the host's batcher
+    (``batch.OtlpBatcher``, counting into ``metrics``' ``spans_exported`` and
+    ``spans_dropped``), for the console the SDK's batch processor; None for ``none``."""
+    exporter = exporter_from(env)
+    if exporter is None:
+        return None
+    if isinstance(exporter, OtlpExporter):
+        try:
+            if metrics is None:
+                return OtlpBatcher(exporter, env=env)
+            return OtlpBatcher(exporter, env=env,
+                               on_sent=lambda n: metrics.inc("spans_exported", n),
+                               on_dropped=lambda n: metrics.inc("spans_dropped", n))
+        except BatchSettingError as e:
+            raise OtelSettingError(str(e)) from None
+    return BatchSpanProcessor(exporter)
+
+
 def recorder_from(consumer: str, version: str, equipment_prefix: str,
                   env: Mapping[str, str] | None = None,
-                  processor: SpanProcessor | None = None) -> SpanRecorder | None:
-    """The host's recorder as the ``OTEL_*`` variables configure it (a batch processor
-    over their exporter; ``processor`` instead, e.g. a test's), or None when they say
-    ``none``."""
+                  processor: SpanProcessor | None = None,
+                  metrics: Any = None) -> SpanRecorder | None:
+    """The host's recorder as the ``OTEL_*`` variables configure it (``processor``
+    instead, e.g. a test's), or None when they say ``none``."""
     if processor is None:
-        exporter = exporter_from(os.environ if env is None else env)
-        if exporter is None:
+        processor = processor_from(os.environ if env is None else env, metrics)
+        if processor is None:
             return None
-        processor = BatchSpanProcessor(exporter)
     return SpanRecorder(processor, resource_from(consumer, version),
                         equipment_prefix=equipment_prefix, version=version)
+
+
+def check_batch(env: Mapping[str, str]) -> None:
+    """The ``OTEL_BSP_*`` variables can be used (``OtelSettingError`` if not)."""
+    try:
+        settings_from(env)
+    except BatchSettingError as e:
+        raise OtelSettingError(str(e)) from None
