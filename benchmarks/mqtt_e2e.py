@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,8 @@ async def store(app: App, job: str) -> None:
                                               "WorkMasterID": [{"ID": WM["ID"]}]}, start=True)
 
 
-async def offer(app: App, prefix: str, n: int, rate_jobs_s: float, t0: float) -> None:
+async def offer(app: App, prefix: str, n: int, rate_jobs_s: float, t0: float,
+                store: Callable[[App, str], Awaitable[None]] = store) -> None:
     """Store job ``i`` at ``t0 + i / rate_jobs_s``, each its own task: a store slower
     than the interval must not hold back the next one, or the rate offered falls short
     of the one asked. Returns once the last is offered."""
@@ -90,8 +91,10 @@ async def offer(app: App, prefix: str, n: int, rate_jobs_s: float, t0: float) ->
         t.add_done_callback(_OFFERED.discard)
 
 
-async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None) -> float:
-    """Store ``n`` jobs (all at once or paced); seconds until every job completed."""
+async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None,
+                   store: Callable[[App, str], Awaitable[None]] = store) -> float:
+    """Store ``n`` jobs (all at once or paced) with ``store``; seconds until every job
+    completed."""
     done = 0
     finished = asyncio.Event()
     prev = app.host.settler.on_end
@@ -112,7 +115,7 @@ async def run_jobs(app: App, prefix: str, n: int, rate_jobs_s: float | None) -> 
             await asyncio.gather(*(store(app, f"{prefix}{j}")
                                    for j in range(i, min(n, i + 200))))
     else:
-        await offer(app, prefix, n, rate_jobs_s, t0)
+        await offer(app, prefix, n, rate_jobs_s, t0, store)
     await asyncio.wait_for(finished.wait(), 120)
     app.host.settler.on_end = prev
     return time.perf_counter() - t0

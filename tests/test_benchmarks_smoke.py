@@ -66,6 +66,15 @@ def test_mqtt_e2e_quick_measures_saturation_pacing_and_the_broker() -> None:
     assert 0 < float(paced.group(1)) <= float(paced.group(2))
 
 
+def test_otel_cost_compares_spans_off_and_on() -> None:
+    out = _run("otel_cost.py", "--quick")
+    m = re.search(r"round 1: off ([\d,]+) jobs/s, ([\d.]+) µs an action; on ([\d,]+) jobs/s, "
+                  r"([\d.]+) µs an action \(([\d,]+) spans, ([\d.]+) a job\)", out)
+    assert m, out
+    assert all(_number(g) > 0 for g in m.groups())
+    assert _number(m.group(6)) == 7.0      # the request, the job, five attempts
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="--pin needs Linux and two CPUs")
 def test_mqtt_e2e_pinned_runs_the_host_on_a_core_of_its_own() -> None:

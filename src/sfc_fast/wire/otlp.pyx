@@ -122,22 +122,14 @@ cdef class _Out:
             return 0
         return self.blob(field, b, k)
 
-    cdef int fixed64(self, uint32_t field, uint64_t v) except -1:
+    cdef int fixed(self, uint32_t field, uint64_t v, int size) except -1:
+        """A fixed64 (``size`` 8) or fixed32 (4) field: little-endian."""
         cdef int i
-        self.tag(field, WT_I64)
-        self.need(8)
-        for i in range(8):
+        self.tag(field, WT_I64 if size == 8 else WT_I32)
+        self.need(size)
+        for i in range(size):
             self.p[self.n + i] = <char>((v >> (8 * i)) & 0xFF)
-        self.n += 8
-        return 0
-
-    cdef int fixed32(self, uint32_t field, uint32_t v) except -1:
-        cdef int i
-        self.tag(field, WT_I32)
-        self.need(4)
-        for i in range(4):
-            self.p[self.n + i] = <char>((v >> (8 * i)) & 0xFF)
-        self.n += 4
+        self.n += size
         return 0
 
     cdef Py_ssize_t begin(self, uint32_t field) except -1:
@@ -336,13 +328,13 @@ cdef int _span(_Out out, object s) except -1:
     kind = s.kind
     out.tag(6, WT_VARINT)
     out.varint(<uint64_t>(kind.value + 1))      # the SDK's kinds count from 0, OTLP's from 1
-    out.fixed64(7, <uint64_t>(s.start_time or 0))
-    out.fixed64(8, <uint64_t>(s.end_time or 0))
+    out.fixed(7, <uint64_t>(s.start_time or 0), 8)
+    out.fixed(8, <uint64_t>(s.end_time or 0), 8)
     _attributes(out, 9, s.attributes)
     _count(out, 10, getattr(s, "dropped_attributes", 0))
     for ev in s.events or ():
         e = out.begin(11)
-        out.fixed64(1, <uint64_t>(ev.timestamp or 0))
+        out.fixed(1, <uint64_t>(ev.timestamp or 0), 8)
         out.text(2, ev.name)
         _attributes(out, 3, ev.attributes)
         _count(out, 4, getattr(ev, "dropped_attributes", 0))
@@ -356,8 +348,8 @@ cdef int _span(_Out out, object s) except -1:
         out.text(3, _state(lc))
         _attributes(out, 4, link.attributes)
         _count(out, 5, getattr(link, "dropped_attributes", 0))
-        out.fixed32(6, <uint32_t>(int(lc.trace_flags) | HAS_IS_REMOTE
-                                  | (IS_REMOTE if lc.is_remote else 0)))
+        out.fixed(6, <uint32_t>(int(lc.trace_flags) | HAS_IS_REMOTE
+                                | (IS_REMOTE if lc.is_remote else 0)), 4)
         out.end(e)
     _count(out, 14, getattr(s, "dropped_links", 0))
     status = s.status
@@ -373,7 +365,7 @@ cdef int _span(_Out out, object s) except -1:
     flags = <uint32_t>(int(ctx.trace_flags) | HAS_IS_REMOTE)
     if parent is not None and parent.is_remote:
         flags |= IS_REMOTE
-    out.fixed32(16, flags)
+    out.fixed(16, flags, 4)
     return out.end(at)
 
 

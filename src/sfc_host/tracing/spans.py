@@ -211,32 +211,27 @@ class SpanRecorder:
         action, cid, type_id, attempt, rnd, since, outcome = ended
         link = None
         if cid is not None:
+            op, kind, leaf = "send", SpanKind.PRODUCER, "commands"
             ctx = run.child(cid)
-            attrs = {"messaging.system": "mqtt", "messaging.operation.type": "send",
-                     "messaging.operation.name": "send",
-                     "messaging.destination.name": f"{self.prefix}/{scope}/commands",
-                     "messaging.message.id": cid, "cloudevents.event_id": cid,
-                     "cloudevents.event_type": type_id, "sfc.scope": scope,
-                     "sfc.job_order.id": job, "sfc.action.name": action,
-                     "sfc.action.attempt": attempt, "sfc.action.round": rnd,
-                     "sfc.action.outcome": outcome}
-            name, kind = f"send {action}", SpanKind.PRODUCER
             if self._answers:
                 link = self._answers.pop(cid, None)
         else:
+            op, kind, leaf = "receive", SpanKind.CONSUMER, "events"
             ctx = run.child(f"{run.context.span_id}:{action}:{rnd}:{attempt}")
-            attrs = {"messaging.system": "mqtt", "messaging.operation.type": "receive",
-                     "messaging.operation.name": "receive",
-                     "messaging.destination.name": f"{self.prefix}/{scope}/events",
-                     "cloudevents.event_type": type_id, "sfc.scope": scope,
-                     "sfc.job_order.id": job, "sfc.action.name": action,
-                     "sfc.action.attempt": attempt, "sfc.action.round": rnd,
-                     "sfc.action.outcome": outcome}
-            name, kind = f"wait {action}", SpanKind.CONSUMER
             if outcome == "completed" and self._events:
                 link = self._events.pop((scope, type_id), None)
+        attrs = {"messaging.system": "mqtt", "messaging.operation.type": op,
+                 "messaging.operation.name": op,
+                 "messaging.destination.name": f"{self.prefix}/{scope}/{leaf}",
+                 "cloudevents.event_type": type_id, "sfc.scope": scope,
+                 "sfc.job_order.id": job, "sfc.action.name": action,
+                 "sfc.action.attempt": attempt, "sfc.action.round": rnd,
+                 "sfc.action.outcome": outcome}
+        if cid is not None:
+            attrs["messaging.message.id"] = attrs["cloudevents.event_id"] = cid
         status = Status(StatusCode.ERROR, outcome) if outcome in _ERROR_OUTCOMES else _UNSET
-        self._emit(name, ctx, run.job, kind, since * 1_000_000, end_ns, attrs, status,
+        self._emit(f"{'send' if cid is not None else 'wait'} {action}", ctx, run.job, kind,
+                   since * 1_000_000, end_ns, attrs, status,
                    (Link(link),) if link is not None else ())
 
     def _hold(self, scope: str, job: str, run: _Run, since: int, outcome: str,
