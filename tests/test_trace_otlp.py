@@ -161,6 +161,65 @@ def test_sfc_host_run_exports_a_jobs_spans_over_otlp(
     run(main(), 60)
 
 
+def test_a_host_killed_mid_job_and_another_finishing_it_make_one_trace(
+        redis_url: str, mqtt_url: str, tmp_path: Path, receiver: Receiver) -> None:
+    """kill -9 of the host running a job, after its first spans went out; the host that
+    takes the job over records the rest under the same parents."""
+    from test_mes import no_tighten_answer
+
+    def host(name: str) -> subprocess.Popen[str]:
+        conf = tmp_path / f"{name}.toml"
+        conf.write_text(f'redis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\n'
+                        f'consumer = "{name}"\notel = true\nsweep_interval_ms = 50\n'
+                        "discover_interval_ms = 100\nclaim_min_idle_ms = 300\n"
+                        "claim_interval_ms = 100\n")
+        return start_sfc_host(["run", "--config", str(conf)],
+                              {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+                               "OTEL_BSP_SCHEDULE_DELAY": "50"}, f"host {name} running")
+
+    async def main() -> None:
+        await flush(redis_url)
+        first = host("first")
+        second = None
+        try:
+            async with Mes(mqtt_url) as mes, \
+                    MqttStation(mqtt_url, no_tighten_answer) as station:
+                await configure(mes)
+                rep = await mes.call(JC + "StoreAndStart.v2", store("K1"), traceparent=TP)
+                tighten = await wait_until(
+                    lambda: next((c for c in station.commands
+                                  if c["type"] == "com.example.cell.tighten.v1"), None),
+                    20, "the tightening command")
+                await wait_until(lambda: any(s["name"] == "send load_part"
+                                             for s in receiver.spans), 10, "a first span")
+                first.kill()
+                first.wait(10)
+                second = host("second")
+                station.answer = answer_all
+                await station.reply(tighten, {"Outcome": "completed",
+                                              "Result": {"torque": 85}})
+                await wait_until(lambda: "Ended_Completed" in mes.states("K1"), 30, "K1 done")
+                await wait_until(lambda: any(s["name"].startswith("job ")
+                                             for s in receiver.spans), 10, "the job span")
+        finally:
+            if first.poll() is None:
+                first.kill()
+            if second is not None:
+                stop_cleanly(second)
+        spans = [s for s in receiver.spans if s["trace"] == TRACE]
+        by_id = {s["span"]: s for s in spans}
+        by_host = {s["span"]: s["resource"]["service.instance.id"] for s in spans}
+        request = span_id_for(TRACE, f"mes:{rep['causationid']}")
+        (job,) = [s for s in spans if s["name"].startswith("job ")]
+        tight = by_id[span_id_for(TRACE, tighten["id"])]
+        assert by_host[request] == "first" and by_host[job["span"]] == "second"
+        assert by_host[tight["span"]] == "second"
+        assert job["parent"] == request and tight["parent"] == job["span"]
+        load = next(s for s in spans if s["name"] == "send load_part")
+        assert by_host[load["span"]] == "first" and load["parent"] == job["span"]
+    run(main(), 90)
+
+
 _RUN_HOST = """
 import asyncio, sys
 {block}
