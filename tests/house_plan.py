@@ -54,6 +54,8 @@ ALLOWED: dict[str, set[str]] = {
     # the MES face: ISA-95 job control over MQTT, and the MES client of the CLI
     "mes": {"execution", "equipment", "store", "mqtt", "wire", "isa95", "config", "metrics",
             "names", "sfc_host", "times", "tracing"},
+    # the OPC UA face: ISA-95 Job Control over OPC UA, on the MES side's job control
+    "opcua": {"mes", "execution", "store", "mqtt", "isa95", "config", "metrics", "sfc_host"},
     # the script engine: Tasks and Missions under their state machines
     "engine": {"core", "mqtt", "config", "tracing"},
     "examples": {"engine"},
@@ -62,7 +64,7 @@ ALLOWED: dict[str, set[str]] = {
             "names", "times"},
     # the host process: the app that wires every part, preflight checks, HTTP endpoint
     "service": {"execution", "equipment", "engine", "mes", "web", "store", "mqtt", "isa95",
-                "config", "metrics", "names", "logs", "sfc_host", "tracing"},
+                "config", "metrics", "names", "logs", "sfc_host", "tracing", "opcua"},
     "demo": {"service", "execution", "mes", "mqtt", "store", "isa95", "config", "metrics",
              "core", "sfc_host"},
     "cli": {"demo", "service", "web", "charts", "engine", "mes", "execution", "store",

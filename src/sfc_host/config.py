@@ -144,6 +144,12 @@ class HostConfig:
     # OpenTelemetry spans of requests, jobs, attempts and holds (the [otel] extra; the
     # OTEL_* variables configure the exporter); off: the context still flows on the wire
     otel: bool = False
+    # The OPC UA face: ISA-95 Job Control v2 for an MES that speaks OPC UA (the [opcua]
+    # extra), beside the MQTT face, on the same job control
+    opcua: bool = False
+    opcua_endpoint: str = "opc.tcp://127.0.0.1:4840/sfc-host/"
+    opcua_allow_insecure: bool = False   # security None off loopback
+    opcua_list_interval_ms: int = 1000   # JobOrderList rewritten at most this often
     # Process
     tune_gc: bool = True                 # raise the GC thresholds while the host runs
     # Logging
@@ -224,6 +230,8 @@ class HostConfig:
                                or urlsplit(self.trace_url).scheme not in ("http", "https")):
             raise ConfigError(f"setting trace_url: {self.trace_url!r}: an http(s) address "
                               "with {trace_id} where the trace id goes")
+        if self.opcua:
+            _check_opcua(self)
         if self.mqtt_version not in (3, 5):
             raise ConfigError(f"setting mqtt_version: expected 3 or 5, got {self.mqtt_version}")
         if self.mqtt_qos == 2:
@@ -275,6 +283,9 @@ class HostConfig:
                 raise ConfigError(f"setting {name}: {v!r} is not a file")
         if self.web_token_file:
             self.web_access_token()     # readable and not empty
+        if self.opcua and not _installed("asyncua"):
+            raise ConfigError("setting opcua: the OPC UA stack is not installed: "
+                              "pip install 'sfc-fast[opcua]'")
         if self.otel and not _installed("opentelemetry.sdk"):
             raise ConfigError("setting otel: the OpenTelemetry SDK is not installed: "
                               "pip install 'sfc-fast[otel]'")
@@ -328,6 +339,25 @@ def check_web_access(config: HostConfig, what: str) -> None:
                                                      or config.web_token_file):
         raise ConfigError(f"{what}: metrics_host {config.metrics_host!r} is not loopback: "
                           "set web_token or web_token_file (every request must carry it)")
+
+
+def _check_opcua(c: HostConfig) -> None:
+    u = urlsplit(c.opcua_endpoint)
+    try:
+        port = u.port
+    except ValueError:
+        port = None
+    if u.scheme != "opc.tcp" or not u.hostname or not port:
+        raise ConfigError(f"setting opcua_endpoint: {c.opcua_endpoint!r}: use "
+                          "opc.tcp://host:port/path (port 1-65535)")
+    if not is_loopback(u.hostname) and not c.opcua_allow_insecure:
+        raise ConfigError(f"setting opcua_endpoint: {u.hostname!r} is not loopback, and "
+                          "the OPC UA face serves security None only for now: keep it on "
+                          "loopback, or set opcua_allow_insecure = true on a network that "
+                          "is itself protected")
+    if c.opcua_list_interval_ms < 100:
+        raise ConfigError(f"setting opcua_list_interval_ms: {c.opcua_list_interval_ms} is "
+                          "below 100")
 
 
 def _installed(module: str) -> bool:

@@ -87,6 +87,14 @@ HELP: dict[str, str] = {
                              "passed over) or no room in the backlog of unhandled "
                              "messages; to the broker, one it closed the connection on "
                              "twice (broker_refused).",
+    "opcua_calls": "Job Control method calls the OPC UA face answered (done or refused "
+                   "with a ReturnStatus).",
+    "bad_opcua_calls": "OPC UA method calls with arguments of the wrong type or count "
+                       "(BadInvalidArgument), or that failed inside the host.",
+    "opcua_events": "ISA-95 job order status events the OPC UA face raised.",
+    "opcua_events_failed": "OPC UA status events or JobOrderList rewrites that failed "
+                           "(logged).",
+    "opcua_list_seconds": "Time to build and write one scope's OPC UA JobOrderList.",
     "spans_exported": "OpenTelemetry spans the OTLP endpoint took (setting otel).",
     "spans_dropped": "OpenTelemetry spans given up on: the OTLP endpoint refused them, "
                      "did not take them within its timeout, or too many waited for it.",
@@ -126,7 +134,7 @@ HELP: dict[str, str] = {
 }
 # The histograms among HELP's names; every other one is a counter.
 HISTOGRAMS = frozenset(("evolve_seconds", "answer_to_command_seconds",
-                        "event_to_command_seconds"))
+                        "event_to_command_seconds", "opcua_list_seconds"))
 # The counters a host exports from the start, at 0 until their first increment (a rate
 # or an alert needs the series before the first event, not from it on).
 # Counter families with one label (``inc_labeled``); exported from their first count.

@@ -50,6 +50,7 @@ log = logging.getLogger("sfc_host.mes")
 # a reply's JSON, and the trace attributes of the job it answers for (None: no job's)
 Answer = tuple[bytes, dict[str, str] | None]
 
+
 MAX_BY_STATE = 1000       # job responses in one ByJobOrderState reply
 _STATUS_AT = b'"ReturnStatus":'
 
@@ -333,6 +334,14 @@ class MesControl:
 
     async def _by_id(self, scope: str, data: Any) -> Answer:
         job = _job_id(codec.typed(data, model.IdCall).JobOrderID)
+        served, trace = await self.job_response(scope, job)
+        return (_status_body(model.NO_ERROR, head=b'"JobResponse":' + served + b","),
+                trace)
+
+    async def job_response(self, scope: str, job: str) -> tuple[bytes, dict[str, str] | None]:
+        """RequestJobResponseByJobOrderID, for every face: the job response's JSON
+        with the order's actuals, and the trace attributes of its job;
+        ``OrderError(UNKNOWN_JOB_ORDER_ID)`` while there is none."""
         k = self.host.store.keys(scope)
         pipe = self.host.client.pipeline(transaction=False)
         pipe.get(k.response(job))
@@ -341,9 +350,7 @@ class MesControl:
         if response is None:
             raise OrderError(model.UNKNOWN_JOB_ORDER_ID,
                              f"no job response for {job!r} in {scope!r} (yet)")
-        served = model.with_actuals(bytes(response), order)
-        return (_status_body(model.NO_ERROR, head=b'"JobResponse":' + served + b","),
-                job_carried(tp, job, token))
+        return model.with_actuals(bytes(response), order), job_carried(tp, job, token)
 
     async def _by_state(self, scope: str, data: Any) -> bytes:
         call = codec.typed(data, model.StateCall)
@@ -353,14 +360,19 @@ class MesControl:
             want = model.state_name(call.JobOrderState)
         except ValueError as e:
             raise Invalid(str(e)) from None
-        k = self.host.store.keys(scope)
-        index = await self.host.client.hgetall(k.index)
-        jobs = sorted(j.decode() for j, s in index.items() if s.decode() == want)
-        responses = await self.responses(k, jobs[:MAX_BY_STATE])
+        responses = await self.responses_in(scope, want)
         if not responses:
             return _status_body(model.NO_ERROR)
         return _status_body(model.NO_ERROR,
                             head=b'"JobResponses":[' + b",".join(responses) + b"],")
+
+    async def responses_in(self, scope: str, state: str) -> list[bytes]:
+        """RequestJobResponseByJobOrderState, for every face: the job responses of
+        the scope's orders in ``state`` (at most ``MAX_BY_STATE``, by id)."""
+        k = self.host.store.keys(scope)
+        index = await self.host.client.hgetall(k.index)
+        jobs = sorted(j.decode() for j, s in index.items() if s.decode() == state)
+        return await self.responses(k, jobs[:MAX_BY_STATE])
 
     async def responses(self, k: ScopeKeys, jobs: list[str]) -> list[bytes]:
         """Per job its job response: the stored one (an ended job's), else one made from

@@ -37,6 +37,7 @@ from sfc_host.service.preflight import (
     build_problems,
     check_missions,
     listen_error,
+    opcua_listen_error,
     span_recorder,
 )
 from sfc_host.service.script_bridge import ScriptJobs, ScriptLink
@@ -65,6 +66,11 @@ class App:
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
         self.mes = MesControl(self.host, self.link)
         self.spans = span_recorder(config, span_processor, self.metrics)
+        self.opcua: Any = None
+        if config.opcua:
+            from sfc_host.opcua import OpcUaFace  # asyncua only when asked for
+
+            self.opcua = OpcUaFace(config, self.host, self.mes, self.link)
         if self.spans is not None:
             self.host.settler.spans = self.spans
             self.mes.trace_with(self.spans)
@@ -123,6 +129,11 @@ class App:
         await self.host.start()                  # discovery and recovery
         self.recovered = True
         await self.mes.start()
+        if self.opcua is not None:
+            try:
+                await self.opcua.start()
+            except OSError as e:
+                raise opcua_listen_error(cfg, e) from None
         self.presence.start()
         await self.engine.start()                # the host's loops and the scripts' Tasks
         for name, args in missions:
@@ -166,6 +177,8 @@ class App:
         self._closing = True
         if self.http is not None:
             await self.http.aclose()
+        if self.opcua is not None:
+            await self.opcua.aclose()
         # The passes end at once; then the engine's Stop waits for them (and the
         # scripts). An engine that never started has nothing to stop.
         self.host.begin_close()

@@ -61,6 +61,12 @@ def listen_error(config: HostConfig, e: OSError) -> ConfigError:
     return ConfigError(f"setting metrics_port: cannot listen on {where}: {why}")
 
 
+def opcua_listen_error(config: HostConfig, e: OSError) -> ConfigError:
+    """The OPC UA endpoint's address cannot be bound: in one line."""
+    return ConfigError(f"setting opcua_endpoint: cannot listen on {config.opcua_endpoint}: "
+                       f"{e.strerror or e}")
+
+
 def check_port(config: HostConfig) -> None:
     """The endpoint's address can be bound now (``--check``; the host binds it for real
     before it subscribes)."""

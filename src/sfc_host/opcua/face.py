@@ -1,0 +1,347 @@
+"""The OPC UA face of one host: the ISA-95 Job Control v2 objects of every scope it
+serves, their methods run by the MES side's job control, a status event for every
+change of every order, and each scope's ``JobOrderList`` kept current.
+
+The address space, under ``Objects``:
+
+    Scopes/                              (folder, our namespace)
+      {scope}/                           (folder)
+        JobOrderControl                  ISA95JobOrderReceiverObjectType
+          Store, StoreAndStart, Update, Start, RevokeStart, Pause, Resume, Stop,
+          Abort, Cancel, Clear; JobOrderList, MaxDownloadableJobOrders, …
+        JobOrderResults                  ISA95JobResponseProviderObjectType
+          RequestJobResponseByJobOrderID, RequestJobResponseByJobOrderState;
+          raises SfcJobOrderStatusEventType
+
+Node ids are strings in our namespace (``{scope}.JobOrderControl.Store``), the same on
+every host, so a client can go to any host. Scopes are the host's: configured and
+discovered; a scope discovered later gets its objects within a second.
+
+Every state lives in Redis, and whichever host changes an order (for an MQTT request,
+an OPC UA call, the web view's button or the recipe's own end) publishes its MQTT
+status event. Each host's face takes those events from the broker (a plain
+subscription: every host gets every one) and raises the OPC UA event from it, so a
+client connected to any host sees every change, in the order it was made. An event the
+MQTT side had to drop under overload (``mqtt_status_dropped``) is missing here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from asyncua import Node, Server, ua
+
+from sfc_host import isa95 as model
+from sfc_host.config import HostConfig
+from sfc_host.mqtt import Message, MqttLink
+from sfc_host.mqtt.cloudevents import CloudEventError, decode
+from sfc_host.opcua.convert import ConvertError, from_json, states
+from sfc_host.opcua.methods import ID_METHODS, ORDER_METHODS, QUERIES, JobControlCalls
+from sfc_host.opcua.server import (
+    PROVIDER_TYPE,
+    RECEIVER_TYPE,
+    Namespaces,
+    make_server,
+)
+
+if TYPE_CHECKING:
+    from sfc_host.execution.host import Host
+    from sfc_host.mes.control import MesControl
+
+log = logging.getLogger("sfc_host.opcua")
+
+SCOPES_EVERY_S = 1.0        # how often the face looks for scopes the host serves anew
+LIST_COST_FACTOR = 10       # a JobOrderList rewrite is followed by 10x its time of rest
+EVENT_FIELDS = ("JobOrder", "JobState", "JobResponse")
+CLOSE_S = 5.0               # the longest the face's loops get to end on close
+
+
+class ScopeObjects:
+    """One scope's nodes: its receiver, provider, order list and event generator."""
+
+    def __init__(self, receiver: Node, provider: Node, order_list: Node | None,
+                 events: Any) -> None:
+        self.receiver = receiver
+        self.provider = provider
+        self.order_list = order_list
+        self.events = events
+        self.list_due = asyncio.Event()
+        self.list_task: asyncio.Task[None] | None = None
+
+
+class OpcUaFace:
+    def __init__(self, config: HostConfig, host: Host, control: MesControl,
+                 link: MqttLink) -> None:
+        self.config = config
+        self.link = link
+        self.host = host
+        self.control = control
+        self.metrics = host.metrics
+        self.calls = JobControlCalls(control)
+        self.server: Server | None = None
+        self.ns: Namespaces | None = None
+        self.scopes: dict[str, ScopeObjects] = {}
+        self._folder: Node | None = None
+        self._event_type: Node | None = None
+        # the changes to raise events for; None: the face is closing
+        self._changes: asyncio.Queue[tuple[str, str, str, bytes | None] | None] = \
+            asyncio.Queue()
+        self._closing = False
+        self._closed = asyncio.Event()      # set on close: the loops' sleeps end
+        self._tasks: list[asyncio.Task[None]] = []
+        self._unsubscribe: list[Any] = []
+
+    # ---- start and stop
+
+    async def start(self) -> None:
+        """Build the address space of the scopes served now, then listen."""
+        self.server, self.ns, self._event_type = await make_server(
+            self.config.opcua_endpoint, self.config.consumer_name)
+        self._folder = await self.server.nodes.objects.add_folder(
+            ua.NodeId("Scopes", self.ns.own), ua.QualifiedName("Scopes", self.ns.own))
+        for scope in sorted(self.host.streams.scopes):
+            await self._add_scope(scope)
+        await self.server.start()
+        for f in event_filters(self.config.mes_prefix, self.config.mes_topic_levels):
+            self._unsubscribe.append(self.link.subscribe(f, self._status_event, shared=False))
+        loop = asyncio.get_running_loop()
+        self._tasks += [loop.create_task(self._watch_scopes()),
+                        loop.create_task(self._raise_events())]
+        log.info("OPC UA face listening on %s (%d scopes)", self.config.opcua_endpoint,
+                 len(self.scopes))
+
+    async def aclose(self) -> None:
+        """Stop taking events, let the loops end, stop the server. The loops end by a
+        flag, not only by cancelling: asyncua turns a cancelled wait into a TimeoutError,
+        which a loop that must survive a failed event would take for one."""
+        self._closing = True
+        self._closed.set()
+        for end in self._unsubscribe:
+            end()
+        self._changes.put_nowait(None)
+        for s in self.scopes.values():
+            s.list_due.set()
+        tasks = self._tasks + [s.list_task for s in self.scopes.values() if s.list_task]
+        _, pending = await asyncio.wait(tasks, timeout=CLOSE_S) if tasks else ((), ())
+        for t in pending:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+
+    # ---- scopes
+
+    async def _watch_scopes(self) -> None:
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), SCOPES_EVERY_S)
+            if self._closing:
+                return
+            for scope in sorted(set(self.host.streams.scopes) - set(self.scopes)):
+                try:
+                    await self._add_scope(scope)
+                except Exception:
+                    log.exception("OPC UA objects of scope %s could not be made", scope,
+                                  extra={"scope": scope})
+
+    async def _add_scope(self, scope: str) -> None:
+        server, ns, folder = self.server, self.ns, self._folder
+        assert server is not None and ns is not None and folder is not None
+        own = ns.own
+        top = await folder.add_folder(ua.NodeId(scope, own), ua.QualifiedName(scope, own))
+        receiver = await top.add_object(
+            ua.NodeId(f"{scope}.JobOrderControl", own), ua.QualifiedName("JobOrderControl", own),
+            objecttype=ua.NodeId(RECEIVER_TYPE, ns.jc))
+        provider = await top.add_object(
+            ua.NodeId(f"{scope}.JobOrderResults", own), ua.QualifiedName("JobOrderResults", own),
+            objecttype=ua.NodeId(PROVIDER_TYPE, ns.jc))
+        for obj, names in ((receiver, ORDER_METHODS + ID_METHODS), (provider, QUERIES)):
+            for name in names:
+                method = await obj.get_child(f"{ns.jc}:{name}")
+                server.link_method(method, self._callback(scope, name, obj.nodeid))
+        events = await server.get_event_generator(self._event_type, emitting_node=provider)
+        for f in EVENT_FIELDS:
+            # typed, or asyncua sends the structures as Null
+            events.event.data_types[f] = ua.VariantType.ExtensionObject
+        order_list = await self._child(receiver, "JobOrderList")
+        limit = await self._child(receiver, "MaxDownloadableJobOrders")
+        if limit is not None:
+            await limit.write_value(ua.Variant(min(self.config.max_job_orders, 65535),
+                                               ua.VariantType.UInt16))
+        objects = ScopeObjects(receiver, provider, order_list, events)
+        self.scopes[scope] = objects
+        objects.list_task = asyncio.get_running_loop().create_task(self._keep_list(scope))
+        objects.list_due.set()
+
+    async def _child(self, obj: Node, name: str) -> Node | None:
+        assert self.ns is not None
+        try:
+            return await obj.get_child(f"{self.ns.jc}:{name}")
+        except ua.UaError:
+            return None
+
+    def _callback(self, scope: str, name: str, own: ua.NodeId) -> Any:
+        calls = self.calls
+
+        async def call(parent: ua.NodeId, *args: Any) -> ua.CallMethodResult:
+            # asyncua does not check that a method is called on its own object
+            if parent != own:
+                return ua.CallMethodResult(
+                    StatusCode=ua.StatusCode(ua.StatusCodes.BadMethodInvalid))
+            return await calls.call(scope, name, args)
+        return call
+
+    # ---- status events
+
+    def _status_event(self, message: Message) -> None:
+        """An MQTT status event of any host: queued for its OPC UA event, and the
+        scope's order list due."""
+        try:
+            ev = decode(message.payload, message.properties,
+                        max_bytes=self.config.mqtt_max_payload)
+        except CloudEventError:
+            return      # not ours to judge: the MQTT side counts what it cannot read
+        if ev.type != model.STATUS_EVENT or not ev.subject or not isinstance(ev.data, dict):
+            return
+        scope = ev.subject
+        objects = self.scopes.get(scope)
+        if objects is None:
+            return
+        order = ev.data.get("JobOrder")
+        try:
+            state = model.state_name(ev.data.get("JobState") or [])
+        except ValueError:
+            return
+        job = order.get("JobOrderID") if isinstance(order, dict) else None
+        if not isinstance(job, str):
+            return
+        self._changes.put_nowait((scope, job, state, json.dumps(order).encode()))
+        objects.list_due.set()
+
+    async def _raise_events(self) -> None:
+        """One event per change, in the order the changes were made."""
+        while not self._closing:
+            change = await self._changes.get()
+            if change is None:
+                return
+            scope, job, state, order = change
+            objects = self.scopes.get(scope)
+            if objects is None:
+                continue
+            try:
+                await self._raise(objects, scope, job, state, order)
+            except Exception:
+                if self._closing:
+                    return
+                self.metrics.inc("opcua_events_failed")
+                log.exception("OPC UA status event of %s/%s (%s) not raised", scope, job,
+                              state, extra={"scope": scope, "job": job})
+
+    async def _raise(self, objects: ScopeObjects, scope: str, job: str, state: str,
+                     order: bytes | None) -> None:
+        ev = objects.events.event
+        ev.JobOrder = _job_order(job, order)
+        ev.JobState = states(state)
+        ev.JobResponse = await self._response(scope, job, state)
+        await objects.events.trigger(message=f"{job} {state}")
+        self.metrics.inc("opcua_events")
+
+    async def _response(self, scope: str, job: str, state: str) -> Any:
+        """The job response an event carries: the stored one once the job wrote it,
+        else one made from the order's times and the event's state (as
+        RequestJobResponseByJobOrderState makes one)."""
+        k = self.host.store.keys(scope)
+        pipe = self.host.client.pipeline(transaction=False)
+        pipe.get(k.response(job))
+        pipe.hmget(k.order(job), "started", "ended")
+        stored, (started, ended) = await pipe.execute()
+        if stored is not None and state.startswith(("Ended", "Aborted")):
+            return from_json("JobResponse", json.loads(stored))
+        made: dict[str, Any] = {"JobResponseID": f"{job}-response", "JobOrderID": job}
+        if started:
+            made["StartTime"] = started.decode()
+        if ended:
+            made["EndTime"] = ended.decode()
+        made["JobState"] = model.state_list(state)
+        return from_json("JobResponse", made)
+
+    # ---- JobOrderList
+
+    async def _keep_list(self, scope: str) -> None:
+        """Rewrite the scope's JobOrderList when an order changed: at most every
+        ``opcua_list_interval_ms``, and never more than a tenth of the time (a list of
+        10,000 orders takes a while to build, and asyncua copies it per subscriber)."""
+        objects = self.scopes[scope]
+        if objects.order_list is None:
+            return
+        interval = self.config.opcua_list_interval_ms / 1000
+        while True:
+            await objects.list_due.wait()
+            if self._closing:
+                return
+            objects.list_due.clear()
+            t0 = time.perf_counter()
+            try:
+                entries = await self._order_list(scope)
+                await objects.order_list.write_value(
+                    ua.Variant(entries, ua.VariantType.ExtensionObject, is_array=True))
+            except Exception:
+                if self._closing:
+                    return
+                self.metrics.inc("opcua_events_failed")
+                log.exception("JobOrderList of %s not written", scope, extra={"scope": scope})
+            took = time.perf_counter() - t0
+            self.metrics.observe("opcua_list_seconds", took)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), max(interval, LIST_COST_FACTOR * took))
+
+    async def _order_list(self, scope: str) -> list[Any]:
+        """Every order of the scope not cleared, with its state, by id."""
+        k = self.host.store.keys(scope)
+        client = self.host.client
+        index = await client.hgetall(k.index)
+        jobs = sorted((j.decode(), s.decode()) for j, s in index.items())
+        pipe = client.pipeline(transaction=False)
+        for job, _ in jobs:
+            pipe.hget(k.order(job), "order")
+        bodies = await pipe.execute() if jobs else []
+        out = []
+        for (job, state), body in zip(jobs, bodies, strict=True):
+            if state == "EndState":
+                continue
+            try:
+                out.append(from_json("JobOrderAndState", {
+                    "JobOrder": _order_doc(job, body), "State": model.state_list(state)}))
+            except (ConvertError, ValueError, KeyError):
+                log.warning("order %s/%s left out of JobOrderList: not convertible", scope,
+                            job, extra={"scope": scope, "job": job})
+        return out
+
+
+def _order_doc(job: str, body: str | bytes | None) -> dict[str, Any]:
+    try:
+        doc = json.loads(body) if body else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        doc = {}
+    doc.setdefault("JobOrderID", job)
+    return doc
+
+
+def _job_order(job: str, body: str | bytes | None) -> Any:
+    return from_json("JobOrder", _order_doc(job, body))
+
+
+def event_filters(prefix: str, depth: int) -> list[str]:
+    """The MQTT status event topics of every scope: ``{prefix}/+/events`` … with up to
+    ``depth`` levels for the scope."""
+    return [prefix + "/+" * i + "/events" for i in range(1, depth + 1)]
