@@ -24,7 +24,7 @@ import pytest
 from asyncua import Client, Node, ua
 from hosts import flush, start_sfc_host, stop_cleanly, wait_until
 from mqtt_station import MqttStation
-from test_mes import JC, Mes, answer_all, configure, no_tighten_answer, run
+from test_mes import CFG, JC, Mes, answer_all, configure, no_tighten_answer, run
 from test_mes_e2e import store
 
 JC_URI = "http://opcfoundation.org/UA/ISA95-JOBCONTROL_V2/"
@@ -316,6 +316,45 @@ def test_a_host_restart_keeps_every_order(redis_url: str, mqtt_url: str,
                     "the orders after the restart")
                 assert _rs(await mes.on_order("Start", "R2")) == NO_ERROR
     run(main(), 90)
+
+
+def test_the_receivers_variables_follow_the_config_messages(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """WorkMaster, EquipmentID, MaterialClassID, MaterialDefinitionID, PersonnelID,
+    PhysicalAssetID and MaxDownloadableJobOrders: what the MES configured over MQTT (any
+    host may take a config message), kept current."""
+    async def main() -> None:
+        async with running(tmp_path, redis_url, mqtt_url) as h, connected(h.port) as mes:
+            async def read(name: str) -> Any:
+                assert mes.receiver is not None
+                return await (await mes.receiver.get_child(f"{mes.jc}:{name}")).read_value()
+
+            assert await read("EquipmentID") == ["STATION-10"]
+            assert await read("MaterialClassID") == ["AXLE"]
+            assert await read("MaterialDefinitionID") == ["AXLE-FRONT-V2"]
+            assert await read("PersonnelID") == ["OPERATOR-L1"]
+            assert await read("PhysicalAssetID") == ["NUTRUNNER-SN-4711"]
+            assert await read("MaxDownloadableJobOrders") == 10_000
+            [wm] = await read("WorkMaster")
+            assert wm.ID == WM and wm.Parameters[0].ID == "torque_spec"
+            assert wm.Parameters[0].Value.Value == 85
+            # changes over MQTT: an id deleted, one added, a limit, a Work Master gone
+            m = h.mqtt_mes
+            await m.call(f"{CFG}equipment.v1", {"ID": "STATION-10"}, method="DELETE")
+            await m.call(f"{CFG}equipment.v1", {"ID": "STATION-11"})
+            await m.call(f"{CFG}jobacceptance.v1", {"max_downloadable_job_orders": 25})
+            await m.call(CFG + "workmaster.v1", {"ID": WM}, method="DELETE")
+
+            async def changed() -> bool:
+                return (await read("EquipmentID") == ["STATION-11"]
+                        and await read("MaxDownloadableJobOrders") == 25
+                        and not await read("WorkMaster"))
+            for _ in range(50):
+                if await changed():
+                    break
+                await asyncio.sleep(0.1)
+            assert await changed()
+    run(main(), 60)
 
 
 # ---- the conversions, with the NodeSet loaded in this process (after the client tests)

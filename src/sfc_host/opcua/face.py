@@ -59,17 +59,25 @@ SCOPES_EVERY_S = 1.0        # how often the face looks for scopes the host serve
 LIST_COST_FACTOR = 10       # a JobOrderList rewrite is followed by 10x its time of rest
 EVENT_FIELDS = ("JobOrder", "JobState", "JobResponse")
 CLOSE_S = 5.0               # the longest the face's loops get to end on close
+CATALOG_EVERY_S = 2.0       # how often the scopes' Work Masters and catalogs are read
+# the receiver's variables of the config messages, by the catalog kind they list
+CATALOG_VARIABLES = {"equipment": "EquipmentID", "materialclass": "MaterialClassID",
+                     "materialdefinition": "MaterialDefinitionID",
+                     "personnel": "PersonnelID", "physicalasset": "PhysicalAssetID"}
 
 
 class ScopeObjects:
-    """One scope's nodes: its receiver, provider, order list and event generator."""
+    """One scope's nodes: its receiver, provider, order list and event generator, and
+    the variables of its configuration with the values last written to them."""
 
     def __init__(self, receiver: Node, provider: Node, order_list: Node | None,
-                 events: Any) -> None:
+                 events: Any, config_nodes: dict[str, Node]) -> None:
         self.receiver = receiver
         self.provider = provider
         self.order_list = order_list
         self.events = events
+        self.config_nodes = config_nodes
+        self.config_values: dict[str, Any] = {}
         self.list_due = asyncio.Event()
         self.list_task: asyncio.Task[None] | None = None
 
@@ -111,7 +119,8 @@ class OpcUaFace:
             self._unsubscribe.append(self.link.subscribe(f, self._status_event, shared=False))
         loop = asyncio.get_running_loop()
         self._tasks += [loop.create_task(self._watch_scopes()),
-                        loop.create_task(self._raise_events())]
+                        loop.create_task(self._raise_events()),
+                        loop.create_task(self._keep_config())]
         log.info("OPC UA face listening on %s (%d scopes)", self.config.opcua_endpoint,
                  len(self.scopes))
 
@@ -172,12 +181,14 @@ class OpcUaFace:
             # typed, or asyncua sends the structures as Null
             events.event.data_types[f] = ua.VariantType.ExtensionObject
         order_list = await self._child(receiver, "JobOrderList")
-        limit = await self._child(receiver, "MaxDownloadableJobOrders")
-        if limit is not None:
-            await limit.write_value(ua.Variant(min(self.config.max_job_orders, 65535),
-                                               ua.VariantType.UInt16))
-        objects = ScopeObjects(receiver, provider, order_list, events)
+        config_nodes = {}
+        for name in ("WorkMaster", "MaxDownloadableJobOrders", *CATALOG_VARIABLES.values()):
+            node = await self._child(receiver, name)
+            if node is not None:
+                config_nodes[name] = node
+        objects = ScopeObjects(receiver, provider, order_list, events, config_nodes)
         self.scopes[scope] = objects
+        await self._write_config(scope, objects)
         objects.list_task = asyncio.get_running_loop().create_task(self._keep_list(scope))
         objects.list_due.set()
 
@@ -198,6 +209,70 @@ class OpcUaFace:
                     StatusCode=ua.StatusCode(ua.StatusCodes.BadMethodInvalid))
             return await calls.call(scope, name, args)
         return call
+
+    # ---- the configuration: Work Masters, catalogs, the order limit
+
+    async def _keep_config(self) -> None:
+        """The receivers' configuration variables follow the config messages (which any
+        host may take): read every ``CATALOG_EVERY_S``, written when they changed."""
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), CATALOG_EVERY_S)
+            for scope, objects in list(self.scopes.items()):
+                if self._closing:
+                    return
+                try:
+                    await self._write_config(scope, objects)
+                except Exception:
+                    if self._closing:
+                        return
+                    self.metrics.inc("opcua_events_failed")
+                    log.exception("OPC UA configuration of %s not written", scope,
+                                  extra={"scope": scope})
+
+    async def _write_config(self, scope: str, objects: ScopeObjects) -> None:
+        values = await self._config_values(scope)
+        for name, (value, kind) in values.items():
+            node = objects.config_nodes.get(name)
+            if node is None or objects.config_values.get(name) == value:
+                continue
+            if kind == ua.VariantType.ExtensionObject:
+                variant = ua.Variant([from_json("WorkMaster", w) for w in value], kind,
+                                     is_array=True)
+            elif kind == ua.VariantType.String:
+                variant = ua.Variant(list(value), kind, is_array=True)
+            else:
+                variant = ua.Variant(value, kind)
+            await node.write_value(variant)
+            objects.config_values[name] = value
+
+    async def _config_values(self, scope: str) -> dict[str, tuple[Any, ua.VariantType]]:
+        """What the configuration variables of ``scope`` hold now, in one round trip
+        (and one more for the Work Masters' documents)."""
+        store = self.host.store
+        k = store.keys(scope)
+        client = self.host.client
+        ids = await store.work_master_ids(scope)
+        pipe = client.pipeline(transaction=False)
+        for kind in CATALOG_VARIABLES:
+            pipe.smembers(k.catalog(kind))
+        pipe.get(k.acceptance)
+        for wm_id in ids:
+            pipe.get(k.work_master(wm_id))
+        got = await pipe.execute()
+        n = len(CATALOG_VARIABLES)
+        out: dict[str, tuple[Any, ua.VariantType]] = {
+            var: (tuple(sorted(m.decode() for m in got[i])), ua.VariantType.String)
+            for i, var in enumerate(CATALOG_VARIABLES.values())}
+        limit = int(got[n]) if got[n] is not None else self.config.max_job_orders
+        out["MaxDownloadableJobOrders"] = (min(max(limit, 0), 65535), ua.VariantType.UInt16)
+        masters = []
+        for wm_id, raw in zip(ids, got[n + 1:], strict=True):
+            doc = _work_master_doc(wm_id, raw)
+            if doc is not None:
+                masters.append(doc)
+        out["WorkMaster"] = (tuple(masters), ua.VariantType.ExtensionObject)
+        return out
 
     # ---- status events
 
@@ -335,6 +410,28 @@ def _order_doc(job: str, body: str | bytes | None) -> dict[str, Any]:
         doc = {}
     doc.setdefault("JobOrderID", job)
     return doc
+
+
+def _work_master_doc(wm_id: str, raw: bytes | None) -> dict[str, Any] | None:
+    """A stored Work Master as an ``ISA95WorkMasterDataType``'s JSON (its ID,
+    Description and Parameters; the recipe stays in the host); None if unreadable."""
+    try:
+        doc = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    out: dict[str, Any] = {"ID": wm_id}
+    if isinstance(doc.get("Description"), dict):
+        out["Description"] = doc["Description"]
+    if isinstance(doc.get("Parameters"), list):
+        out["Parameters"] = doc["Parameters"]
+    try:
+        from_json("WorkMaster", out)
+    except ConvertError:
+        out.pop("Parameters", None)
+        out.pop("Description", None)
+    return out
 
 
 def _job_order(job: str, body: str | bytes | None) -> Any:

@@ -70,6 +70,11 @@ class ScopeKeys:
     def work_master(self, wm_id: str) -> str:
         return self.base + "wm:" + wm_id
 
+    @property
+    def work_masters(self) -> str:
+        """Set of the scope's Work Master ids (the keys ``work_master`` names)."""
+        return self.base + "wms"
+
     def catalog(self, kind: str) -> str:
         """Set of the ids an MES configured for the scope (``equipment``,
         ``materialclass``, ``materialdefinition``, ``personnel``, ``physicalasset``)."""

@@ -616,10 +616,32 @@ class Store:
         wm_id = wm.get("ID")
         if not isinstance(wm_id, str) or not wm_id:
             raise ValueError("a Work Master needs a non-empty string ID")
-        await self.client.set(self.keys(scope).work_master(wm_id), json.dumps(wm))
+        k = self.keys(scope)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(k.work_master(wm_id), json.dumps(wm))
+        pipe.sadd(k.work_masters, wm_id)
+        await pipe.execute()
 
     async def delete_work_master(self, scope: str, wm_id: str) -> bool:
-        return bool(await self.client.delete(self.keys(scope).work_master(wm_id)))
+        k = self.keys(scope)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(k.work_master(wm_id))
+        pipe.srem(k.work_masters, wm_id)
+        deleted, _ = await pipe.execute()
+        return bool(deleted)
+
+    async def work_master_ids(self, scope: str) -> list[str]:
+        """The scope's Work Master ids, sorted. Work Masters stored before the scope had
+        its id set are found by their keys once and added to it."""
+        k = self.keys(scope)
+        ids = {m.decode() for m in await self.client.smembers(k.work_masters)}
+        if not ids:
+            prefix = k.work_master("")
+            async for key in self.client.scan_iter(match=prefix + "*", count=500):
+                ids.add(key.decode()[len(prefix):])
+            if ids:
+                await self.client.sadd(k.work_masters, *ids)
+        return sorted(ids)
 
     async def work_master(self, scope: str, wm_id: str) -> bytes | None:
         raw: bytes | None = await self.client.get(self.keys(scope).work_master(wm_id))
