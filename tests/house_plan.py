@@ -69,7 +69,7 @@ ALLOWED: dict[str, set[str]] = {
              "core", "sfc_host"},
     "cli": {"demo", "service", "web", "charts", "engine", "mes", "execution", "store",
             "isa95", "config", "logs", "names", "times", "versions", "core", "sfc_host",
-            "tracing"},
+            "tracing", "opcua"},
     "__main__": {"cli"},
 }
 # Beside the standard library, the recipe core imports only these

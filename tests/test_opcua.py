@@ -47,7 +47,10 @@ def start_host(tmp_path: Path, redis_url: str, mqtt_url: str, port: int,
                     f'consumer = "{name}"\nsweep_interval_ms = 50\n'
                     "discover_interval_ms = 100\nopcua = true\n"
                     f'opcua_endpoint = "opc.tcp://127.0.0.1:{port}/sfc-host/"\n'
-                    "opcua_list_interval_ms = 200\n")
+                    "opcua_list_interval_ms = 200\n"
+                    # the MES of these tests: on loopback, no security, calls allowed
+                    # (tests/test_opcua_security.py runs the secure endpoints)
+                    'opcua_security = ["None"]\nopcua_anonymous = "call"\n')
     return start_sfc_host(["run", "--config", str(conf)], {}, f"host {name} running")
 
 
@@ -362,10 +365,12 @@ def test_the_receivers_variables_follow_the_config_messages(
 
 @pytest.fixture(scope="module")
 def nodeset() -> None:
+    from sfc_host.config import HostConfig
     from sfc_host.opcua.server import make_server
 
     async def load() -> None:
-        server, _, _ = await make_server("opc.tcp://127.0.0.1:0/x/", "unit")
+        server, _, _ = await make_server(HostConfig(
+            opcua=True, opcua_security=["None"], opcua_endpoint="opc.tcp://127.0.0.1:4840/x/"))
         del server
     asyncio.run(load())
 

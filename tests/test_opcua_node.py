@@ -47,12 +47,15 @@ def node() -> str:
     return path
 
 
-async def node_client(node: str, port: int, scope: str, job: str) -> dict[str, Any]:
+async def node_client(node: str, port: int, scope: str, job: str,
+                      pki: Path) -> dict[str, Any]:
     """Run the node-opcua scenario (in a subprocess, the event loop free for the
-    station meanwhile); what it saw, from its one JSON line."""
+    station meanwhile), its certificate store in ``pki``; what it saw, from its one
+    JSON line."""
     proc = await asyncio.create_subprocess_exec(
         node, str(CLIENT), f"opc.tcp://127.0.0.1:{port}/sfc-host/", scope, job,
-        str(CLIENT_TIMEOUT_S), cwd=str(PEERS), env={**os.environ, **NODE_ENV},
+        str(CLIENT_TIMEOUT_S), cwd=str(PEERS),
+        env={**os.environ, **NODE_ENV, "OPCUA_CLIENT_PKI": str(pki)},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), CLIENT_TIMEOUT_S + 10)
@@ -78,7 +81,7 @@ def test_a_node_opcua_mes_stores_starts_and_follows_a_job(
     async def main() -> None:
         async with running(tmp_path, redis_url, mqtt_url) as h, \
                 MqttStation(mqtt_url, answer_all):
-            seen = await node_client(node, h.port, SCOPE, JOB)
+            seen = await node_client(node, h.port, SCOPE, JOB, tmp_path / "pki")
             # found by browsing, by type definition
             assert seen["receiver"].endswith(f"s={SCOPE}.JobOrderControl"), seen
             assert seen["provider"].endswith(f"s={SCOPE}.JobOrderResults"), seen

@@ -148,7 +148,12 @@ class HostConfig:
     # extra), beside the MQTT face, on the same job control
     opcua: bool = False
     opcua_endpoint: str = "opc.tcp://127.0.0.1:4840/sfc-host/"
+    # Basic256Sha256 message security modes offered: SignAndEncrypt, Sign, None
+    opcua_security: list[str] = field(default_factory=lambda: ["SignAndEncrypt", "Sign"])
     opcua_allow_insecure: bool = False   # security None off loopback
+    opcua_pki_dir: str = ""              # own/, trusted/, rejected/ (sfc-host opcua cert)
+    opcua_users_file: str = ""           # users and roles; else SFC_OPCUA_USERS
+    opcua_anonymous: str = "browse"      # anonymous sessions: browse, call or none
     opcua_list_interval_ms: int = 1000   # JobOrderList rewritten at most this often
     # Process
     tune_gc: bool = True                 # raise the GC thresholds while the host runs
@@ -286,6 +291,12 @@ class HostConfig:
         if self.opcua and not _installed("asyncua"):
             raise ConfigError("setting opcua: the OPC UA stack is not installed: "
                               "pip install 'sfc-fast[opcua]'")
+        if self.opcua and self.opcua_pki_dir and not Path(self.opcua_pki_dir).is_dir():
+            raise ConfigError(f"setting opcua_pki_dir: {self.opcua_pki_dir!r} is not a folder "
+                              "(sfc-host opcua cert makes it)")
+        if self.opcua and self.opcua_users_file and not Path(self.opcua_users_file).is_file():
+            raise ConfigError(f"setting opcua_users_file: {self.opcua_users_file!r} is not "
+                              "a file")
         if self.otel and not _installed("opentelemetry.sdk"):
             raise ConfigError("setting otel: the OpenTelemetry SDK is not installed: "
                               "pip install 'sfc-fast[otel]'")
@@ -341,6 +352,9 @@ def check_web_access(config: HostConfig, what: str) -> None:
                           "set web_token or web_token_file (every request must carry it)")
 
 
+OPCUA_SECURITY = ("SignAndEncrypt", "Sign", "None")
+
+
 def _check_opcua(c: HostConfig) -> None:
     u = urlsplit(c.opcua_endpoint)
     try:
@@ -350,11 +364,22 @@ def _check_opcua(c: HostConfig) -> None:
     if u.scheme != "opc.tcp" or not u.hostname or not port:
         raise ConfigError(f"setting opcua_endpoint: {c.opcua_endpoint!r}: use "
                           "opc.tcp://host:port/path (port 1-65535)")
-    if not is_loopback(u.hostname) and not c.opcua_allow_insecure:
-        raise ConfigError(f"setting opcua_endpoint: {u.hostname!r} is not loopback, and "
-                          "the OPC UA face serves security None only for now: keep it on "
-                          "loopback, or set opcua_allow_insecure = true on a network that "
-                          "is itself protected")
+    modes = c.opcua_security
+    if not isinstance(modes, list) or not modes or any(m not in OPCUA_SECURITY for m in modes):
+        raise ConfigError(f"setting opcua_security: {modes!r}: a non-empty list of "
+                          f"{', '.join(OPCUA_SECURITY)}")
+    if "None" in modes and not is_loopback(u.hostname) and not c.opcua_allow_insecure:
+        raise ConfigError(f"setting opcua_security: None on {u.hostname!r}, which is not "
+                          "loopback: anyone on the network could drive jobs; keep it to "
+                          "Sign and SignAndEncrypt, or set opcua_allow_insecure = true on a "
+                          "network protected otherwise")
+    if any(m != "None" for m in modes) and not c.opcua_pki_dir:
+        raise ConfigError("setting opcua_pki_dir: needed for Sign and SignAndEncrypt (the "
+                          "server's certificate and the trusted clients'): make it with "
+                          "sfc-host opcua cert")
+    if c.opcua_anonymous not in ("browse", "call", "none"):
+        raise ConfigError(f"setting opcua_anonymous: {c.opcua_anonymous!r}: browse, call "
+                          "or none")
     if c.opcua_list_interval_ms < 100:
         raise ConfigError(f"setting opcua_list_interval_ms: {c.opcua_list_interval_ms} is "
                           "below 100")

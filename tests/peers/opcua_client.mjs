@@ -3,6 +3,8 @@
 //
 //   node opcua_client.mjs ENDPOINT SCOPE JOB [TIMEOUT_S]
 //
+// The client's certificate store (node-opcua makes one even for security None) is
+// $OPCUA_CLIENT_PKI if set, else node-opcua's default under the user's config folder.
 // Security None, anonymous. Connects; browses Objects → Scopes → SCOPE (namespace
 // urn:sfc-fast:opcua) and finds its ISA95JobOrderReceiverObjectType and
 // ISA95JobResponseProviderObjectType children by type definition; subscribes to the
@@ -18,6 +20,7 @@ import {
     DataType,
     MessageSecurityMode,
     NodeClassMask,
+    OPCUACertificateManager,
     OPCUAClient,
     SecurityPolicy,
     StatusCodes,
@@ -125,7 +128,11 @@ function wake() {
 }
 
 async function main() {
+    const pki = process.env.OPCUA_CLIENT_PKI;
+    const clientCertificateManager = pki ? new OPCUACertificateManager({
+        rootFolder: pki, automaticallyAcceptUnknownCertificate: true }) : undefined;
     const client = OPCUAClient.create({
+        clientCertificateManager,
         applicationName: "sfc-fast node-opcua test client",
         endpointMustExist: false,
         securityMode: MessageSecurityMode.None,

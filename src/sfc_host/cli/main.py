@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sfc_fast import RecipeError
-from sfc_host.cli import demo, engine, job, ops, run, web
+from sfc_host.cli import demo, engine, job, opcua, ops, run, web
 from sfc_host.cli.common import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, redis_unreachable
 from sfc_host.execution.workmaster import UsageError, compile_file
 
 # Command groups of their own module, each with ``register(subparsers)``
-_GROUPS = (run, engine, job, ops, demo, web)
+_GROUPS = (run, engine, job, ops, demo, web, opcua)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -108,8 +108,7 @@ class OpcUaFace:
 
     async def start(self) -> None:
         """Build the address space of the scopes served now, then listen."""
-        self.server, self.ns, self._event_type = await make_server(
-            self.config.opcua_endpoint, self.config.consumer_name)
+        self.server, self.ns, self._event_type = await make_server(self.config)
         self._folder = await self.server.nodes.objects.add_folder(
             ua.NodeId("Scopes", self.ns.own), ua.QualifiedName("Scopes", self.ns.own))
         for scope in sorted(self.host.streams.scopes):

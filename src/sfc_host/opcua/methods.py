@@ -34,6 +34,7 @@ from sfc_host.opcua.convert import (
     to_json,
     ua_class,
 )
+from sfc_host.opcua.security import user_name
 from sfc_host.store.orders import OrderError
 
 if TYPE_CHECKING:
@@ -98,9 +99,11 @@ class JobControlCalls:
         self.control = control
         self.metrics = control.metrics
 
-    async def call(self, scope: str, method: str, args: Sequence[Any],
-                   user: str = "anonymous") -> ua.CallMethodResult:
-        """One call of ``method`` on ``scope``'s objects; never raises."""
+    async def call(self, scope: str, method: str, args: Sequence[Any]
+                   ) -> ua.CallMethodResult:
+        """One call of ``method`` on ``scope``'s objects, by the session's user (logged
+        with it); never raises."""
+        user = user_name()
         try:
             if method in ORDER_METHODS:
                 result = await self._order(scope, method, args)

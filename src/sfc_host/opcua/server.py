@@ -14,11 +14,22 @@ import datetime as dt
 import logging
 from importlib import resources
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from asyncua import Node, Server, ua
+from cryptography import x509
 
 from sfc_host import __version__
+from sfc_host.config import HostConfig
+from sfc_host.opcua.security import (
+    HostRules,
+    HostUsers,
+    Pki,
+    SecurityError,
+    TrustList,
+    load_users,
+)
 
 log = logging.getLogger("sfc_host.opcua")
 
@@ -47,20 +58,50 @@ class Namespaces:
         self.own = own
 
 
-async def make_server(endpoint: str, consumer: str) -> tuple[Server, Namespaces, Node]:
-    """The server (not yet listening), its namespaces and the event type it raises."""
+def application_uri(config: HostConfig) -> str:
+    """The server's application URI: its certificate must name the same."""
+    host = urlsplit(config.opcua_endpoint).hostname or "localhost"
+    return f"urn:sfc-fast:{host}:{config.consumer_name}"
+
+
+_POLICIES = {"SignAndEncrypt": ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt,
+             "Sign": ua.SecurityPolicyType.Basic256Sha256_Sign,
+             "None": ua.SecurityPolicyType.NoSecurity}
+
+
+async def make_server(config: HostConfig) -> tuple[Server, Namespaces, Node]:
+    """The server (not yet listening), its namespaces and the event type it raises.
+    ``SecurityError`` for a PKI folder, certificate or users file it cannot use."""
     # asyncua logs every request at INFO: the host's log is for what the host does
     logging.getLogger("asyncua").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
-    server = Server()
+    modes = config.opcua_security
+    secure = any(m != "None" for m in modes)
+    users = check_security(config)
+    trust = None
+    if secure:
+        trust = TrustList(Pki(config.opcua_pki_dir))
+        await trust.refresh()
+    server = Server(user_manager=HostUsers(users, config.opcua_anonymous, trust))
     await server.init()
-    server.set_endpoint(endpoint)
-    server.set_server_name(f"sfc-host {consumer}")
-    host = urlsplit(endpoint).hostname or "localhost"
-    await server.set_application_uri(f"urn:sfc-fast:{host}:{consumer}")
+    server.set_endpoint(config.opcua_endpoint)
+    server.set_server_name(f"sfc-host {config.consumer_name}")
+    uri = application_uri(config)
+    await server.set_application_uri(uri)
     server.product_uri = PRODUCT_URI
     await server.set_build_info(PRODUCT_URI, "sfc-fast", "sfc-fast", __version__, "0",
-                          dt.datetime.now(dt.UTC))
-    server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+                                dt.datetime.now(dt.UTC))
+    if secure:
+        pki = Pki(config.opcua_pki_dir)
+        await server.load_certificate(str(pki.cert))
+        await server.load_private_key(str(pki.key))
+        server.set_certificate_validator(trust)
+    server.set_security_policy([_POLICIES[m] for m in modes], permission_ruleset=HostRules())
+    tokens: list[Any] = []
+    if config.opcua_anonymous != "none":
+        tokens.append(ua.AnonymousIdentityToken)
+    if users:
+        tokens.append(ua.UserNameIdentityToken)
+    server.set_identity_tokens(tokens)
     await server.import_xml(str(nodeset_path()))
     ns = Namespaces(await server.get_namespace_index(JC_URI),
                     await server.register_namespace(OWN_URI))
@@ -68,3 +109,36 @@ async def make_server(endpoint: str, consumer: str) -> tuple[Server, Namespaces,
         ua.NodeId(EVENT_TYPE_NAME, ns.own), ua.QualifiedName(EVENT_TYPE_NAME, ns.own),
         ua.NodeId(STATUS_EVENT_TYPE, ns.jc))
     return server, ns, event_type
+
+
+def check_security(config: HostConfig) -> dict[str, tuple[str, str]]:
+    """The face's security can be set up as configured: the PKI folder and the server's
+    certificate (naming this server's URI), the users; the users. ``SecurityError``
+    naming what is wrong (``sfc-host run --check`` says it too)."""
+    if any(m != "None" for m in config.opcua_security):
+        pki = Pki(config.opcua_pki_dir)
+        pki.check()
+        _check_certificate(pki, application_uri(config))
+    users = load_users(config.opcua_users_file)
+    if config.opcua_anonymous == "none" and not users:
+        raise SecurityError("setting opcua_anonymous: none, and no users "
+                            "(opcua_users_file or SFC_OPCUA_USERS): nobody could connect")
+    return users
+
+
+def _check_certificate(pki: Pki, uri: str) -> None:
+    """The server's own certificate names this server's URI."""
+    try:
+        cert = x509.load_der_x509_certificate(pki.cert.read_bytes())
+    except (OSError, ValueError) as e:
+        raise SecurityError(f"setting opcua_pki_dir: {pki.cert} is not a DER certificate: "
+                            f"{e}") from None
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    if uri not in uris:
+        raise SecurityError(f"setting opcua_pki_dir: {pki.cert} names {uris or 'no URI'}, "
+                            f"not this server's {uri} (the endpoint's host and the "
+                            "consumer name): make it again with sfc-host opcua cert --force")

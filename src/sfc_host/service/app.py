@@ -22,7 +22,7 @@ import tempfile
 from typing import Any
 
 from sfc_host import __version__
-from sfc_host.config import HostConfig
+from sfc_host.config import ConfigError, HostConfig
 from sfc_host.engine.manager import Engine
 from sfc_host.engine.missions import RedisMissionStore, mission_prefix
 from sfc_host.engine.ports import MqttLink as EngineMqtt
@@ -134,6 +134,8 @@ class App:
                 await self.opcua.start()
             except OSError as e:
                 raise opcua_listen_error(cfg, e) from None
+            except ValueError as e:     # a PKI folder, certificate or users file
+                raise ConfigError(str(e)) from None
         self.presence.start()
         await self.engine.start()                # the host's loops and the scripts' Tasks
         for name, args in missions:

@@ -125,13 +125,31 @@ def check_traces(config: HostConfig) -> str:
     return f"; traces to {where}" + (f" ({protocol})" if protocol else "")
 
 
+def check_opcua(config: HostConfig) -> str:
+    """``--check``: the OPC UA face's certificate and users (``opcua = true``); what it
+    offers, for the summary line."""
+    if not config.opcua:
+        return ""
+    try:
+        from sfc_host.opcua.server import check_security
+    except ImportError as e:
+        raise ConfigError(f"setting opcua: the OPC UA stack is not installed ({e.name}): "
+                          "pip install 'sfc-fast[opcua]'") from None
+    try:
+        users = check_security(config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return (f"; OPC UA on {config.opcua_endpoint} ({', '.join(config.opcua_security)}; "
+            f"{len(users)} users, anonymous {config.opcua_anonymous})")
+
+
 async def check_config(config: HostConfig) -> str:
     """Settings, scripts, missions and the port, without connecting; a summary line."""
     from sfc_host.engine.manager import Engine
 
     config.check_files()
     check_port(config)
-    traces = check_traces(config)
+    traces = check_traces(config) + check_opcua(config)
     if not config.scripts_dir:
         check_missions({}, config.missions)     # none can be known
         return f"settings ok (no scripts_dir){traces}"

@@ -1,0 +1,189 @@
+"""The OPC UA face's security as plants run it, against ``sfc-host run``: the PKI
+folder and users made by ``sfc-host opcua cert`` and ``sfc-host opcua user``,
+Basic256Sha256 SignAndEncrypt and Sign, users with roles, anonymous sessions that may
+only look, an untrusted client refused and its certificate kept for an administrator
+to trust, and no security None offered."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asyncua import Client, ua
+from asyncua.crypto.cert_gen import setup_self_signed_certificate
+from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
+from asyncua.ua.uaerrors import UaStatusCodeError
+from cryptography.x509.oid import ExtendedKeyUsageOID
+from hosts import flush, start_sfc_host, stop_cleanly
+from test_mes import Mes, configure, run
+from test_opcua import SCOPE, Mes95, _free_port, _rs, order
+
+SE, SIGN = ua.MessageSecurityMode.SignAndEncrypt, ua.MessageSecurityMode.Sign
+
+
+def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sfc_host", *args], input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+class Site:
+    """A host's settings, PKI folder and users, and two clients' certificates: one
+    the administrator trusted, one not."""
+
+    def __init__(self, tmp: Path, redis_url: str, mqtt_url: str) -> None:
+        self.tmp = tmp
+        self.port = _free_port()
+        self.url = f"opc.tcp://127.0.0.1:{self.port}/sfc-host/"
+        self.pki = tmp / "pki"
+        self.conf = tmp / "host.toml"
+        self.users = tmp / "users"
+        self.conf.write_text(
+            f'redis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\nconsumer = "secure"\n'
+            "sweep_interval_ms = 50\ndiscover_interval_ms = 100\nopcua = true\n"
+            f'opcua_endpoint = "{self.url}"\nopcua_pki_dir = "{self.pki}"\n'
+            f'opcua_users_file = "{self.users}"\n')
+
+    async def make(self) -> None:
+        made = _cli("opcua", "cert", "--config", str(self.conf))
+        assert made.returncode == 0, made.stderr
+        assert "urn:sfc-fast:127.0.0.1:secure" in made.stdout
+        lines = []
+        for name, role in (("op", "operator"), ("viewer", "reader")):
+            line = _cli("opcua", "user", name, "--role", role, stdin="s3cret-pass\n")
+            assert line.returncode == 0, line.stderr
+            lines.append(line.stdout)
+        self.users.write_text("# OPC UA users\n" + "".join(lines))
+        clients = self.tmp / "clients"
+        clients.mkdir()
+        for name in ("good", "evil"):
+            await setup_self_signed_certificate(
+                clients / f"{name}.pem", clients / f"{name}.der", f"urn:test:{name}",
+                "localhost", [ExtendedKeyUsageOID.CLIENT_AUTH], {"commonName": name})
+        shutil.copy(clients / "good.der", self.pki / "trusted" / "good.der")
+
+    @asynccontextmanager
+    async def client(self, cert: str = "good", mode: ua.MessageSecurityMode = SE,
+                     user: str | None = "op", password: str = "s3cret-pass",
+                     forge: bytes | None = None) -> AsyncIterator[Mes95]:
+        """A client session; ``forge``: a hostile client's CreateSession names this
+        certificate (b"": none) instead of its channel's."""
+        c = Client(self.url)
+        c.application_uri = f"urn:test:{cert}"
+        await c.set_security(SecurityPolicyBasic256Sha256,
+                             str(self.tmp / "clients" / f"{cert}.der"),
+                             str(self.tmp / "clients" / f"{cert}.pem"), mode=mode)
+        if user is not None:
+            c.set_user(user)
+            c.set_password(password)
+        if forge is not None:
+            create = c.uaclient.create_session
+
+            async def forged(params: Any) -> Any:
+                params.ClientCertificate = forge or None
+                if forge:
+                    params.ClientDescription.ApplicationUri = "urn:test:good"
+                return await create(params)
+            c.uaclient.create_session = forged  # type: ignore[method-assign]
+        async with c:
+            await c.load_data_type_definitions()
+            mes = Mes95(c)
+            await mes.find(SCOPE)
+            yield mes
+
+
+async def _refused(site: Site, **kw: Any) -> str:
+    """The status a connection is refused with."""
+    with pytest.raises((UaStatusCodeError, OSError, TimeoutError)) as e:
+        async with site.client(**kw):
+            pass
+    return type(e.value).__name__ + ": " + str(e.value)
+
+
+def test_the_security_matrix(redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        await flush(redis_url)
+        site = Site(tmp_path, redis_url, mqtt_url)
+        await site.make()
+        checked = _cli("run", "--check", "--config", str(site.conf))
+        assert checked.returncode == 0, checked.stderr
+        assert "OPC UA on" in checked.stdout and "2 users, anonymous browse" in checked.stdout
+        host = start_sfc_host(["run", "--config", str(site.conf)], {}, "host secure running")
+        try:
+            async with Mes(mqtt_url) as mqtt_mes:
+                await configure(mqtt_mes)
+            await asyncio.sleep(1.2)
+            # an operator over SignAndEncrypt, and over Sign: calls go through
+            async with site.client() as mes:
+                assert _rs(await mes.store("Store", order("S1"))) == 1
+            async with site.client(mode=SIGN) as mes:
+                assert _rs(await mes.on_order("Cancel", "S1")) == 1
+            # a wrong password
+            why = await _refused(site, password="wrong-pass")
+            assert "BadUserAccessDenied" in why, why
+            # a reader: looks, subscribes; a call is refused
+            async with site.client(user="viewer") as mes:
+                assert await mes.receiver.read_browse_name()   # type: ignore[union-attr]
+                with pytest.raises(UaStatusCodeError, match="BadUserAccessDenied"):
+                    await mes.store("Store", order("S2"))
+            # anonymous: the same
+            async with site.client(user=None) as mes:
+                with pytest.raises(UaStatusCodeError, match="BadUserAccessDenied"):
+                    await mes.on_order("Start", "S1")
+            # an untrusted client is refused, its certificate kept for the administrator
+            why = await _refused(site, cert="evil")
+            assert "Untrusted" in why or "BadUserAccessDenied" in why, why
+            rejected = list((site.pki / "rejected").iterdir())
+            assert len(rejected) == 1
+            # ... also when its CreateSession names no certificate, or a trusted one
+            # (certificates are public): its channel's certificate decides
+            good = (tmp_path / "clients" / "good.der").read_bytes()
+            for forge in (b"", good):
+                why = await _refused(site, cert="evil", forge=forge)
+                assert "BadUserAccessDenied" in why or "Untrusted" in why, why
+            # ... who trusts it: the next connection goes through, no restart
+            shutil.move(rejected[0], site.pki / "trusted" / rejected[0].name)
+            async with site.client(cert="evil") as mes:
+                assert _rs(await mes.store("Store", order("S3"))) == 1
+            # no security None on offer
+            endpoints = await Client(site.url).connect_and_get_server_endpoints()
+            assert {e.SecurityMode for e in endpoints} == {SE, SIGN}
+        finally:
+            stop_cleanly(host)
+        assert host.stderr is not None
+        log = host.stderr.read()
+        assert "OPC UA Store in line1 by op: ReturnStatus 1" in log
+        assert "a call by viewer refused" in log
+    run(main(), 120)
+
+
+def test_a_certificate_for_another_server_stops_the_start_in_one_line(
+        tmp_path: Path, redis_url: str, mqtt_url: str) -> None:
+    async def main() -> None:
+        site = Site(tmp_path, redis_url, mqtt_url)
+        await site.make()
+        # the same folder for a host of another name: its URI differs
+        other = tmp_path / "other.toml"
+        other.write_text(site.conf.read_text().replace('consumer = "secure"',
+                                                       'consumer = "other"'))
+        got = _cli("run", "--check", "--config", str(other))
+        assert got.returncode == 2
+        [line] = got.stderr.strip().splitlines()
+        assert "urn:sfc-fast:127.0.0.1:other" in line and "sfc-host opcua cert --force" in line
+        # a users file with a bad line
+        site.users.write_text("op admin nothash\n")
+        got = _cli("run", "--check", "--config", str(site.conf))
+        assert got.returncode == 2 and "line 1" in got.stderr
+        # None off loopback without opcua_allow_insecure
+        bad = tmp_path / "bad.toml"
+        bad.write_text(site.conf.read_text().replace("127.0.0.1:", "0.0.0.0:") +
+                       'opcua_security = ["None"]\n')
+        got = _cli("run", "--check", "--config", str(bad))
+        assert got.returncode == 2 and "opcua_allow_insecure" in got.stderr
+    run(main(), 60)
