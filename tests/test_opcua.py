@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from asyncua import Client, Node, ua
+from asyncua.common.events import get_filter_from_event_type
 from hosts import flush, start_sfc_host, stop_cleanly, wait_until
 from mqtt_station import MqttStation
 from test_mes import CFG, JC, Mes, answer_all, configure, no_tighten_answer, run
@@ -254,6 +255,18 @@ def test_an_opcua_mes_runs_jobs_through_every_method(redis_url: str, mqtt_url: s
                                  "M1 seen over OPC UA")
                 await wait_until(lambda: mes.listed().get("M1") == "Ended_Completed",
                                  10, "M1 listed")
+                # the provider's JobOrderResponseList: a response per listed order
+                assert mes.provider is not None
+                node = await mes.provider.get_child(f"{mes.jc}:JobOrderResponseList")
+                for _ in range(30):
+                    responses = {r.JobOrderID: r for r in await node.read_value()}
+                    if set(responses) == set(mes.listed()):
+                        break
+                    await asyncio.sleep(0.1)
+                assert set(responses) == set(mes.listed())
+                assert [s.StateText.Text for s in responses["M1"].JobState] == [
+                    "Ended", "Completed"]
+                assert any(d.ID == "tighten.torque" for d in responses["M1"].JobResponseData)
                 # ... and one stored over OPC UA sends the MQTT status events
                 assert "Ended_Completed" in mqtt_mes.states("A1")
     run(main(), 120)
@@ -357,6 +370,32 @@ def test_the_receivers_variables_follow_the_config_messages(
                     break
                 await asyncio.sleep(0.1)
             assert await changed()
+    run(main(), 60)
+
+
+def test_a_filter_on_the_abstract_event_type_receives_the_events(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """An event filter ``OfType ISA95JobOrderStatusEventType`` (the model's abstract
+    type, as UaExpert and node-opcua filter) receives the face's events, which are of
+    its subtype."""
+    async def main() -> None:
+        async with running(tmp_path, redis_url, mqtt_url) as h, connected(h.port) as mes:
+            got: list[Any] = []
+
+            class Handler:
+                def event_notification(self, event: Any) -> None:
+                    got.append(event)
+            sub = await mes.client.create_subscription(50, Handler())
+            abstract = mes.client.get_node(ua.NodeId(1006, mes.jc))
+            flt = await get_filter_from_event_type([abstract], where_clause_generation=False)
+            flt.WhereClause = ua.ContentFilter(Elements=[ua.ContentFilterElement(
+                FilterOperator=ua.FilterOperator.OfType,
+                FilterOperands=[ua.LiteralOperand(Value=ua.Variant(abstract.nodeid))])])
+            assert mes.provider is not None
+            await sub.subscribe_events(mes.provider, abstract, evfilter=flt)
+            assert _rs(await mes.store("Store", order("F1"))) == NO_ERROR
+            await wait_until(lambda: got, 10, "an event through the OfType filter")
+            assert got[0].JobOrder.JobOrderID == "F1"
     run(main(), 60)
 
 

@@ -59,19 +59,25 @@ class Site:
             line = _cli("opcua", "user", name, "--role", role, stdin="s3cret-pass\n")
             assert line.returncode == 0, line.stderr
             lines.append(line.stdout)
-        self.users.write_text("# OPC UA users\n" + "".join(lines))
         clients = self.tmp / "clients"
         clients.mkdir()
-        for name in ("good", "evil"):
+        for name in ("good", "evil", "alice"):
             await setup_self_signed_certificate(
                 clients / f"{name}.pem", clients / f"{name}.der", f"urn:test:{name}",
                 "localhost", [ExtendedKeyUsageOID.CLIENT_AUTH], {"commonName": name})
+        # an X.509 user: alice's certificate, proven by her key, no password
+        line = _cli("opcua", "user", "alice", "--role", "operator", "--certificate",
+                    str(clients / "alice.der"))
+        assert line.returncode == 0 and " x509:" in line.stdout, line.stderr
+        lines.append(line.stdout)
+        self.users.write_text("# OPC UA users\n" + "".join(lines))
         shutil.copy(clients / "good.der", self.pki / "trusted" / "good.der")
 
     @asynccontextmanager
     async def client(self, cert: str = "good", mode: ua.MessageSecurityMode = SE,
                      user: str | None = "op", password: str = "s3cret-pass",
-                     forge: bytes | None = None) -> AsyncIterator[Mes95]:
+                     forge: bytes | None = None, x509_user: str | None = None
+                     ) -> AsyncIterator[Mes95]:
         """A client session; ``forge``: a hostile client's CreateSession names this
         certificate (b"": none) instead of its channel's."""
         c = Client(self.url)
@@ -82,6 +88,9 @@ class Site:
         if user is not None:
             c.set_user(user)
             c.set_password(password)
+        if x509_user is not None:
+            await c.load_client_certificate(str(self.tmp / "clients" / f"{x509_user}.der"))
+            await c.load_private_key(str(self.tmp / "clients" / f"{x509_user}.pem"))
         if forge is not None:
             create = c.uaclient.create_session
 
@@ -113,7 +122,7 @@ def test_the_security_matrix(redis_url: str, mqtt_url: str, tmp_path: Path) -> N
         await site.make()
         checked = _cli("run", "--check", "--config", str(site.conf))
         assert checked.returncode == 0, checked.stderr
-        assert "OPC UA on" in checked.stdout and "2 users, anonymous browse" in checked.stdout
+        assert "OPC UA on" in checked.stdout and "3 users, anonymous browse" in checked.stdout
         host = start_sfc_host(["run", "--config", str(site.conf)], {}, "host secure running")
         try:
             async with Mes(mqtt_url) as mqtt_mes:
@@ -124,6 +133,14 @@ def test_the_security_matrix(redis_url: str, mqtt_url: str, tmp_path: Path) -> N
                 assert _rs(await mes.store("Store", order("S1"))) == 1
             async with site.client(mode=SIGN) as mes:
                 assert _rs(await mes.on_order("Cancel", "S1")) == 1
+            # an X.509 user token: alice may call
+            async with site.client(user=None, x509_user="alice") as mes:
+                assert _rs(await mes.store("Store", order("S4"))) == 1
+            # ... a certificate nobody is: refused
+            why = await _refused(site, user=None, x509_user="evil")
+            assert "BadUserAccessDenied" in why, why
+            for p in (site.pki / "rejected").iterdir():
+                p.unlink()      # evil's, refused as a user: not what the next check counts
             # a wrong password
             why = await _refused(site, password="wrong-pass")
             assert "BadUserAccessDenied" in why, why
@@ -159,6 +176,7 @@ def test_the_security_matrix(redis_url: str, mqtt_url: str, tmp_path: Path) -> N
         assert host.stderr is not None
         log = host.stderr.read()
         assert "OPC UA Store in line1 by op: ReturnStatus 1" in log
+        assert "OPC UA Store in line1 by alice: ReturnStatus 1" in log
         assert "a call by viewer refused" in log
     run(main(), 120)
 

@@ -92,6 +92,8 @@ HELP: dict[str, str] = {
     "bad_opcua_calls": "OPC UA method calls with arguments of the wrong type or count "
                        "(BadInvalidArgument), or that failed inside the host.",
     "opcua_events": "ISA-95 job order status events the OPC UA face raised.",
+    "opcua_events_dropped": "OPC UA status events not raised: the face's queue of "
+                            "changes was full (the lists still follow the orders).",
     "opcua_events_failed": "OPC UA status events or JobOrderList rewrites that failed "
                            "(logged).",
     "opcua_list_seconds": "Time to build and write one scope's OPC UA JobOrderList.",

@@ -15,6 +15,7 @@ import asyncio
 import getpass
 import socket
 import sys
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from sfc_host.cli.common import EXIT_PROBLEMS, EXIT_USAGE, error
@@ -35,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     user.add_argument("name", help="the user name (no spaces)")
     user.add_argument("--role", choices=("operator", "reader"), default="operator",
                       help="operator: may call the methods; reader: may only look")
+    user.add_argument("--certificate", metavar="FILE",
+                      help="an X.509 user: the user's certificate (DER or PEM), no password")
     user.set_defaults(func=cmd_user)
 
 
@@ -110,6 +113,8 @@ async def _make(pki: object, uri: str, host: str, consumer: str, days: int) -> s
 def cmd_user(args: argparse.Namespace) -> int:
     if not args.name or any(c.isspace() for c in args.name) or args.name.startswith("#"):
         return error(f"user name {args.name!r}: no spaces, not starting with #", EXIT_USAGE)
+    if args.certificate:
+        return _x509_user(args.name, args.role, args.certificate)
     if sys.stdin.isatty():
         password = getpass.getpass(f"password for {args.name}: ")
         if getpass.getpass("again: ") != password:
@@ -121,4 +126,25 @@ def cmd_user(args: argparse.Namespace) -> int:
     from sfc_host.opcua.security import hash_password
 
     print(f"{args.name} {args.role} {hash_password(password)}")
+    return 0
+
+
+def _x509_user(name: str, role: str, path: str) -> int:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    from sfc_host.opcua.security import thumbprint
+
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        return error(f"cannot read {path}: {e.strerror or e}", EXIT_USAGE)
+    try:
+        cert = x509.load_der_x509_certificate(raw)
+    except ValueError:
+        try:
+            cert = x509.load_pem_x509_certificate(raw)
+        except ValueError:
+            return error(f"{path} is not a certificate (DER or PEM)", EXIT_USAGE)
+    print(f"{name} {role} x509:{thumbprint(cert.public_bytes(Encoding.DER))}")
     return 0

@@ -35,6 +35,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from asyncua import Node, Server, ua
+from asyncua.common.callback import CallbackType, ServerItemCallback
+from asyncua.common.ua_utils import get_node_subtypes
 
 from sfc_host import isa95 as model
 from sfc_host.config import HostConfig
@@ -59,6 +61,8 @@ SCOPES_EVERY_S = 1.0        # how often the face looks for scopes the host serve
 LIST_COST_FACTOR = 10       # a JobOrderList rewrite is followed by 10x its time of rest
 EVENT_FIELDS = ("JobOrder", "JobState", "JobResponse")
 CLOSE_S = 5.0               # the longest the face's loops get to end on close
+EVENT_QUEUE = 20_000        # changes waiting for their OPC UA event; more are dropped
+EVENT_BATCH = 256           # events raised from one round trip
 CATALOG_EVERY_S = 2.0       # how often the scopes' Work Masters and catalogs are read
 # the receiver's variables of the config messages, by the catalog kind they list
 CATALOG_VARIABLES = {"equipment": "EquipmentID", "materialclass": "MaterialClassID",
@@ -71,10 +75,12 @@ class ScopeObjects:
     the variables of its configuration with the values last written to them."""
 
     def __init__(self, receiver: Node, provider: Node, order_list: Node | None,
-                 events: Any, config_nodes: dict[str, Node]) -> None:
+                 response_list: Node | None, events: Any,
+                 config_nodes: dict[str, Node]) -> None:
         self.receiver = receiver
         self.provider = provider
         self.order_list = order_list
+        self.response_list = response_list
         self.events = events
         self.config_nodes = config_nodes
         self.config_values: dict[str, Any] = {}
@@ -98,9 +104,11 @@ class OpcUaFace:
         self._event_type: Node | None = None
         # the changes to raise events for; None: the face is closing
         self._changes: asyncio.Queue[tuple[str, str, str, bytes | None] | None] = \
-            asyncio.Queue()
+            asyncio.Queue(EVENT_QUEUE)
         self._closing = False
         self._closed = asyncio.Event()      # set on close: the loops' sleeps end
+        self._dropped_logged = 0.0
+        self._subtype_cache: dict[ua.NodeId, list[ua.NodeId]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._unsubscribe: list[Any] = []
 
@@ -109,6 +117,9 @@ class OpcUaFace:
     async def start(self) -> None:
         """Build the address space of the scopes served now, then listen."""
         self.server, self.ns, self._event_type = await make_server(self.config)
+        for kind in (CallbackType.ItemSubscriptionCreated,
+                     CallbackType.ItemSubscriptionModified):
+            self.server.subscribe_server_callback(kind, self._widen_of_type)
         self._folder = await self.server.nodes.objects.add_folder(
             ua.NodeId("Scopes", self.ns.own), ua.QualifiedName("Scopes", self.ns.own))
         for scope in sorted(self.host.streams.scopes):
@@ -131,7 +142,8 @@ class OpcUaFace:
         self._closed.set()
         for end in self._unsubscribe:
             end()
-        self._changes.put_nowait(None)
+        with contextlib.suppress(asyncio.QueueFull):
+            self._changes.put_nowait(None)
         for s in self.scopes.values():
             s.list_due.set()
         tasks = self._tasks + [s.list_task for s in self.scopes.values() if s.list_task]
@@ -185,7 +197,9 @@ class OpcUaFace:
             node = await self._child(receiver, name)
             if node is not None:
                 config_nodes[name] = node
-        objects = ScopeObjects(receiver, provider, order_list, events, config_nodes)
+        response_list = await self._child(provider, "JobOrderResponseList")
+        objects = ScopeObjects(receiver, provider, order_list, response_list, events,
+                               config_nodes)
         self.scopes[scope] = objects
         await self._write_config(scope, objects)
         objects.list_task = asyncio.get_running_loop().create_task(self._keep_list(scope))
@@ -208,6 +222,49 @@ class OpcUaFace:
                     StatusCode=ua.StatusCode(ua.StatusCodes.BadMethodInvalid))
             return await calls.call(scope, name, args)
         return call
+
+    # ---- event filters
+
+    async def _widen_of_type(self, event: ServerItemCallback, _: Any) -> None:
+        """An event filter's ``OfType T`` takes T's subtypes too, as the standard says:
+        asyncua 2.1 matches the type exactly, so a client that filters on the abstract
+        ``ISA95JobOrderStatusEventType`` (as UaExpert and node-opcua build filters)
+        would receive nothing. Done in the hook asyncua offers when a monitored item is
+        made or changed: the element becomes ``EventType InList (T, its subtypes)``."""
+        params = event.request_params
+        items = getattr(params, "ItemsToCreate", None) or getattr(params, "ItemsToModify",
+                                                                   None) or []
+        for item in items:
+            flt = item.RequestedParameters.Filter
+            if not isinstance(flt, ua.EventFilter) or flt.WhereClause is None:
+                continue
+            for el in flt.WhereClause.Elements or ():
+                if el.FilterOperator != ua.FilterOperator.OfType or not el.FilterOperands \
+                        or not isinstance(el.FilterOperands[0], ua.LiteralOperand):
+                    continue
+                base = el.FilterOperands[0].Value.Value
+                if not isinstance(base, ua.NodeId):
+                    continue
+                types = await self._subtypes(base)
+                if len(types) < 2:
+                    continue
+                el.FilterOperator = ua.FilterOperator.InList
+                el.FilterOperands = [ua.SimpleAttributeOperand(
+                    TypeDefinitionId=ua.NodeId(ua.ObjectIds.BaseEventType),
+                    BrowsePath=[ua.QualifiedName("EventType", 0)],
+                    AttributeId=ua.AttributeIds.Value)] + [
+                    ua.LiteralOperand(Value=ua.Variant(n)) for n in types]
+
+    async def _subtypes(self, base: ua.NodeId) -> list[ua.NodeId]:
+        got = self._subtype_cache.get(base)
+        if got is None:
+            assert self.server is not None
+            try:
+                nodes = await get_node_subtypes(self.server.get_node(base))
+            except ua.UaError:
+                nodes = []
+            got = self._subtype_cache[base] = [n.nodeid for n in nodes]
+        return got
 
     # ---- the configuration: Work Masters, catalogs, the order limit
 
@@ -297,65 +354,75 @@ class OpcUaFace:
         job = order.get("JobOrderID") if isinstance(order, dict) else None
         if not isinstance(job, str):
             return
-        self._changes.put_nowait((scope, job, state, json.dumps(order).encode()))
         objects.list_due.set()
+        try:
+            self._changes.put_nowait((scope, job, state, json.dumps(order).encode()))
+        except asyncio.QueueFull:
+            # the face cannot keep up: the MES side and the lists still follow
+            self.metrics.inc("opcua_events_dropped")
+            if self._dropped_logged + 10 < time.monotonic():
+                self._dropped_logged = time.monotonic()
+                log.warning("OPC UA status events dropped: %d changes wait to be raised",
+                            EVENT_QUEUE)
 
     async def _raise_events(self) -> None:
-        """One event per change, in the order the changes were made."""
+        """One event per change, in the order the changes were made; what the queue
+        holds is raised as one batch, its job responses read in one round trip."""
         while not self._closing:
-            change = await self._changes.get()
-            if change is None:
-                return
-            scope, job, state, order = change
-            objects = self.scopes.get(scope)
-            if objects is None:
-                continue
+            first = await self._changes.get()
+            batch = [first]
+            while len(batch) < EVENT_BATCH and not self._changes.empty():
+                batch.append(self._changes.get_nowait())
+            changes = [c for c in batch if c is not None]
             try:
-                await self._raise(objects, scope, job, state, order)
+                await self._raise_batch(changes)
             except Exception:
                 if self._closing:
                     return
+                self.metrics.inc("opcua_events_failed", len(changes))
+                log.exception("OPC UA status events of %d changes not raised", len(changes))
+            if len(changes) < len(batch):
+                return          # None: the face is closing
+
+    async def _raise_batch(self, changes: list[tuple[str, str, str, bytes | None]]) -> None:
+        store, pipe = self.host.store, self.host.client.pipeline(transaction=False)
+        for scope, job, _, _ in changes:
+            k = store.keys(scope)
+            pipe.get(k.response(job))
+            pipe.hmget(k.order(job), "started", "ended")
+        got = await pipe.execute() if changes else []
+        for i, (scope, job, state, order) in enumerate(changes):
+            objects = self.scopes.get(scope)
+            if objects is None:
+                continue
+            stored, (started, ended) = got[2 * i], got[2 * i + 1]
+            try:
+                await self._raise(objects, job, state, order,
+                                  _response_doc(job, state, stored, started, ended))
+            except Exception:
+                if self._closing:
+                    raise
                 self.metrics.inc("opcua_events_failed")
                 log.exception("OPC UA status event of %s/%s (%s) not raised", scope, job,
                               state, extra={"scope": scope, "job": job})
 
-    async def _raise(self, objects: ScopeObjects, scope: str, job: str, state: str,
-                     order: bytes | None) -> None:
+    async def _raise(self, objects: ScopeObjects, job: str, state: str, order: bytes | None,
+                     response: dict[str, Any]) -> None:
         ev = objects.events.event
         ev.JobOrder = _job_order(job, order)
         ev.JobState = states(state)
-        ev.JobResponse = await self._response(scope, job, state)
+        ev.JobResponse = from_json("JobResponse", response)
         await objects.events.trigger(message=f"{job} {state}")
         self.metrics.inc("opcua_events")
 
-    async def _response(self, scope: str, job: str, state: str) -> Any:
-        """The job response an event carries: the stored one once the job wrote it,
-        else one made from the order's times and the event's state (as
-        RequestJobResponseByJobOrderState makes one)."""
-        k = self.host.store.keys(scope)
-        pipe = self.host.client.pipeline(transaction=False)
-        pipe.get(k.response(job))
-        pipe.hmget(k.order(job), "started", "ended")
-        stored, (started, ended) = await pipe.execute()
-        if stored is not None and state.startswith(("Ended", "Aborted")):
-            return from_json("JobResponse", json.loads(stored))
-        made: dict[str, Any] = {"JobResponseID": f"{job}-response", "JobOrderID": job}
-        if started:
-            made["StartTime"] = started.decode()
-        if ended:
-            made["EndTime"] = ended.decode()
-        made["JobState"] = model.state_list(state)
-        return from_json("JobResponse", made)
-
-    # ---- JobOrderList
+    # ---- JobOrderList and JobOrderResponseList
 
     async def _keep_list(self, scope: str) -> None:
-        """Rewrite the scope's JobOrderList when an order changed: at most every
-        ``opcua_list_interval_ms``, and never more than a tenth of the time (a list of
-        10,000 orders takes a while to build, and asyncua copies it per subscriber)."""
+        """Rewrite the scope's JobOrderList and JobOrderResponseList when an order
+        changed: at most every ``opcua_list_interval_ms``, and never more than a tenth
+        of the time (lists of 10,000 orders take a while to build, and asyncua copies a
+        value once for each subscriber)."""
         objects = self.scopes[scope]
-        if objects.order_list is None:
-            return
         interval = self.config.opcua_list_interval_ms / 1000
         while True:
             await objects.list_due.wait()
@@ -364,9 +431,12 @@ class OpcUaFace:
             objects.list_due.clear()
             t0 = time.perf_counter()
             try:
-                entries = await self._order_list(scope)
-                await objects.order_list.write_value(
-                    ua.Variant(entries, ua.VariantType.ExtensionObject, is_array=True))
+                orders, responses = await self._lists(scope)
+                for node, value in ((objects.order_list, orders),
+                                    (objects.response_list, responses)):
+                    if node is not None:
+                        await node.write_value(
+                            ua.Variant(value, ua.VariantType.ExtensionObject, is_array=True))
             except Exception:
                 if self._closing:
                     return
@@ -377,27 +447,36 @@ class OpcUaFace:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closed.wait(), max(interval, LIST_COST_FACTOR * took))
 
-    async def _order_list(self, scope: str) -> list[Any]:
-        """Every order of the scope not cleared, with its state, by id."""
+    async def _lists(self, scope: str) -> tuple[list[Any], list[Any]]:
+        """Every order of the scope not cleared, with its state, by id; and its job
+        response (the stored one once the job wrote it, else one made from the order),
+        as RequestJobResponseByJobOrderState gives them."""
         k = self.host.store.keys(scope)
         client = self.host.client
         index = await client.hgetall(k.index)
-        jobs = sorted((j.decode(), s.decode()) for j, s in index.items())
+        jobs = sorted((j.decode(), s.decode()) for j, s in index.items()
+                      if s != b"EndState")
         pipe = client.pipeline(transaction=False)
         for job, _ in jobs:
             pipe.hget(k.order(job), "order")
         bodies = await pipe.execute() if jobs else []
-        out = []
+        responses = await self.control.responses(k, [job for job, _ in jobs])
+        orders = []
         for (job, state), body in zip(jobs, bodies, strict=True):
-            if state == "EndState":
-                continue
             try:
-                out.append(from_json("JobOrderAndState", {
+                orders.append(from_json("JobOrderAndState", {
                     "JobOrder": _order_doc(job, body), "State": model.state_list(state)}))
             except (ConvertError, ValueError, KeyError):
                 log.warning("order %s/%s left out of JobOrderList: not convertible", scope,
                             job, extra={"scope": scope, "job": job})
-        return out
+        out = []
+        for raw in responses:
+            try:
+                out.append(from_json("JobResponse", json.loads(raw)))
+            except (ConvertError, ValueError):
+                log.warning("a job response of %s left out of JobOrderResponseList: not "
+                            "convertible", scope, extra={"scope": scope})
+        return orders, out
 
 
 def _order_doc(job: str, body: str | bytes | None) -> dict[str, Any]:
@@ -431,6 +510,27 @@ def _work_master_doc(wm_id: str, raw: bytes | None) -> dict[str, Any] | None:
         out.pop("Parameters", None)
         out.pop("Description", None)
     return out
+
+
+def _response_doc(job: str, state: str, stored: bytes | None, started: bytes | None,
+                  ended: bytes | None) -> dict[str, Any]:
+    """The job response an event carries: the stored one once the job wrote it, else
+    one made from the order's times and the event's state (as
+    RequestJobResponseByJobOrderState makes one)."""
+    if stored is not None and state.startswith(("Ended", "Aborted")):
+        try:
+            doc = json.loads(stored)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            return doc
+    made: dict[str, Any] = {"JobResponseID": f"{job}-response", "JobOrderID": job}
+    if started:
+        made["StartTime"] = started.decode()
+    if ended:
+        made["EndTime"] = ended.decode()
+    made["JobState"] = model.state_list(state)
+    return made
 
 
 def _job_order(job: str, body: str | bytes | None) -> Any:

@@ -7,8 +7,10 @@ users and their roles, as plants run OPC UA.
   an administrator to move to ``trusted/`` (taken at the client's next connection, no
   restart).
 - **Users** (``opcua_users_file``, or the ``SFC_OPCUA_USERS`` variable; never in
-  host.toml): a line ``name role scrypt$…`` each, made by ``sfc-host opcua user``.
-  ``operator`` may call the methods; ``reader`` may browse, read and subscribe.
+  host.toml): a line ``name role scrypt$…`` each (name and password), or ``name role
+  x509:{SHA-1}`` (an X.509 user token: that certificate, proven by its key), made by
+  ``sfc-host opcua user``. ``operator`` may call the methods; ``reader`` may browse,
+  read and subscribe.
 - **Anonymous sessions** (``opcua_anonymous``): ``browse`` (the default) as a reader,
   or ``none``.
 
@@ -26,6 +28,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +49,7 @@ OPERATOR = "operator"
 READER = "reader"
 ROLES = (OPERATOR, READER)
 USERS_VARIABLE = "SFC_OPCUA_USERS"
+_X509 = re.compile(r"x509:[0-9a-f]{40}")
 # scrypt's cost: about 50 ms a check on a plant server, once per session
 _N, _R, _P = 2**14, 8, 1
 
@@ -67,6 +71,11 @@ class HostUser(User):
 
 
 # ---- passwords and users
+
+
+def thumbprint(der: bytes) -> str:
+    """A certificate's SHA-1 thumbprint (lower-case hex), as OPC UA names it."""
+    return hashlib.sha1(der).hexdigest()   # a name, not a check
 
 
 def hash_password(password: str) -> str:
@@ -99,9 +108,11 @@ def parse_users(text: str, where: str) -> dict[str, tuple[str, str]]:
         if not line or line.startswith("#"):
             continue
         parts = line.split()
-        if len(parts) != 3 or parts[1] not in ROLES or not parts[2].startswith("scrypt$"):
-            raise SecurityError(f"{where}, line {n}: not 'name role scrypt$…' with role "
-                                f"{' or '.join(ROLES)} (sfc-host opcua user makes one)")
+        if len(parts) != 3 or parts[1] not in ROLES or not (
+                parts[2].startswith("scrypt$") or _X509.fullmatch(parts[2])):
+            raise SecurityError(f"{where}, line {n}: not 'name role scrypt$…' or 'name "
+                                f"role x509:SHA-1' with role {' or '.join(ROLES)} "
+                                "(sfc-host opcua user makes one)")
         if parts[0] in users:
             raise SecurityError(f"{where}, line {n}: user {parts[0]!r} again")
         users[parts[0]] = (parts[1], parts[2])
@@ -213,9 +224,20 @@ class HostUsers(UserManager):
         self.users = users
         self.anonymous = anonymous
         self.trust = trust
+        # X.509 users by their certificates' thumbprints
+        self.by_certificate = {secret.removeprefix("x509:"): (name, role)
+                               for name, (role, secret) in users.items()
+                               if secret.startswith("x509:")}
 
     def get_user(self, iserver: Any, username: str | None = None,
                  password: str | None = None, certificate: Any = None) -> User | None:
+        """``certificate``: an X.509 user token's (its signature checked by asyncua),
+        else the secure channel's."""
+        if username is None and certificate is not None:
+            mapped = self.by_certificate.get(thumbprint(bytes(certificate)))
+            if mapped is not None:
+                return HostUser(role=UserRole.User, name=mapped[0],
+                                may_call=mapped[1] == OPERATOR)
         if self.trust is not None and certificate is not None \
                 and not self.trust.trusted(bytes(certificate)):
             return None
@@ -226,7 +248,8 @@ class HostUsers(UserManager):
             return HostUser(role=UserRole.User, name="anonymous",
                             may_call=self.anonymous == "call")
         known = self.users.get(username)
-        if known is None or not check_password(password or "", known[1]):
+        if known is None or not known[1].startswith("scrypt$") \
+                or not check_password(password or "", known[1]):
             log.warning("OPC UA: user %r refused: unknown user or wrong password", username)
             return None
         return HostUser(role=UserRole.User, name=username, may_call=known[0] == OPERATOR)

@@ -99,8 +99,10 @@ async def make_server(config: HostConfig) -> tuple[Server, Namespaces, Node]:
     tokens: list[Any] = []
     if config.opcua_anonymous != "none":
         tokens.append(ua.AnonymousIdentityToken)
-    if users:
+    if any(s.startswith("scrypt$") for _, s in users.values()):
         tokens.append(ua.UserNameIdentityToken)
+    if any(s.startswith("x509:") for _, s in users.values()):
+        tokens.append(ua.X509IdentityToken)
     server.set_identity_tokens(tokens)
     await server.import_xml(str(nodeset_path()))
     ns = Namespaces(await server.get_namespace_index(JC_URI),
