@@ -66,6 +66,16 @@ def test_mqtt_e2e_quick_measures_saturation_pacing_and_the_broker() -> None:
     assert 0 < float(paced.group(1)) <= float(paced.group(2))
 
 
+def test_opcua_cost_times_the_lists_and_an_event() -> None:
+    out = _run("opcua_cost.py", "--orders", "200", "--events", "50", "--rounds", "1")
+    lists = re.findall(r"lists of ([\d,]+) orders, (none|one) subscribed: built in ([\d,]+) ms",
+                       out)
+    event = re.search(r"a status event: ([\d,]+) µs with no subscriber, ([\d,]+) µs", out)
+    assert len(lists) == 2 and event, out
+    assert all(_number(n) == 200 for n, _, _ in lists)
+    assert _number(event.group(1)) > 0 and _number(event.group(2)) > 0
+
+
 def test_otel_cost_compares_spans_off_and_on() -> None:
     out = _run("otel_cost.py", "--quick")
     m = re.search(r"round 1: off ([\d,]+) jobs/s, ([\d.]+) µs an action; on ([\d,]+) jobs/s, "
