@@ -62,8 +62,8 @@ def cmd_cert(args: argparse.Namespace) -> int:
     try:
         for d in (pki.cert.parent, pki.trusted, pki.rejected):
             d.mkdir(parents=True, exist_ok=True)
-        host = urlsplit(cfg.opcua_endpoint).hostname or "localhost"
-        thumb = asyncio.run(_make(pki, uri, host, cfg.consumer_name, args.days))
+        host = urlsplit(cfg.opcua_endpoint).hostname or ""
+        thumb = asyncio.run(_make(pki, uri, host, cfg.consumer or "sfc-host", args.days))
     except OSError as e:
         return error(f"cannot write {root}: {e.strerror or e}", EXIT_PROBLEMS)
     print(f"{pki.cert}: {uri}, SHA-1 {thumb}; trust clients by putting their "
@@ -84,7 +84,8 @@ async def _make(pki: object, uri: str, host: str, consumer: str, days: int) -> s
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri)]
     for name in dict.fromkeys((host, socket.gethostname())):
-        names.append(x509.DNSName(name))
+        if name and name not in ("0.0.0.0", "::"):
+            names.append(x509.DNSName(name))
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"sfc-host {consumer}"),
                          x509.NameAttribute(NameOID.ORGANIZATION_NAME, "sfc-fast")])
     now = dt.datetime.now(dt.UTC)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import socket
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -59,9 +60,13 @@ class Namespaces:
 
 
 def application_uri(config: HostConfig) -> str:
-    """The server's application URI: its certificate must name the same."""
-    host = urlsplit(config.opcua_endpoint).hostname or "localhost"
-    return f"urn:sfc-fast:{host}:{config.consumer_name}"
+    """The server's application URI, which its certificate must name: the endpoint's
+    host (this machine's name for a wildcard address) and the ``consumer`` setting
+    (``sfc-host`` when unset: the default consumer name changes with each process)."""
+    host = urlsplit(config.opcua_endpoint).hostname or ""
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"urn:sfc-fast:{host}:{config.consumer or 'sfc-host'}"
 
 
 _POLICIES = {"SignAndEncrypt": ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt,

@@ -140,7 +140,8 @@ def check_opcua(config: HostConfig) -> str:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return (f"; OPC UA on {config.opcua_endpoint} ({', '.join(config.opcua_security)}; "
-            f"{len(users)} users, anonymous {config.opcua_anonymous})")
+            f"{len(users)} user{'' if len(users) == 1 else 's'}, anonymous "
+            f"{config.opcua_anonymous})")
 
 
 async def check_config(config: HostConfig) -> str:
