@@ -111,6 +111,7 @@ class OpcUaFace:
         self._closed = asyncio.Event()      # set on close: the loops' sleeps end
         self._dropped_logged = 0.0
         self._subtype_cache: dict[ua.NodeId, list[ua.NodeId]] = {}
+        self._failed: set[str] = set()      # scopes whose objects could not be made
         self._tasks: list[asyncio.Task[None]] = []
         self._unsubscribe: list[Any] = []
 
@@ -167,11 +168,16 @@ class OpcUaFace:
                 await asyncio.wait_for(self._closed.wait(), SCOPES_EVERY_S)
             if self._closing:
                 return
-            for scope in sorted(set(self.host.streams.scopes) - set(self.scopes)):
+            for scope in sorted(set(self.host.streams.scopes) - set(self.scopes)
+                                - self._failed):
                 try:
                     await self._add_scope(scope)
                 except Exception:
-                    log.exception("OPC UA objects of scope %s could not be made", scope,
+                    # once: its nodes may be half made, and a second try would clash
+                    self._failed.add(scope)
+                    self.metrics.inc("opcua_events_failed")
+                    log.exception("OPC UA objects of scope %s could not be made; the "
+                                  "scope is not on the face until a restart", scope,
                                   extra={"scope": scope})
 
     async def _add_scope(self, scope: str) -> None:
