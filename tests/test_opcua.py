@@ -315,6 +315,29 @@ def test_wrong_arguments_are_bad_invalid_argument_never_unexpected(
     run(main(), 90)
 
 
+def test_a_client_of_one_host_sees_what_another_host_did(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """Two hosts serve the face; an order stored and run through one is seen, event by
+    event and in the lists, by a client of the other."""
+    async def main() -> None:
+        async with running(tmp_path, redis_url, mqtt_url) as h, \
+                MqttStation(mqtt_url, answer_all):
+            port_b = _free_port()
+            host_b = start_host(tmp_path, redis_url, mqtt_url, port_b, name="opcua-b")
+            try:
+                await asyncio.sleep(1.5)        # host B serves the scope too
+                async with connected(h.port) as on_a, connected(port_b) as on_b:
+                    assert _rs(await on_a.store("StoreAndStart", order("X1"))) == NO_ERROR
+                    await wait_until(lambda: "Ended_Completed" in on_b.states("X1"), 20,
+                                     "X1's end seen on host B")
+                    assert on_b.states("X1") == on_a.states("X1")
+                    await wait_until(lambda: on_b.listed().get("X1") == "Ended_Completed",
+                                     10, "X1 in host B's list")
+            finally:
+                stop_cleanly(host_b)
+    run(main(), 90)
+
+
 def test_a_host_restart_keeps_every_order(redis_url: str, mqtt_url: str,
                                           tmp_path: Path) -> None:
     async def main() -> None:
