@@ -112,8 +112,10 @@ def test_wheel_is_manylinux_stripped_and_licensed(installed: Installed) -> None:
         assert any(n.startswith("sfc_host/examples/") and n.endswith(".json") for n in names)
         # the web view's own script and stylesheet (no CDN: the pages need these)
         assert {"sfc_host/web/static/web.js", "sfc_host/web/static/web.css"} <= set(names)
-        # the Lua scripts beside the store that loads them, the wire codecs' stubs
-        assert {"sfc_host/store/lua/cas.lua", "sfc_fast/wire/mqtt5.pyi"} <= set(names)
+        # the Lua scripts beside the store that loads them, the wire codecs' stubs, the
+        # OPC UA face's Job Control NodeSet
+        assert {"sfc_host/store/lua/cas.lua", "sfc_fast/wire/mqtt5.pyi", "sfc_fast/wire/otlp.pyi",
+                "sfc_host/opcua/nodeset/opc.ua.isa95-jobcontrol.nodeset2.xml"} <= set(names)
         meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
         assert "License-Expression: Apache-2.0" in z.read(meta).decode()
     # stripped: the unstripped build was 5.8 MB
