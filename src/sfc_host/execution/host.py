@@ -38,6 +38,7 @@ from sfc_host.metrics import Metrics
 from sfc_host.names import check_scope
 from sfc_host.store.channel import RedisChannel
 from sfc_host.store.client import connect
+from sfc_host.store.cluster_channel import ClusterChannel
 from sfc_host.store.keys import SCOPES
 from sfc_host.store.lua_scripts import Scripts
 from sfc_host.store.orders import Orders
@@ -62,12 +63,14 @@ class Host:
         self.metrics = metrics if metrics is not None else Metrics()
         self.client = client if client is not None else connect(self.config)
         self._own_client = client is None
-        # script calls (the hot path) pipelined on one connection of our own, on a
-        # standalone Redis the host connects to itself
+        # script calls (the hot path) pipelined on connections of our own: one to a
+        # standalone Redis, one to each primary of a cluster
         c = self.config
-        self.channel = (RedisChannel(c.redis_url, ca_file=c.redis_ca_file,
-                                     cert_file=c.redis_cert_file, key_file=c.redis_key_file)
-                        if client is None and not c.redis_cluster else None)
+        self.channel: RedisChannel | ClusterChannel | None = None
+        if client is None:
+            kind = ClusterChannel if c.redis_cluster else RedisChannel
+            self.channel = kind(c.redis_url, ca_file=c.redis_ca_file,
+                                cert_file=c.redis_cert_file, key_file=c.redis_key_file)
         self.scripts = Scripts(self.client, self.channel)
         self.store = Store(self.client, self.scripts, GraphCache(self.config.graph_cache_size),
                            self.config.state_cache_size, self.config.group,

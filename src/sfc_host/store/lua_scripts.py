@@ -25,8 +25,6 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from sfc_host.store.channel import RedisChannel
-
 log = logging.getLogger("sfc_host.store.lua_scripts")
 
 LUA_DIR = Path(__file__).parent / "lua"
@@ -52,10 +50,10 @@ Call = tuple[Script, Sequence[Any], Sequence[Any]]
 
 class Scripts:
     """All scripts of the host, bound to one client (standalone or cluster). With a
-    ``channel`` (a standalone Redis), the calls go through it; loading stays on the
-    client."""
+    ``channel`` (``RedisChannel`` on one Redis, ``ClusterChannel`` on a cluster), the
+    calls go through it; loading stays on the client."""
 
-    def __init__(self, client: Any, channel: RedisChannel | None = None) -> None:
+    def __init__(self, client: Any, channel: Any = None) -> None:
         self.client = client
         self.channel = channel
         self.reloads = 0
