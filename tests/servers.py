@@ -156,7 +156,8 @@ def _command(port: int, *args: str | int, timeout: float = 2.0,
 
 
 class RedisClusterServer:
-    """A Redis Cluster of ``n_masters`` master nodes (no replicas), each a ``RedisServer``.
+    """A Redis Cluster of ``n_masters`` master nodes, each a ``RedisServer``, and
+    ``replicas`` replicas of each (none by default; ``replica_of`` says whose).
 
     Every node has its own folder ``node{i}`` (with its ``nodes.conf``) under ``workdir``,
     a free client port and a free cluster-bus port (``--cluster-port``, so the bus does not
@@ -172,13 +173,17 @@ class RedisClusterServer:
     password: str | None = None
 
     def __init__(self, workdir: Path, n_masters: int = 3, *,
-                 node_timeout_ms: int = 2000) -> None:
+                 node_timeout_ms: int = 2000, replicas: int = 0) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         taken: set[int] = set()
         self.nodes: list[RedisServer] = []
         self.bus_ports: list[int] = []
-        for i in range(n_masters):
+        self.n_masters = n_masters
+        # replica node index -> the index of the master it replicates
+        self.replica_of = {n_masters + r * n_masters + m: m
+                           for r in range(replicas) for m in range(n_masters)}
+        for i in range(n_masters * (1 + replicas)):
             port, bus = self._fresh_port(taken), self._fresh_port(taken)
             extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                      "--cluster-node-timeout", str(node_timeout_ms), "--cluster-port", str(bus)]
@@ -222,16 +227,36 @@ class RedisClusterServer:
         for node in self.nodes:  # a fresh cluster each start, not the last one's config
             (node.workdir / "nodes.conf").unlink(missing_ok=True)
             node.start()
-        n = len(self.nodes)
-        for i, node in enumerate(self.nodes):
+        n = self.n_masters
+        for i, node in enumerate(self.nodes[:n]):
             first, last = i * 16384 // n, (i + 1) * 16384 // n - 1
             self._admin(node.port, "CLUSTER", "ADDSLOTSRANGE", first, last)
+        for i, node in enumerate(self.nodes):
             self._admin(node.port, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
         # every pair meets directly: no waiting for gossip to introduce them (~1 s a hop)
         for i, node in enumerate(self.nodes):
             for other, bus in zip(self.nodes[i + 1:], self.bus_ports[i + 1:], strict=True):
                 self._admin(node.port, "CLUSTER", "MEET", "127.0.0.1", other.port, bus)
         self._wait_ok()
+        if self.replica_of:
+            self._replicate()
+
+    def _replicate(self) -> None:
+        """Each replica follows its master, and has its data, before the start ends."""
+        ids = [bytes(self._admin(node.port, "CLUSTER", "MYID")).decode()
+               for node in self.nodes[:self.n_masters]]
+        for r, m in self.replica_of.items():
+            self._admin(self.nodes[r].port, "CLUSTER", "REPLICATE", ids[m])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            up = [b"master_link_status:up" in bytes(self._admin(self.nodes[r].port, "INFO",
+                                                                "replication"))
+                  for r in self.replica_of]
+            if all(up):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name}: replicas not in sync within {START_TIMEOUT_S} s\n"
+                           + self._tails())
 
     def _states(self) -> list[str]:
         states = []

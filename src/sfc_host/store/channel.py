@@ -8,8 +8,8 @@ time on a compare-and-set call's thousands of arguments) and parses with
 ``hiredis.Reader`` (C), keeps
 one connection, and writes every request of one event-loop pass in one write, whoever
 made it; replies come back in order and go to their callers' futures (DESIGN 3.1,
-"hiredis pipelining"). It serves a standalone Redis only; a cluster's calls stay on
-redis-py's cluster client, which routes them by slot.
+"hiredis pipelining"). On a Redis Cluster, ``cluster_channel.ClusterChannel`` keeps
+one of these per primary and routes each request by its key's slot.
 
 Errors are redis-py's classes (``NoScriptError`` for ``NOSCRIPT``, ``ResponseError`` for
 other replies, ``ConnectionError`` when the connection fails), so callers handle them
