@@ -73,3 +73,80 @@ def test_a_primary_killed_under_load_loses_no_job(tmp_path: Path) -> None:
         asyncio.run(asyncio.wait_for(main(), 120))
     finally:
         cluster.stop()
+
+
+def _admin(port: int, *args: object) -> object:
+    import redis
+    r = redis.Redis(port=port)
+    try:
+        return r.execute_command(*args)
+    finally:
+        r.close()
+
+
+def _migrate(cluster: RedisClusterServer, slot: int, src: int, dst: int) -> int:
+    """Move ``slot`` from the primary on port ``src`` to the one on ``dst`` as
+    ``redis-cli --cluster reshard`` does: IMPORTING/MIGRATING, the keys in batches,
+    then the new owner told to every node; the keys moved."""
+    ids = {p: _admin(p, "CLUSTER", "MYID").decode() for p in (src, dst)}  # type: ignore[union-attr]
+    _admin(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[src])
+    _admin(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst])
+    moved = 0
+    while True:
+        keys = _admin(src, "CLUSTER", "GETKEYSINSLOT", slot, 2)
+        if not keys:
+            break
+        _admin(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)  # type: ignore[misc]
+        moved += len(keys)  # type: ignore[arg-type]
+        time.sleep(0.05)    # the host works on between batches: the slot half moved
+    for p in cluster.ports[:cluster.n_masters]:
+        _admin(p, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst])
+    return moved
+
+
+def test_a_busy_scopes_slot_migrates_under_load(tmp_path: Path) -> None:
+    """The slot of a scope with jobs running moves to another primary while they run:
+    the host follows ASK and then MOVED, every job ends."""
+    cluster = RedisClusterServer(tmp_path / "c", node_timeout_ms=2000)
+    cluster.start()
+    try:
+        async def main() -> None:
+            station = Station(torque_ok)
+            cfg = cluster_config(cluster)
+            rc = RedisCluster.from_url(cluster.url)
+            try:
+                await rc.initialize()
+                async with Host(cfg, station.sink) as host:
+                    station.attach(host)
+                    await _store_work_masters(host)
+                    scope = SCOPES[0]
+                    slot = rc.keyslot(f"sfc:{{{scope}}}:x")
+                    src = rc.get_node_from_key(f"sfc:{{{scope}}}:x").port
+                    dst = next(p for p in cluster.ports if p != src)
+                    jobs = [(scope, f"m{i}") for i in range(40)]
+                    await asyncio.gather(*(_store(host, s, j) for s, j in jobs[:10]))
+                    refreshes = host.channel.refreshes  # type: ignore[union-attr]
+                    loop = asyncio.get_running_loop()
+                    moving = loop.run_in_executor(None, _migrate, cluster, slot, src, dst)
+                    for w in range(1, 8):       # jobs keep coming while the slot moves
+                        await asyncio.gather(*(_store(host, s, j)
+                                               for s, j in jobs[w * 5 - 5 + 10:w * 5 + 10]))
+                        await asyncio.sleep(0.15)
+                    moved = await moving
+                    assert moved > 0
+                    ch = host.channel
+                    print(f"resharding: {moved} keys moved; the channel followed "
+                          f"{ch.redirects} redirects, read the table "  # type: ignore[union-attr]
+                          f"{ch.refreshes - refreshes} times")  # type: ignore[union-attr]
+                    assert ch.refreshes > refreshes  # type: ignore[union-attr]
+                    await wait_until(lambda: _all_completed(rc, jobs), 60,
+                                     "every job of the moved scope Ended_Completed")
+                    assert host.channel is not None
+                    assert host.channel.slots[slot] == ("127.0.0.1", dst)  # type: ignore[union-attr]
+                ids = Counter(station.ids())
+                assert len(ids) == 3 * len(jobs)
+            finally:
+                await rc.aclose()
+        asyncio.run(asyncio.wait_for(main(), 120))
+    finally:
+        cluster.stop()
