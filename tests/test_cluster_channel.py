@@ -37,6 +37,7 @@ def test_slots_are_redis_clusters_own() -> None:
     assert key_of(("EVALSHA", "abc", 2, "k1", "k2", "a")) == "k1"
     assert key_of(("EVALSHA", "abc", 0, "a")) is None
     assert key_of(("XACK", "stream", "group", "1-0")) == "stream"
+    assert key_of(("XREADGROUP", "GROUP", "g", "c", "COUNT", 5, "STREAMS", "s", ">")) == "s"
 
 
 def test_requests_go_to_their_slots_owner_in_one_write_per_node(

@@ -75,8 +75,14 @@ def key_of(args: Sequence[Any]) -> Any:
     name = args[0]
     if isinstance(name, bytes):
         name = name.decode()
-    if name.upper() in ("EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "FCALL"):
+    upper = name.upper()
+    if upper in ("EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "FCALL"):
         return args[3] if int(args[2]) > 0 else None
+    if upper in ("XREADGROUP", "XREAD"):
+        for i, a in enumerate(args):
+            if a in ("STREAMS", b"STREAMS", "streams"):
+                return args[i + 1]
+        return None
     return args[1] if len(args) > 1 else None
 
 

@@ -297,14 +297,26 @@ class Streams:
 
     async def _read_cluster(self, keys: list[ScopeKeys], count: int) -> list[Any]:
         """One XREADGROUP per scope (streams of two scopes may live on two nodes, and
-        one XREADGROUP cannot span slots), all in one pipeline that redis-py splits by
-        node and sends concurrently. A scope whose read fails does not cost the entries
-        the others delivered: its error is logged and counted, a lost group (the stream
-        was deleted) is created again; only when every read fails does the pass fail."""
-        pipe = self.client.pipeline(transaction=False)
-        for k in keys:
-            pipe.xreadgroup(self.group, self.consumer, {k.work: ">"}, count=count)
-        replies = await pipe.execute(raise_on_error=False)
+        one XREADGROUP cannot span slots), all at once: on the host's channel (a write
+        per node), else in one pipeline that redis-py splits by node. A scope whose read
+        fails does not cost the entries the others delivered: its error is logged and
+        counted, a lost group (the stream was deleted) is created again; only when every
+        read fails does the pass fail."""
+        channel = self.scripts.channel
+        if channel is not None:
+            # on the host's channel, each read to its stream's node, a write per node
+            raw = await channel.execute_many([
+                ("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count,
+                 "STREAMS", k.work, ">") for k in keys])
+            replies: list[Any] = [
+                r if isinstance(r, Exception) else
+                [(stream, [(eid, pairs(flat) if flat else {}) for eid, flat in items])
+                 for stream, items in r or ()] for r in raw]
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for k in keys:
+                pipe.xreadgroup(self.group, self.consumer, {k.work: ">"}, count=count)
+            replies = await pipe.execute(raise_on_error=False)
         res: list[Any] = []
         failed: list[Exception] = []
         for k, r in zip(keys, replies, strict=True):
