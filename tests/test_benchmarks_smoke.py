@@ -66,6 +66,14 @@ def test_mqtt_e2e_quick_measures_saturation_pacing_and_the_broker() -> None:
     assert 0 < float(paced.group(1)) <= float(paced.group(2))
 
 
+def test_cluster_failover_kills_a_primary_and_loses_nothing() -> None:
+    out = _run("cluster_failover.py", "--kills", "1", "--every", "2")
+    m = re.search(r"jobs: ([\d,]+) stored, ([\d,]+) ended, 0 lost or stuck", out)
+    gap = re.search(r"kill 1: port \d+, first completion after ([\d.]+) s", out)
+    assert m and gap, out
+    assert m.group(1) == m.group(2) and float(gap.group(1)) > 0
+
+
 def test_opcua_cost_times_the_lists_and_an_event() -> None:
     out = _run("opcua_cost.py", "--orders", "200", "--events", "50", "--rounds", "1")
     lists = re.findall(r"lists of ([\d,]+) orders, (none|one) subscribed: built in ([\d,]+) ms",
