@@ -150,7 +150,14 @@ async def _interruptible(opts: Options) -> int:
         loop.add_signal_handler(sig, on_signal, sig)
     demo = Demo(opts, sys.stdout)
     try:
-        return await demo.run()
+        outcome = await demo.run()
+        if signals:
+            # the cancel came while a step swallowed it: the run went on to its end,
+            # but the operator asked it to stop
+            print("\nsfc-host demo: interrupted; everything it started is stopped",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        return outcome
     except asyncio.CancelledError:
         if not signals:
             raise
