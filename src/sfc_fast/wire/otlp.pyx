@@ -46,6 +46,17 @@ cdef object _clean(object s):
     return (<str>s).encode("utf-8", "replace").decode("utf-8")
 
 
+cdef object _utf8(object s, const char** p, Py_ssize_t* n):
+    """``s`` as UTF-8 (``p``, ``n``: valid while the returned str lives), cleaned first
+    if it holds a lone surrogate."""
+    try:
+        p[0] = PyUnicode_AsUTF8AndSize(s, n)
+    except UnicodeEncodeError:
+        s = _clean(s)
+        p[0] = PyUnicode_AsUTF8AndSize(s, n)
+    return s
+
+
 cdef class _Out:
     """A growing buffer the message is written into."""
 
@@ -113,11 +124,7 @@ cdef class _Out:
             return 0
         if type(s) is not str:
             s = str(s)
-        try:
-            b = PyUnicode_AsUTF8AndSize(s, &k)
-        except UnicodeEncodeError:
-            s = _clean(s)
-            b = PyUnicode_AsUTF8AndSize(s, &k)
+        s = _utf8(s, &b, &k)
         if k == 0 and not always:
             return 0
         return self.blob(field, b, k)
@@ -253,18 +260,10 @@ cdef int _attributes(_Out out, uint32_t field, object attrs) except -1:
     for key, value in attrs.items():
         if type(key) is not str:
             key = str(key)
-        try:
-            k = PyUnicode_AsUTF8AndSize(key, &klen)
-        except UnicodeEncodeError:
-            key = _clean(key)
-            k = PyUnicode_AsUTF8AndSize(key, &klen)
+        key = _utf8(key, &k, &klen)
         t = type(value)
         if t is str:
-            try:
-                v = PyUnicode_AsUTF8AndSize(value, &vlen)
-            except UnicodeEncodeError:
-                value = _clean(value)
-                v = PyUnicode_AsUTF8AndSize(value, &vlen)
+            value = _utf8(value, &v, &vlen)
             any_len = 1 + _vlen(vlen) + vlen
             kv_len = (1 + _vlen(klen) + klen if klen else 0) + 1 + _vlen(any_len) + any_len
             out.tag(field, WT_LEN)
