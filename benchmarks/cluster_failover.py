@@ -25,7 +25,6 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -58,27 +57,6 @@ async def ended(rc: RedisCluster, jobs: list[tuple[str, str]]) -> int:
         pipe.hget(ScopeKeys(s).order(j), "state")
     got = await pipe.execute(raise_on_error=False)
     return sum(1 for g in got if g == b"Ended_Completed")
-
-
-def primary_of(cluster: RedisClusterServer, shard: int) -> Any:
-    """The node now serving shard ``shard``'s slots (its first master, or the replica
-    that took over)."""
-    import redis
-    slot = shard * 16384 // 3
-    for node in cluster.nodes:
-        if node.proc is None:
-            continue
-        try:
-            r = redis.Redis(port=node.port, socket_timeout=1)
-            for start, end, primary, *_ in r.execute_command("CLUSTER", "SLOTS"):
-                if start <= slot <= end:
-                    port = int(primary[1])
-                    r.close()
-                    return next(n for n in cluster.nodes if n.port == port)
-            r.close()
-        except (redis.RedisError, OSError):
-            continue
-    raise RuntimeError("no node answered CLUSTER SLOTS")
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -124,7 +102,7 @@ async def run(cluster: RedisClusterServer, args: argparse.Namespace) -> int:
             gaps = []
             loop = asyncio.get_running_loop()
             for k in range(args.kills):
-                victim = primary_of(cluster, k % 3)
+                victim = cluster.primary_of(cluster.shard_slot(k % 3))
                 victim.stop(signal.SIGKILL)
                 t_kill = time.monotonic()
                 before = len(completions)
@@ -134,7 +112,7 @@ async def run(cluster: RedisClusterServer, args: argparse.Namespace) -> int:
                 while time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                     if len(completions) > before and completions[-1] > t_kill + 0.05 \
-                            and cluster_ok(cluster):
+                            and cluster.is_ok():
                         break
                 gap = next((c for c in completions[before:] if c > t_kill), deadline) - t_kill
                 await loop.run_in_executor(None, victim.start)   # back, as a replica
@@ -162,22 +140,6 @@ async def run(cluster: RedisClusterServer, args: argparse.Namespace) -> int:
     print(f"kill to the first completion: median {gaps[len(gaps) // 2]:.2f} s, "
           f"longest {gaps[-1]:.2f} s")
     return 0 if lost == 0 else 1
-
-
-def cluster_ok(cluster: RedisClusterServer) -> bool:
-    import redis
-    for node in cluster.nodes:
-        if node.proc is None:
-            continue
-        try:
-            r = redis.Redis(port=node.port, socket_timeout=1)
-            info = r.execute_command("CLUSTER", "INFO")
-            r.close()
-            return b"cluster_state:ok" in (info if isinstance(info, bytes) else
-                                           str(info).encode())
-        except (redis.RedisError, OSError):
-            continue
-    return False
 
 
 if __name__ == "__main__":

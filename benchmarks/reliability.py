@@ -43,7 +43,8 @@ from fault_harness import (  # noqa: E402
 from test_mes_crash import N_ORDERS, storm_with_own_servers  # noqa: E402
 
 RUN_TIMEOUT_S = 180
-HOST_KILLS = ("kill9", "kill9_patient")   # run with --seeds, the others --other-seeds
+# run with --seeds, the others with --other-seeds
+HOST_KILLS = ("kill9", "kill9_patient", "cluster_primary_kill9")
 # What each scenario does to the load, for the table (the harness has the details).
 WHAT = {
     "kill9": "`kill -9` of a host at a random point of 200 jobs (odd seeds: both "
@@ -84,6 +85,13 @@ WHAT = {
     "acl_refused": "a third host started mid-load with a user whose ACL keeps it from the "
                    "MES topics (mosquitto grants the subscriptions and delivers nothing): "
                    "it must stop with one line naming its ACL, not serve deaf",
+    "cluster_primary_kill9": "Redis Cluster (3 primaries, a replica each, node timeout "
+                             "0.5 s): `kill -9` of the primary serving the scope's slot "
+                             "mid-load; its replica is promoted, the killed node started "
+                             "again joins as a replica",
+    "cluster_reshard": "Redis Cluster: the scope's slot migrated to another primary "
+                       "mid-load, four keys at a time, as `redis-cli --cluster reshard` "
+                       "does (the hosts meet TRYAGAIN, ASK, then MOVED)",
     "mes_kill9": "`kill -9` of `sfc-host run` under a storm of 200 MES StoreAndStart "
                  "requests (20 in flight, each order ending at once), after a reply "
                  "count drawn from the seed and 0.3 s of Redis holding writes, then "
@@ -164,9 +172,10 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
         "(persistent), a station process that logs every command id it receives with "
         "its time and answers at least once (it repeats the answer to a job's latest "
         "command every second until the job moves on), and two `sfc-host run` hosts "
-        "sharing one scope. The load is `tighten_rework` jobs (3, 5 or 7 push commands "
-        "each, decided by the job id), stored while the fault happens. After the fault "
-        "the run waits for every job to end and the work stream to drain, then compares "
+        "sharing one scope (the Redis Cluster rows: three primaries with a replica "
+        "each instead of the one redis-server). The load is `tighten_rework` jobs "
+        "(3, 5 or 7 push commands each, decided by the job id), stored while the "
+        "fault happens. After the fault the run waits for every job to end and the work stream to drain, then compares "
         "with what a fault-free run does ([tests/faults](../tests/faults/fault_harness.py)):",
         "",
         "- **jobs lost**: not `Ended_Completed`, or a job response of another shape "
@@ -256,7 +265,7 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
             "which moves `time.time` in that process; job response times are checked to be "
             "the real (server) time.",
             "- `kill9` notes: entries pending on the killed host when it died (taken over by "
-            "the other).", *redis_kill_notes(rows), ""]
+            "the other).", *redis_kill_notes(rows), *cluster_notes(rows), ""]
     out += ["Per run (seed: seconds, duplicates, notes):", ""]
     for r in rows:
         parts = []
@@ -327,6 +336,33 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
             "command) until 100,000 of them; the entry now goes when the job ends "
             "(`tests/faults/test_arrived_ends_with_the_job.py`).", ""]
     return "\n".join(out)
+
+
+def cluster_notes(rows: list[Row]) -> list[str]:
+    """What the Redis Cluster rows show, with the promotion times."""
+    names = {r.name: r for r in rows}
+    out = []
+    kill = names.get("cluster_primary_kill9")
+    if kill is not None and kill.runs:
+        took = sorted(float(o.notes.get("promoted after s", 0)) for o in kill.runs)
+        out.append(
+            f"- *Redis Cluster primary killed*: the scope's slot was served again "
+            f"{took[0]:.2f}-{took[-1]:.2f} s after the kill (median "
+            f"{took[len(took) // 2]:.2f} s; node timeout 0.5 s, then the replica's "
+            "election). Meanwhile the hosts' requests to that slot fail and are sent "
+            "again with backoff (`retries` in the notes), and each host reads the slot "
+            "table again (`table_reads`, two of them each host's first). Replication is "
+            "asynchronous: a write the killed primary acknowledged but had not yet passed "
+            "to its replica would be lost ([operations.md](operations.md#redis-cluster) "
+            "says what `WAIT` and `min-replicas-to-write` buy); on loopback that window "
+            "is well under a millisecond, and any loss fails the run.")
+    if "cluster_reshard" in names:
+        out.append(
+            "- *Redis Cluster reshard*: the notes count the keys moved and how long the "
+            "move took; `redirects` are requests answered MOVED or ASK, `retries` "
+            "requests answered TRYAGAIN (a script whose keys were half moved) and sent "
+            "again after a pause.")
+    return out
 
 
 def redis_kill_notes(rows: list[Row]) -> list[str]:

@@ -19,6 +19,7 @@ import sys
 import time
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 from sfc_host.demo.servers import free_port
 
@@ -289,6 +290,74 @@ class RedisClusterServer:
             time.sleep(0.05)
         raise RuntimeError(f"{self.name} not ok within {START_TIMEOUT_S} s:\n"
                            + "\n".join(states) + "\n" + self._tails())
+
+    def _query(self, port: int, *args: str | int) -> Any:
+        """One command with redis-py (array replies too); raises what redis-py raises."""
+        import redis
+        r = redis.Redis(port=port, password=self.password, socket_timeout=2)
+        try:
+            return r.execute_command(*args)
+        finally:
+            r.close()
+
+    def primary_of(self, slot: int) -> RedisServer:
+        """The node serving ``slot`` now, as the first live node that answers says
+        (after a failover: the promoted replica)."""
+        import redis
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            try:
+                table = self._query(node.port, "CLUSTER", "SLOTS")
+            except (redis.RedisError, OSError):
+                continue
+            for first, last, primary, *_ in table:
+                if first <= slot <= last:
+                    port = int(primary[1])
+                    return next(n for n in self.nodes if n.port == port)
+        raise RuntimeError(f"{self.name}: no node answered CLUSTER SLOTS for slot {slot}")
+
+    def shard_slot(self, shard: int) -> int:
+        """The first slot of shard ``shard`` as ``start()`` spread them."""
+        return shard * 16384 // self.n_masters
+
+    def is_ok(self) -> bool:
+        """Whether the first live node that answers says ``cluster_state:ok``."""
+        import redis
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            try:
+                return b"cluster_state:ok" in self._query(node.port, "CLUSTER", "INFO")
+            except (redis.RedisError, OSError):
+                continue
+        return False
+
+    def migrate(self, slot: int, src: int, dst: int, *, batch: int = 2,
+                pause_s: float = 0.05) -> int:
+        """Move ``slot`` from the primary on port ``src`` to the one on ``dst`` as
+        ``redis-cli --cluster reshard`` does: IMPORTING/MIGRATING, the keys in batches
+        (``pause_s`` between them, so that clients meet the slot half moved), then the
+        new owner told to every primary. The number of keys moved."""
+        ids = {p: bytes(self._query(p, "CLUSTER", "MYID")).decode() for p in (src, dst)}
+        self._query(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[src])
+        self._query(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst])
+        moved = 0
+        while keys := self._query(src, "CLUSTER", "GETKEYSINSLOT", slot, batch):
+            auth: list[str] = [] if self.password is None else ["AUTH", self.password]
+            self._query(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, *auth, "KEYS", *keys)
+            moved += len(keys)
+            time.sleep(pause_s)
+        import redis
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            try:
+                self._query(node.port, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst])
+            except redis.ResponseError as e:    # a replica: its primary tells it
+                if "master" not in str(e):
+                    raise
+        return moved
 
     def _tails(self) -> str:
         out = []

@@ -75,35 +75,6 @@ def test_a_primary_killed_under_load_loses_no_job(tmp_path: Path) -> None:
         cluster.stop()
 
 
-def _admin(port: int, *args: object) -> object:
-    import redis
-    r = redis.Redis(port=port)
-    try:
-        return r.execute_command(*args)
-    finally:
-        r.close()
-
-
-def _migrate(cluster: RedisClusterServer, slot: int, src: int, dst: int) -> int:
-    """Move ``slot`` from the primary on port ``src`` to the one on ``dst`` as
-    ``redis-cli --cluster reshard`` does: IMPORTING/MIGRATING, the keys in batches,
-    then the new owner told to every node; the keys moved."""
-    ids = {p: _admin(p, "CLUSTER", "MYID").decode() for p in (src, dst)}  # type: ignore[union-attr]
-    _admin(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[src])
-    _admin(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst])
-    moved = 0
-    while True:
-        keys = _admin(src, "CLUSTER", "GETKEYSINSLOT", slot, 2)
-        if not keys:
-            break
-        _admin(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)  # type: ignore[misc]
-        moved += len(keys)  # type: ignore[arg-type]
-        time.sleep(0.05)    # the host works on between batches: the slot half moved
-    for p in cluster.ports[:cluster.n_masters]:
-        _admin(p, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst])
-    return moved
-
-
 def test_a_busy_scopes_slot_migrates_under_load(tmp_path: Path) -> None:
     """The slot of a scope with jobs running moves to another primary while they run:
     the host follows ASK and then MOVED, every job ends."""
@@ -127,7 +98,7 @@ def test_a_busy_scopes_slot_migrates_under_load(tmp_path: Path) -> None:
                     await asyncio.gather(*(_store(host, s, j) for s, j in jobs[:10]))
                     refreshes = host.channel.refreshes  # type: ignore[union-attr]
                     loop = asyncio.get_running_loop()
-                    moving = loop.run_in_executor(None, _migrate, cluster, slot, src, dst)
+                    moving = loop.run_in_executor(None, cluster.migrate, slot, src, dst)
                     for w in range(1, 8):       # jobs keep coming while the slot moves
                         await asyncio.gather(*(_store(host, s, j)
                                                for s, j in jobs[w * 5 - 5 + 10:w * 5 + 10]))

@@ -67,6 +67,12 @@ HELP: dict[str, str] = {
     "recovery_errors": "Jobs that failed to recover at start-up.",
     "outages": "Sweeps that found a scope not swept for longer than the outage threshold.",
     "ticks_queued": "Deadline ticks queued by the sweep.",
+    "redis_cluster_table_reads": "Redis Cluster slot tables read (at start, after MOVED, "
+                                 "a failover or a node lost).",
+    "redis_cluster_redirects": "Redis Cluster requests redirected (MOVED or ASK: a slot "
+                               "moved or moving to another primary).",
+    "redis_cluster_retries": "Redis Cluster requests sent again after a pause (TRYAGAIN, "
+                             "CLUSTERDOWN, a node lost: a failover or a migration).",
     "mqtt_sent": "MQTT messages published.",
     "mqtt_received": "MQTT messages received.",
     "mqtt_queue_full": "MQTT messages dropped because the outgoing queue was full.",

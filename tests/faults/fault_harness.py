@@ -55,9 +55,11 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import RedisError
 from scripted_broker import prop_byte, prop_str, props, publish, utf8, varint
-from servers import MosquittoServer, RedisServer, free_port
+from servers import MosquittoServer, RedisClusterServer, RedisServer, free_port
 from test_host_faults import expected_ids
 
 from sfc_host.config import HostConfig
@@ -241,7 +243,7 @@ class Cluster:
     def __init__(self, seed: int, *, hosts: int = 2, settings: dict[str, Any] | None = None,
                  clock_jumps: dict[str, str] | None = None, station_delay_s: float = 0.1,
                  repeat_s: float = 1.0, wm_timeout_s: int | None = None,
-                 appendfsync: str = "everysec") -> None:
+                 appendfsync: str = "everysec", redis_cluster: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.n_hosts = hosts
@@ -251,8 +253,12 @@ class Cluster:
         self.repeat_s = repeat_s
         self.wm_timeout_s = wm_timeout_s
         self.dir = Path(tempfile.mkdtemp(prefix="sfc-faults-"))
-        self.redis = RedisServer(self.dir / "redis", aof=True, extra=(
-            [] if appendfsync == "everysec" else ["--appendfsync", appendfsync]))
+        self.redis_cluster = redis_cluster
+        # on a cluster: three primaries, a replica each, a failover within a second
+        self.redis: RedisServer | RedisClusterServer = RedisClusterServer(
+            self.dir / "redis", node_timeout_ms=500, replicas=1) if redis_cluster else \
+            RedisServer(self.dir / "redis", aof=True, extra=(
+                [] if appendfsync == "everysec" else ["--appendfsync", appendfsync]))
         self.broker = PersistentMosquitto(self.dir / "mqtt")
         self.hosts: dict[str, HostProcess] = {}
         self.station: subprocess.Popen[bytes] | None = None
@@ -275,10 +281,12 @@ class Cluster:
         try:
             await asyncio.to_thread(self.redis.start)
             await asyncio.to_thread(self.broker.start)
-            self.settings.update(redis_url=self.redis.url, mqtt_url=self.broker.url)
-            self.client = aioredis.Redis.from_url(self.redis.url)
-            self.orders = Host(HostConfig(redis_url=self.redis.url, consumer="faults"),
-                               loops=False)
+            self.settings.update(redis_url=self.redis.url, mqtt_url=self.broker.url,
+                                 redis_cluster=self.redis_cluster)
+            self.client = RedisCluster.from_url(self.redis.url) if self.redis_cluster \
+                else aioredis.Redis.from_url(self.redis.url)
+            self.orders = Host(HostConfig(redis_url=self.redis.url, consumer="faults",
+                                          redis_cluster=self.redis_cluster), loops=False)
             await self.orders.store.put_work_master(SCOPE, work_master(self.wm_timeout_s))
             await self.orders.orders.register_scope(SCOPE)
             await self.start_station()
@@ -572,6 +580,7 @@ async def _restart(out: Outcome, c: Cluster, server: RedisServer | MosquittoServ
 async def redis_restart(seed: int, n_jobs: int = 150) -> Outcome:
     """Redis (AOF everysec) stopped and started again mid-load, down for 0.5 s."""
     async with Cluster(seed) as c:
+        assert isinstance(c.redis, RedisServer)
         return await _restart(Outcome("Redis restart (AOF everysec)", seed), c, c.redis,
                               n_jobs)
 
@@ -655,6 +664,7 @@ async def redis_kill9(seed: int, n_jobs: int = 150, appendfsync: str = "everysec
         f", last {lose_s:g} s of the AOF lost)" if lose_s else ")")
     out = Outcome(what, seed)
     async with Cluster(seed, appendfsync=appendfsync) as c:
+        assert isinstance(c.redis, RedisServer)
         with AofTail(c.redis) as aof:
             async def fault() -> None:
                 # past the first second of load, so that a cut second holds only load
@@ -973,6 +983,82 @@ async def acl_refused(seed: int, n_jobs: int = 100) -> Outcome:
         return await c.check(out)
 
 
+CLUSTER_COUNTERS = ("redis_cluster_table_reads", "redis_cluster_redirects",
+                    "redis_cluster_retries")
+ClusterFault = Callable[[Cluster, RedisClusterServer, int, Outcome], Awaitable[None]]
+
+
+async def _on_redis_cluster(out: Outcome, seed: int, fault: ClusterFault,
+                            n_jobs: int) -> Outcome:
+    """The load on a Redis Cluster with ``fault(cluster, nodes, scope's slot, out)``
+    mid-load; the notes say what the hosts' channels met, from their metrics."""
+    async with Cluster(seed, redis_cluster=True) as c:
+        nodes = c.redis
+        assert isinstance(nodes, RedisClusterServer)
+        slot = key_slot(K.work.encode())
+        await _during(c.load(n_jobs, 0.02), lambda: fault(c, nodes, slot, out))
+        await c.check(out)
+        counts = await asyncio.to_thread(host_counts, c, *CLUSTER_COUNTERS)
+    for n in CLUSTER_COUNTERS:
+        out.notes[n.removeprefix("redis_cluster_")] = int(sum(h.get(n, 0)
+                                                              for h in counts.values()))
+    return out
+
+
+async def _kill_slot_primary(c: Cluster, nodes: RedisClusterServer, slot: int,
+                             out: Outcome) -> None:
+    await asyncio.sleep(c.rng.uniform(0.5, 2.0))
+    victim = await asyncio.to_thread(nodes.primary_of, slot)
+    down = time.time()
+    await asyncio.to_thread(victim.stop, signal.SIGKILL)
+    while time.time() - down < 30:
+        with contextlib.suppress(RuntimeError):
+            if (await asyncio.to_thread(nodes.primary_of, slot)) is not victim \
+                    and await asyncio.to_thread(nodes.is_ok):
+                break
+        await asyncio.sleep(0.05)
+    out.notes["promoted after s"] = round(time.time() - down, 2)
+    await asyncio.to_thread(victim.start)
+    c.windows.append((down, time.time() + RECONNECT_S))
+    out.faults += 1
+
+
+async def cluster_primary_kill9(seed: int, n_jobs: int = 150) -> Outcome:
+    """On a Redis Cluster (three primaries, a replica each, node timeout 0.5 s), the
+    primary serving the scope's slot killed (SIGKILL) mid-load. Its replica is promoted;
+    the hosts' channels meet a refused connection, then CLUSTERDOWN or MOVED, read the
+    slot table again and go on. The killed node is started again once the promotion is
+    seen, and joins as the new primary's replica.
+
+    Replication is asynchronous: a write the killed primary acknowledged but had not yet
+    sent to its replica is lost (docs/operations.md, "Redis Cluster"). On loopback that
+    window is well under a millisecond, and any loss fails the run."""
+    return await _on_redis_cluster(Outcome("Redis Cluster primary kill -9", seed), seed,
+                                   _kill_slot_primary, n_jobs)
+
+
+async def _move_slot(c: Cluster, nodes: RedisClusterServer, slot: int,
+                     out: Outcome) -> None:
+    await asyncio.sleep(c.rng.uniform(0.3, 1.5))
+    src = await asyncio.to_thread(nodes.primary_of, slot)
+    dst = c.rng.choice([n for n in nodes.nodes[:nodes.n_masters] if n is not src])
+    at = time.time()
+    out.notes["keys moved"] = await asyncio.to_thread(nodes.migrate, slot, src.port,
+                                                      dst.port, batch=4, pause_s=0.05)
+    out.notes["moving s"] = round(time.time() - at, 2)
+    c.windows.append((at, time.time() + 0.5))
+    out.faults += 1
+
+
+async def cluster_reshard(seed: int, n_jobs: int = 150) -> Outcome:
+    """On a Redis Cluster, the scope's slot migrated to another primary mid-load, as
+    ``redis-cli --cluster reshard`` does it (MIGRATING/IMPORTING, the keys four at a time,
+    then SETSLOT NODE on every node): while it moves, a script whose keys are half moved
+    gets TRYAGAIN, a key already gone ASK; after it, MOVED."""
+    return await _on_redis_cluster(Outcome("Redis Cluster reshard of the busy slot", seed),
+                                   seed, _move_slot, n_jobs)
+
+
 SCENARIOS: dict[str, Callable[[int], Awaitable[Outcome]]] = {
     "kill9": kill9,
     "kill9_patient": lambda seed: kill9(seed, claim_min_idle_ms=PATIENT_CLAIM_MS),
@@ -989,4 +1075,6 @@ SCENARIOS: dict[str, Callable[[int], Awaitable[Outcome]]] = {
     "mqtt_poison": mqtt_poison,
     "broker_hang": broker_hang,
     "acl_refused": acl_refused,
+    "cluster_primary_kill9": cluster_primary_kill9,
+    "cluster_reshard": cluster_reshard,
 }

@@ -128,3 +128,22 @@ def test_a_host_the_acl_refuses_stops_with_one_line(seed: int) -> None:
     """A host whose ACL keeps it from the MES topics stops with one line naming the ACL
     (exit 1) instead of serving deaf; the other hosts carry the load."""
     run_scenario("acl_refused", seed)
+
+
+@pytest.mark.parametrize("seed", OTHER_SEEDS)
+def test_kill_9_of_the_redis_cluster_primary_serving_the_scope(seed: int) -> None:
+    """On a Redis Cluster with a replica per primary, the primary of the scope's slot is
+    killed mid-load: the replica is promoted, both hosts read the slot table again and
+    go on; nothing lost, no id twice outside the fault's window."""
+    out = run_scenario("cluster_primary_kill9", seed)
+    assert out.faults == 1
+    assert out.notes["table_reads"] > 2, out.notes     # beyond each host's first read
+
+
+@pytest.mark.parametrize("seed", OTHER_SEEDS)
+def test_the_busy_scopes_slot_resharded_mid_load(seed: int) -> None:
+    """The scope's slot migrates to another primary while its jobs run: the hosts follow
+    TRYAGAIN, ASK and MOVED to the new owner; nothing lost."""
+    out = run_scenario("cluster_reshard", seed)
+    assert out.notes["keys moved"] > 0, out.notes
+    assert out.notes["table_reads"] > 2, out.notes     # each host met the move

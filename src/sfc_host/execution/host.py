@@ -68,9 +68,10 @@ class Host:
         c = self.config
         self.channel: RedisChannel | ClusterChannel | None = None
         if client is None:
-            kind = ClusterChannel if c.redis_cluster else RedisChannel
-            self.channel = kind(c.redis_url, ca_file=c.redis_ca_file,
-                                cert_file=c.redis_cert_file, key_file=c.redis_key_file)
+            tls = dict(ca_file=c.redis_ca_file, cert_file=c.redis_cert_file,
+                       key_file=c.redis_key_file)
+            self.channel = ClusterChannel(c.redis_url, metrics=self.metrics, **tls) \
+                if c.redis_cluster else RedisChannel(c.redis_url, **tls)
         self.scripts = Scripts(self.client, self.channel)
         self.store = Store(self.client, self.scripts, GraphCache(self.config.graph_cache_size),
                            self.config.state_cache_size, self.config.group,

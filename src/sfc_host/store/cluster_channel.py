@@ -33,6 +33,7 @@ from urllib.parse import quote, urlsplit
 
 from redis import exceptions as rx
 
+from sfc_host.metrics import Metrics
 from sfc_host.store.channel import RedisChannel
 
 log = logging.getLogger("sfc_host.store.cluster")
@@ -90,7 +91,7 @@ class ClusterChannel:
     """Requests to a cluster, pipelined per primary; the ``RedisChannel`` interface."""
 
     def __init__(self, url: str, *, ca_file: str = "", cert_file: str = "",
-                 key_file: str = "") -> None:
+                 key_file: str = "", metrics: Metrics | None = None) -> None:
         u = urlsplit(url)
         self.scheme = u.scheme or "redis"
         self.username = u.username
@@ -103,6 +104,9 @@ class ClusterChannel:
         self._refreshing: asyncio.Task[None] | None = None
         self.refreshes = 0
         self.redirects = 0
+        self.retries = 0
+        # what a night shift looks for after a failover or a reshard
+        self.metrics = metrics if metrics is not None else Metrics()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -147,6 +151,7 @@ class ClusterChannel:
                     slots[s] = owner
             self.slots = slots
             self.refreshes += 1
+            self.metrics.inc("redis_cluster_table_reads")
             return
         raise rx.ConnectionError(f"no node of the cluster answered CLUSTER SLOTS: {last}")
 
@@ -199,6 +204,8 @@ class ClusterChannel:
                 for i, err in again:
                     results[i] = err
                 return results
+            self.retries += len(again)
+            self.metrics.inc("redis_cluster_retries", len(again))
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
             await self._refresh_quietly()
@@ -257,8 +264,9 @@ class ClusterChannel:
         one request goes to the node named, after ASKING, in one write."""
         if any(text.startswith("MOVED") for _, text in redirected):
             await self._refresh_quietly()
+        self.redirects += len(redirected)
+        self.metrics.inc("redis_cluster_redirects", len(redirected))
         for i, text in redirected:
-            self.redirects += 1
             hops = 0
             while True:
                 word, _, where = text.split(" ", 2)
