@@ -176,7 +176,8 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
         "each instead of the one redis-server). The load is `tighten_rework` jobs "
         "(3, 5 or 7 push commands each, decided by the job id), stored while the "
         "fault happens. After the fault the run waits for every job to end and the "
-        "work stream to drain, then compares with what a fault-free run does ([tests/faults](../tests/faults/fault_harness.py)):",
+        "work stream to drain, then compares with what a fault-free run does "
+        "([tests/faults](../tests/faults/fault_harness.py)):",
         "",
         "- **jobs lost**: not `Ended_Completed`, or a job response of another shape "
         "(every job has the same response fields, `tighten.torque` 85);",
