@@ -53,6 +53,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import TraceState
 
 from sfc_fast.wire.otlp import encode_spans
+from sfc_host.tracing.batch import PlainSpan
 
 # ids with leading zero bytes: an encoder that trims them shows up at once
 TRACE_A = 0x0AF7651916CD43DD8448EB211C80319C
@@ -392,6 +393,26 @@ class TestAgainstTheSdk:
         assert [(ss.scope.attributes[0].value.string_value, [s.name for s in ss.spans])
                 for ss in ours.resource_spans[0].scope_spans] == [("a", ["a"]), ("b", ["b"])]
         assert ours == _as_ours(batch)
+
+    def test_equal_scope_objects_share_a_group(self) -> None:
+        """Two scope objects that compare equal are one group, whichever comes first."""
+        one = InstrumentationScope("lib", "1", None, {"tier": "a"})
+        same = InstrumentationScope("lib", "1", None, {"tier": "a"})
+        batch = [_span("a", 0x22, scope=one), _span("b", 0x23, scope=same),
+                 _span("c", 0x24, scope=one)]
+        _, ours = _ours(batch)
+        assert [[s.name for s in ss.spans] for ss in ours.resource_spans[0].scope_spans] \
+            == [["a", "b", "c"]]
+        assert ours == _as_ours(batch)
+
+    def test_the_hosts_plain_spans_encode_as_readable_spans_do(self) -> None:
+        """``PlainSpan`` (what the host's recorder hands its batcher) made from the same
+        arguments as each rich span: the same bytes."""
+        batch = _rich_spans()
+        plain = [PlainSpan(s.name, s.context, s.parent, s.resource, s.attributes,
+                           s.events, s.links, s.kind, None, s.status, s.start_time,
+                           s.end_time, s.instrumentation_scope) for s in batch]
+        assert encode_spans(plain) == encode_spans(batch)
 
     # A span an SDK tracer made under its limits (SpanLimits, OTEL_SPAN_*_LIMIT) says
     # how many attributes, events and links it lost: the counts go on (the host's own

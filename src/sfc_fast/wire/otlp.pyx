@@ -307,6 +307,19 @@ cdef int _count(_Out out, uint32_t field, object n) except -1:
     return 0
 
 
+# enum members' codes by id: an enum's ``value`` is a Python-level property, and a
+# member lives as long as its class
+cdef dict _codes = {}
+
+
+cdef long _code(object member) except? -1:
+    """``member.value`` of a span kind or status code, looked up once per member."""
+    got = _codes.get(id(member))
+    if got is None:
+        got = _codes[id(member)] = (member, int(member.value))
+    return got[1]
+
+
 cdef object _state(object ctx):
     state = ctx.trace_state
     return state.to_header() if state else None
@@ -324,9 +337,8 @@ cdef int _span(_Out out, object s) except -1:
     if parent is not None:
         _id(out, 4, parent.span_id, 8)
     out.text(5, s.name)
-    kind = s.kind
     out.tag(6, WT_VARINT)
-    out.varint(<uint64_t>(kind.value + 1))      # the SDK's kinds count from 0, OTLP's from 1
+    out.varint(<uint64_t>(_code(s.kind) + 1))   # the SDK's kinds count from 0, OTLP's from 1
     out.fixed(7, <uint64_t>(s.start_time or 0), 8)
     out.fixed(8, <uint64_t>(s.end_time or 0), 8)
     _attributes(out, 9, s.attributes)
@@ -352,7 +364,7 @@ cdef int _span(_Out out, object s) except -1:
         out.end(e)
     _count(out, 14, getattr(s, "dropped_links", 0))
     status = s.status
-    code = status.status_code.value
+    code = _code(status.status_code)
     description = status.description
     if code or description:
         e = out.begin(15)
@@ -373,16 +385,22 @@ def encode_spans(spans) -> bytes:
     cdef _Out out = _Out(max(4096, 512 * len(spans)))
     cdef Py_ssize_t rs, ss
     groups = {}                 # id(resource) -> (resource, {scope key: (scope, [spans])})
+    # the spans of one (resource, scope) pair of objects: most spans share one, and an
+    # instrumentation scope's hash formats a string
+    by_ids = {}
     for s in spans:
         res = s.resource
-        got = groups.get(id(res))
-        if got is None:
-            got = groups[id(res)] = (res, {})
         scope = s.instrumentation_scope
-        key = scope     # equal scopes (name, version, schema, attributes) share a group
-        lst = got[1].get(key)
+        lst = by_ids.get((id(res), id(scope)))
         if lst is None:
-            lst = got[1][key] = (scope, [])
+            got = groups.get(id(res))
+            if got is None:
+                got = groups[id(res)] = (res, {})
+            key = scope     # equal scopes (name, version, schema, attributes) share a group
+            lst = got[1].get(key)
+            if lst is None:
+                lst = got[1][key] = (scope, [])
+            by_ids[(id(res), id(scope))] = lst
         lst[1].append(s)
     for res, scopes in groups.values():
         rs = out.begin(1)

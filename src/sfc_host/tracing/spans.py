@@ -39,7 +39,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import TraceState
 
 from sfc_host.tracing.batch import BatchSettingError, OtlpBatcher, settings_from
-from sfc_host.tracing.context import TraceContext, job_run, span_id_for
+from sfc_host.tracing.context import TraceContext, job_run, span_int_for
 from sfc_host.tracing.otlp import OtlpExporter, OtlpSettingError
 
 SERVICE_NAME = "sfc-host"
@@ -63,9 +63,10 @@ def _state(header: str) -> TraceState | None:
     return TraceState.from_header([header]) if header else None
 
 
-def _context(c: TraceContext, span_id: str, remote: bool = False) -> SpanContext:
-    return SpanContext(int(c.trace_id, 16), int(span_id, 16), remote, _flags(c.flags),
-                       _state(c.state))
+def _context(c: TraceContext, span_id: str | int, remote: bool = False) -> SpanContext:
+    return SpanContext(int(c.trace_id, 16),
+                       span_id if isinstance(span_id, int) else int(span_id, 16), remote,
+                       _flags(c.flags), _state(c.state))
 
 
 class _Run:
@@ -84,7 +85,7 @@ class _Run:
     def child(self, key: str) -> SpanContext:
         """The context of the span ``key`` names in this trace (``span_id_for``)."""
         c = self.context
-        return SpanContext(self.trace_int, int(span_id_for(self.trace, key), 16), False,
+        return SpanContext(self.trace_int, span_int_for(self.trace, key), False,
                            _flags(c.flags), _state(c.state))
 
 
@@ -113,11 +114,13 @@ class SpanRecorder:
         self._answers: OrderedDict[str, SpanContext] = OrderedDict()
         self._events: OrderedDict[tuple[str, str], SpanContext] = OrderedDict()
         self.recorded = 0
+        # the span class the processor takes (``batch.PlainSpan`` for the host's batcher)
+        self._span: Any = getattr(processor, "span_type", ReadableSpan)
 
     def _emit(self, name: str, context: SpanContext, parent: SpanContext | None,
               kind: SpanKind, start_ns: int, end_ns: int, attributes: dict[str, Any],
               status: Status = _UNSET, links: Sequence[Link] = ()) -> None:
-        self.processor.on_end(ReadableSpan(
+        self.processor.on_end(self._span(
             name, context, parent, self.resource, attributes, (), links, kind, None,
             status, start_ns, max(end_ns, start_ns), self.scope))
         self.recorded += 1
@@ -132,7 +135,7 @@ class SpanRecorder:
         the MES's (``root``: the request came without one; the span starts a trace)."""
         if not trace.sampled:
             return
-        ctx = _context(trace, span_id_for(trace.trace_id, f"mes:{event.id}"))
+        ctx = _context(trace, span_int_for(trace.trace_id, f"mes:{event.id}"))
         parent = None if root else _context(trace, trace.span_id, remote=True)
         attrs: dict[str, Any] = {
             "messaging.system": "mqtt", "messaging.operation.type": "process",
