@@ -329,6 +329,27 @@ def test_workmaster_put_list_show_delete(host: HostThread, conf: str, tmp_path: 
     one_line_error(rc, err, "cannot read")
 
 
+def test_a_work_master_stored_before_the_scope_kept_its_ids_is_listed(
+        host: HostThread, conf: str, redis_url: str, capsys) -> None:
+    """A Work Master written by a release that kept no set of a scope's ids (its key
+    alone) is found once by its key, then listed from the set."""
+    from sfc_host.store.keys import ScopeKeys
+
+    k = ScopeKeys(host.scope)
+    c = redis.Redis.from_url(redis_url)
+    try:
+        ids = {m.decode() for m in c.smembers(k.work_masters)}
+        c.delete(k.work_masters)
+        raw = c.get(k.work_master("wm"))
+        assert raw is not None
+        c.set(k.work_master("old*[1]"), raw.replace(b'"ID": "wm"', b'"ID": "old*[1]"'))
+        rc, out, _ = sfc(capsys, "workmaster", "list", "--config", conf)
+        assert rc == 0 and {"wm", "old*[1]"} <= set(rows_of(out)), out
+        assert {m.decode() for m in c.smembers(k.work_masters)} == ids | {"old*[1]"}
+    finally:
+        c.close()
+
+
 def test_mes_client_many_requests_at_once(host: HostThread, conf: str) -> None:
     from sfc_host.config import HostConfig
     from sfc_host.mes.client import MesClient, NoReply

@@ -435,18 +435,20 @@ def cmd_wm_delete(args: argparse.Namespace) -> int:
 
 
 async def _work_masters(cfg: HostConfig, scope: str, wm_id: str | None) -> list[Any]:
+    """``[raw]`` of Work Master ``wm_id``; without one, ``(id, raw)`` of each of the
+    scope's."""
     from sfc_host.store.client import connect
     from sfc_host.store.keys import ScopeKeys
+    from sfc_host.store.states import work_master_ids
 
     client = connect(cfg)
     try:
         k = ScopeKeys(scope)
         if wm_id is not None:
             return [await client.get(k.work_master(wm_id))]
-        keys = [key async for key in client.scan_iter(match=k.work_master("*"), count=500)]
-        keys.sort()
-        values = [await client.get(key) for key in keys] if keys else []
-        return list(zip(keys, values, strict=True))
+        ids = await work_master_ids(client, scope)
+        values = await client.mget([k.work_master(i) for i in ids]) if ids else []
+        return list(zip(ids, values, strict=True))
     finally:
         await client.aclose()
 
@@ -466,14 +468,13 @@ def _describe(raw: bytes | None) -> tuple[Any, str, str]:
 
 def cmd_wm_list(args: argparse.Namespace) -> int:
     async def body(cfg: HostConfig) -> int:
-        from sfc_host.store.keys import ScopeKeys
-
         scope = scope_of(args, cfg)
-        prefix = ScopeKeys(scope).work_master("")
         rows = []
-        for key, raw in await _work_masters(cfg, scope, None):
+        for wm_id, raw in await _work_masters(cfg, scope, None):
+            if raw is None:
+                continue            # deleted between the two reads
             _, schema, text = _describe(raw)
-            rows.append((key.decode()[len(prefix):], schema, text))
+            rows.append((wm_id, schema, text))
         if args.json:
             print(json.dumps([{"ID": i, "dataschema": s, "Description": t}
                               for i, s, t in rows], indent=2))

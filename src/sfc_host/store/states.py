@@ -631,17 +631,8 @@ class Store:
         return bool(deleted)
 
     async def work_master_ids(self, scope: str) -> list[str]:
-        """The scope's Work Master ids, sorted. Work Masters stored before the scope had
-        its id set are found by their keys once and added to it."""
-        k = self.keys(scope)
-        ids = {m.decode() for m in await self.client.smembers(k.work_masters)}
-        if not ids:
-            prefix = k.work_master("")
-            async for key in self.client.scan_iter(match=prefix + "*", count=500):
-                ids.add(key.decode()[len(prefix):])
-            if ids:
-                await self.client.sadd(k.work_masters, *ids)
-        return sorted(ids)
+        """The scope's Work Master ids, sorted (``work_master_ids``)."""
+        return await work_master_ids(self.client, scope)
 
     async def work_master(self, scope: str, wm_id: str) -> bytes | None:
         raw: bytes | None = await self.client.get(self.keys(scope).work_master(wm_id))
@@ -699,3 +690,23 @@ def decode_or_none(graph: Graph, state: bytes | None, fn: Any) -> Any:
 def iter_chunks(items: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
     for i in range(0, len(items), n):
         yield items[i:i + n]
+
+
+async def work_master_ids(client: Any, scope: str) -> list[str]:
+    """A scope's Work Master ids, sorted, from its set of them. Work Masters stored
+    before the scope had the set are found by their keys once (a scan of the keyspace)
+    and added to it."""
+    k = ScopeKeys(scope)
+    ids = {_decoded(m) for m in await client.smembers(k.work_masters)}
+    if not ids:
+        prefix = k.work_master("")
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
+        async for key in client.scan_iter(match=pattern, count=500):
+            ids.add(_decoded(key)[len(prefix):])
+        if ids:
+            await client.sadd(k.work_masters, *ids)
+    return sorted(ids)
+
+
+def _decoded(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw

@@ -20,7 +20,7 @@ from sfc_host.metrics import Metrics
 from sfc_host.names import check_job, check_scope
 from sfc_host.store.keys import ScopeKeys
 from sfc_host.store.orders import top_state
-from sfc_host.store.states import GraphCache
+from sfc_host.store.states import GraphCache, work_master_ids
 from sfc_host.store.views import add_scope_rates, rate, read_job, scope_sample, scopes
 
 TOP_STATES = ("NotAllowedToStart", "AllowedToStart", "Running", "Interrupted", "Ended",
@@ -170,20 +170,19 @@ class WebData:
     # ---- Work Masters
 
     async def work_masters(self, scope: str) -> list[dict[str, Any]]:
-        """The scope's Work Masters (a key scan of the scope's slot), each checked."""
+        """The scope's Work Masters (its set of ids), each checked."""
         check_scope(scope)
-        prefix = ScopeKeys(scope).work_master("")
-        keys = sorted({_text(key) async for key in self.client.scan_iter(
-            match=_glob_escape(prefix) + "*", count=500)})
-        if not keys:
+        k = ScopeKeys(scope)
+        ids = await work_master_ids(self.client, scope)
+        if not ids:
             return []
-        values = await self.client.mget(keys)
+        values = await self.client.mget([k.work_master(i) for i in ids])
         out = []
-        for key, raw in zip(keys, values, strict=True):
+        for wm_id, raw in zip(ids, values, strict=True):
             if raw is None:
                 continue
             checked = check_work_master(_json(raw))
-            checked["id"] = key[len(prefix):]
+            checked["id"] = wm_id
             out.append(checked)
         return out
 
@@ -195,10 +194,6 @@ def _json(raw: Any) -> Any:
         return json.loads(raw)
     except ValueError:
         return None
-
-
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def _qualifiers(graph: Graph | None) -> dict[str, str]:
