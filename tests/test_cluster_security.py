@@ -55,6 +55,7 @@ from sfc_host.isa95 import state_list
 from sfc_host.mes.client import MesClient
 from sfc_host.service.app import App
 from sfc_host.store.client import connect
+from sfc_host.store.cluster_channel import ClusterChannel
 from sfc_host.store.keys import ScopeKeys
 
 pytestmark = pytest.mark.servers
@@ -269,6 +270,10 @@ def test_a_host_runs_jobs_on_a_tls_cluster_as_the_least_privilege_user(
                 got = (await mes.by_id(waiting[0], f"{waiting[0]}-A")).data["JobResponse"]
                 assert got["JobState"] == state_list("Ended_Completed")
             ports = await user_ports(tls_cluster, "sfc-host")
+            # the hot path went through the host's own channel, a TLS link per primary
+            ch = app.host.channel
+            assert isinstance(ch, ClusterChannel) and ch.writes > 0
+            assert {port for _, port in ch.nodes} == set(tls_cluster.tls_ports), ch.nodes
         finally:
             await app.aclose()
             await rc.aclose()
