@@ -182,7 +182,7 @@ def test_one_request_or_a_few_on_a_fresh_channel(redis_cluster: RedisClusterServ
 
 
 def test_a_primary_killed_mid_load_the_channel_rides_through_the_failover(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """kill -9 of a primary with a replica, requests in flight: its replica is promoted,
     the channel reads the table again, every caller gets its answer and every key its
     last write; the time from the kill to the first answer from the promoted node is
@@ -224,6 +224,10 @@ def test_a_primary_killed_mid_load_the_channel_rides_through_the_failover(
                     [b"60"] * len(keys)
                 promoted = ("127.0.0.1", cluster.nodes[cluster.n_masters + 1].port)
                 assert promoted in {ch.slots[ch.slot(k)] for k in mine}
+                # the log says where the slots went, in one line
+                assert f"Redis Cluster: {16384 // 3} slots moved from 127.0.0.1:" \
+                    f"{victim.port} to 127.0.0.1:{promoted[1]}" in caplog.text
+                assert ch.metrics["redis_cluster_retries"] > 0
                 print(f"failover: first answer from the promoted node "
                       f"{recovered_at - killed_at:.2f} s after the kill")
             finally:

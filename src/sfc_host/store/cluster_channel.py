@@ -87,6 +87,23 @@ def key_of(args: Sequence[Any]) -> Any:
     return args[1] if len(args) > 1 else None
 
 
+def _log_moves(before: list[tuple[str, int] | None],
+               after: list[tuple[str, int] | None]) -> None:
+    """One line per owner change a table read found (a failover, a reshard): what a
+    night shift looks for in the log next to the counters."""
+    moves: dict[tuple[Any, Any], int] = {}
+    for old, new in zip(before, after, strict=True):
+        if old != new:
+            moves[(old, new)] = moves.get((old, new), 0) + 1
+    for (old, new), n in moves.items():
+        log.warning("Redis Cluster: %d slot%s moved from %s to %s", n, "" if n == 1 else "s",
+                    _addr(old), _addr(new))
+
+
+def _addr(addr: tuple[str, int] | None) -> str:
+    return "no node" if addr is None else f"{addr[0]}:{addr[1]}"
+
+
 class ClusterChannel:
     """Requests to a cluster, pipelined per primary; the ``RedisChannel`` interface."""
 
@@ -149,6 +166,8 @@ class ClusterChannel:
                 self._channel(owner)
                 for s in range(start, end + 1):
                     slots[s] = owner
+            if self.refreshes:
+                _log_moves(self.slots, slots)
             self.slots = slots
             self.refreshes += 1
             self.metrics.inc("redis_cluster_table_reads")
