@@ -35,6 +35,8 @@ ALLOWED: dict[str, set[str]] = {
     "logs": set(),
     "tls": set(),
     "metrics": set(),
+    # waiting for cancelled tasks without swallowing the waiter's own cancel
+    "aio": set(),
     "versions": {"core", "sfc_host"},
     # W3C trace context; with the otel extra, the spans and their OTLP export (the
     # protobuf encoder is a wire codec)
@@ -43,24 +45,24 @@ ALLOWED: dict[str, set[str]] = {
     "isa95": {"core"},
     "config": {"names"},
     # Redis: keys, client, channel, scripts, job states, streams, orders, read-only views
-    "store": {"core", "wire", "config", "isa95", "metrics", "names", "times", "tls",
+    "store": {"aio", "core", "wire", "config", "isa95", "metrics", "names", "times", "tls",
               "tracing"},
     # MQTT: the link on the compiled codec, CloudEvents; settings by a Protocol
-    "mqtt": {"wire", "metrics", "times", "tls"},
+    "mqtt": {"aio", "wire", "metrics", "times", "tls"},
     # running jobs: the host, settle, work entries, dispatch, recovery, sweeps, wake-ups
-    "execution": {"core", "store", "config", "isa95", "metrics", "names", "tracing"},
+    "execution": {"aio", "core", "store", "config", "isa95", "metrics", "names", "tracing"},
     # station equipment over MQTT: commands out, answers and events in, capabilities
     "equipment": {"core", "execution", "store", "mqtt", "metrics", "names", "tracing"},
     # the MES face: ISA-95 job control over MQTT, and the MES client of the CLI
-    "mes": {"execution", "equipment", "store", "mqtt", "wire", "isa95", "config", "metrics",
+    "mes": {"aio", "execution", "equipment", "store", "mqtt", "wire", "isa95", "config", "metrics",
             "names", "sfc_host", "times", "tracing"},
     # the OPC UA face: ISA-95 Job Control over OPC UA, on the MES side's job control
-    "opcua": {"mes", "execution", "store", "mqtt", "isa95", "config", "metrics", "sfc_host"},
+    "opcua": {"aio", "mes", "execution", "store", "mqtt", "isa95", "config", "metrics", "sfc_host"},
     # the script engine: Tasks and Missions under their state machines
-    "engine": {"core", "mqtt", "config", "tracing"},
+    "engine": {"aio", "core", "mqtt", "config", "tracing"},
     "examples": {"engine"},
     "charts": {"core"},
-    "web": {"core", "charts", "execution", "store", "mes", "isa95", "config", "metrics",
+    "web": {"aio", "core", "charts", "execution", "store", "mes", "isa95", "config", "metrics",
             "names", "times"},
     # the host process: the app that wires every part, preflight checks, HTTP endpoint
     "service": {"execution", "equipment", "engine", "mes", "web", "store", "mqtt", "isa95",

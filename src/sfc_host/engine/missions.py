@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sfc_fast.machines import MISSION
+from sfc_host.aio import reap
 from sfc_host.engine.api import ScriptAPI, describe
 from sfc_host.engine.ports import EngineControl
 from sfc_host.engine.script import MissionDef
@@ -166,8 +167,7 @@ class MissionInstance:
         driver = self._driver
         if driver is not None and not driver.done():
             driver.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await driver
+            await reap(driver)
 
     async def wait(self, *states: str, timeout: float | None = None) -> str:
         """Wait until the instance is in one of ``states`` (any final state if none)."""

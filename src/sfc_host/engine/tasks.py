@@ -23,12 +23,12 @@ Sync functions run in a worker thread so a slow one does not stall the host's lo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
 
 from sfc_fast.machines import TASK
+from sfc_host.aio import reap
 from sfc_host.engine.api import ScriptAPI, describe
 from sfc_host.engine.ports import EngineControl
 from sfc_host.engine.script import TaskDef
@@ -190,8 +190,7 @@ class TaskRunner:
         """End the timer; let an execution in flight finish within ``timeout``."""
         if self._timer is not None:
             self._timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._timer
+            await reap(self._timer)
             self._timer = None
         await self._wait_exec(self._engine.stop_timeout if timeout is None else timeout)
 

@@ -27,6 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sfc_fast import job_of_command, state_to_json
 from sfc_fast.events import BaseEvent
+from sfc_host.aio import reap
 from sfc_host.config import HostConfig
 from sfc_host.execution.dispatch import CommandSink, Dispatcher, InProcessSink
 from sfc_host.execution.recovery import recover_scope
@@ -208,8 +209,7 @@ class Host:
             for t in late:
                 t.cancel()
         for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await reap(t)
         self._tasks = []
         # the acknowledgements and markers of the last commands sent, before their
         # connection goes

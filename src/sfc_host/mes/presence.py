@@ -8,13 +8,13 @@ that stops cleanly says it is offline itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import json
 import logging
 from collections.abc import Callable, Collection
 
 from sfc_host import __version__
+from sfc_host.aio import reap
 from sfc_host.mqtt import MqttLink
 
 log = logging.getLogger("sfc_host.mes")
@@ -75,8 +75,7 @@ class Presence:
         """Offline, said by the host itself (a clean stop sends no Last Will)."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await reap(self._task)
             self._task = None
         self.link.publish_nowait(self.topic, self._payload(False, "stopped"), qos=1,
                                  retain=True, status=True)

@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 import random
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from sfc_fast.wire.mqtt5 import Properties
 from sfc_host import isa95 as model
+from sfc_host.aio import cancel_and_reap
 from sfc_host.mes import codec
 from sfc_host.mqtt.cloudevents import CloudEvent, CloudEventError, publish_properties
 from sfc_host.store.keys import SCOPES, ScopeKeys
@@ -343,9 +343,5 @@ class Publisher:
         """Stop publishing. What is not acknowledged by now stays in the outbox, for
         the next start of a host (or another host's scan)."""
         tasks = [*self._tasks.values(), *self._background, *self._settling]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_reap(tasks)
 

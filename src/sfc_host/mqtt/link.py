@@ -65,6 +65,7 @@ from sfc_fast.wire.mqtt5 import (
     encode_unsubscribe,
     publish_into,
 )
+from sfc_host.aio import reap
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt.connection import (
     REDIRECTS,
@@ -551,8 +552,7 @@ class MqttLink:
             await asyncio.sleep(0.01)
         self._closing = True
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
+        await reap(self._task)
         self._task = None
         if self._resubscribing is not None:
             self._resubscribing.cancel()

@@ -40,6 +40,7 @@ from asyncua.common.ua_utils import get_node_subtypes
 from asyncua.ua.ua_binary import struct_to_binary
 
 from sfc_host import isa95 as model
+from sfc_host.aio import reap
 from sfc_host.config import HostConfig
 from sfc_host.mqtt import Message, MqttLink
 from sfc_host.mqtt.cloudevents import CloudEventError, decode
@@ -154,8 +155,7 @@ class OpcUaFace:
         for t in pending:
             t.cancel()
         for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await reap(t)
         if self.server is not None:
             await self.server.stop()
             self.server = None

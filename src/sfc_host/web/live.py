@@ -11,11 +11,12 @@ shutdown every stream ends at once, so a host with pages open still stops prompt
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+
+from sfc_host.aio import cancel_and_reap
 
 log = logging.getLogger("sfc_host.web")
 
@@ -121,8 +122,4 @@ class LiveHub:
         """End every stream and poller (the server's shutdown)."""
         self.closing.set()
         tasks = [f.task for f in self.feeds.values() if f.task is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_reap(tasks)
