@@ -631,7 +631,40 @@ class AofTail:
         data = f.read_bytes()
         with f.open("r+b") as fh:
             fh.truncate(keep)
-        return data[keep:]
+        # what the load drops: from the end of the last whole command or MULTI/EXEC
+        # block (a script's effects) before the cut; the bytes of a command or a block
+        # the cut splits are lost with it, those before the cut too
+        return data[_loaded_up_to(data, keep):]
+
+
+def _loaded_up_to(data: bytes, keep: int) -> int:
+    """The end of the last command, or MULTI/EXEC block, wholly in ``data[:keep]``: what
+    redis-server loads of an AOF cut at ``keep`` (RESP arrays of bulk strings)."""
+    pos = last = 0
+    in_multi = False
+    while data[pos:pos + 1] == b"*":
+        eol = data.find(b"\r\n", pos)
+        if eol < 0:
+            break
+        p, name = eol + 2, b""
+        for i in range(int(data[pos + 1:eol])):
+            eol = data.find(b"\r\n", p)
+            if eol < 0 or data[p:p + 1] != b"$":
+                return last
+            n = int(data[p + 1:eol])
+            if i == 0:
+                name = data[eol + 2:eol + 2 + n].upper()
+            p = eol + 2 + n + 2
+        if p > keep:
+            break
+        pos = p
+        if name == b"MULTI":
+            in_multi = True
+        elif name == b"EXEC":
+            in_multi, last = False, pos
+        elif not in_multi:
+            last = pos
+    return last
 
 
 # A job id in an AOF command (a key, a stream field, a command id)
