@@ -52,7 +52,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from sfc_fast.wire.otlp import encode_spans
+from sfc_fast.wire.otlp import encode_entries, encode_spans, span_entry, span_record
 from sfc_host.tracing.batch import PlainSpan
 
 # ids with leading zero bytes: an encoder that trims them shows up at once
@@ -413,6 +413,55 @@ class TestAgainstTheSdk:
                            s.events, s.links, s.kind, None, s.status, s.start_time,
                            s.end_time, s.instrumentation_scope) for s in batch]
         assert encode_spans(plain) == encode_spans(batch)
+
+    def test_spans_encoded_one_by_one_make_the_same_request(self) -> None:
+        """``span_entry`` of each span, grouped and wrapped by ``encode_entries``: the
+        bytes ``encode_spans`` writes for the batch (the host's batcher encodes each
+        span as it ends)."""
+        batch = _rich_spans()
+        groups: dict[int, tuple[Any, dict[Any, list[bytes]]]] = {}
+        for sp in batch:
+            got = groups.setdefault(id(sp.resource), (sp.resource, {}))
+            got[1].setdefault(sp.instrumentation_scope, []).append(span_entry(sp))
+        layout = [(res, list(scopes.items())) for res, scopes in groups.values()]
+        assert encode_entries(layout) == encode_spans(batch)
+
+    @pytest.mark.parametrize("case", ["attempt", "request", "job", "unsampled"])
+    def test_a_span_written_from_its_fields_is_the_span_object_written(
+            self, case: str) -> None:
+        """``span_record`` (the host's own spans, no span object) against ``span_entry``
+        of the ``ReadableSpan`` with the same fields: byte for byte."""
+        state = TraceState([("vendor", "abc"), ("ot", "p:8")])
+        attrs: tuple[Any, ...] = ("messaging.system", "mqtt", "sfc.action.attempt", 2,
+                                  "sfc.mes.repeat", True, "ü.key", "värde ✓",
+                                  "big", 2**70, "f", 0.5)
+        flags = {"unsampled": 0x00}.get(case, 0x01)
+        parent_id = {"request": 0x1111111111111111, "job": None}.get(case, 0x2222)
+        remote = case == "request"
+        link = (TRACE_B, 0x5555555555555555, "linked=yes", 0x03, True) \
+            if case == "attempt" else None
+        code, message = {"attempt": (2, "timeout"), "job": (1, None)}.get(case, (0, None))
+        kind = {"attempt": SpanKind.PRODUCER, "request": SpanKind.CONSUMER}.get(
+            case, SpanKind.INTERNAL)
+        ctx = _ctx(TRACE_A, 0x00F067AA0BA902B7, flags=flags, state=state)
+        parent = None if parent_id is None else _ctx(TRACE_A, parent_id, flags=flags,
+                                                      remote=remote, state=state)
+        links = () if link is None else (Link(_ctx(
+            link[0], link[1], flags=link[3], remote=True,
+            state=TraceState([("linked", "yes")]))),)
+        status = Status(StatusCode(code), message) if code else Status(StatusCode.UNSET)
+        obj = ReadableSpan(f"{case} ✓", ctx, parent, RES_A,
+                           dict(zip(attrs[::2], attrs[1::2], strict=True)),
+                           links=links, kind=kind, status=status, start_time=T0,
+                           end_time=T0 + 5, instrumentation_scope=SCOPE_1)
+        written = span_record(TRACE_A, 0x00F067AA0BA902B7, parent_id, remote, flags,
+                              "vendor=abc,ot=p:8", f"{case} ✓", kind.value + 1, T0, T0 + 5,
+                              attrs, code, message, link)
+        assert written == span_entry(obj)
+        # an end before the start is written as the start, as the recorder clamps it
+        assert span_record(TRACE_A, 1, None, False, 1, None, "x", 1, T0, T0 - 1, (), 0,
+                           None, None) == span_record(TRACE_A, 1, None, False, 1, None,
+                                                      "x", 1, T0, T0, (), 0, None, None)
 
     # A span an SDK tracer made under its limits (SpanLimits, OTEL_SPAN_*_LIMIT) says
     # how many attributes, events and links it lost: the counts go on (the host's own

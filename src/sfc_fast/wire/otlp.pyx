@@ -247,55 +247,57 @@ cdef int _any_value(_Out out, object v) except -1:
     return out.text(1, str(v), True)
 
 
-cdef int _attributes(_Out out, uint32_t field, object attrs) except -1:
-    """Each attribute as a ``KeyValue`` in ``field``. A text or whole-number value (the
+cdef int _kv_head(_Out out, uint32_t field, const char* k, Py_ssize_t klen,
+                  Py_ssize_t any_len) except -1:
+    """A ``KeyValue``'s tag, length, key and its value's tag and length, for a value
+    of ``any_len`` bytes written next."""
+    out.tag(field, WT_LEN)
+    out.varint(<uint64_t>((1 + _vlen(klen) + klen if klen else 0) + 1 + _vlen(any_len)
+                          + any_len))
+    if klen:
+        out.blob(1, k, klen)
+    out.tag(2, WT_LEN)
+    return out.varint(<uint64_t>any_len)
+
+
+cdef int _kv(_Out out, uint32_t field, object key, object value) except -1:
+    """One attribute as a ``KeyValue`` in ``field``. A text or whole-number value (the
     usual ones) is measured first and written in one pass."""
-    cdef Py_ssize_t at, val, klen, vlen, any_len, kv_len
+    cdef Py_ssize_t at, val, klen, vlen
     cdef const char* k
     cdef const char* v
     cdef long long i
     cdef int overflow
+    if type(key) is not str:
+        key = str(key)
+    key = _utf8(key, &k, &klen)
+    t = type(value)
+    if t is str:
+        value = _utf8(value, &v, &vlen)
+        _kv_head(out, field, k, klen, 1 + _vlen(vlen) + vlen)
+        return out.blob(1, v, vlen)
+    if t is int:
+        overflow = 0
+        i = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not overflow:
+            _kv_head(out, field, k, klen, 1 + _vlen(<uint64_t>i))
+            out.tag(3, WT_VARINT)
+            return out.varint(<uint64_t>i)
+    at = out.begin(field)
+    if klen:
+        out.blob(1, k, klen)
+    val = out.begin(2)
+    _any_value(out, value)
+    out.end(val)
+    return out.end(at)
+
+
+cdef int _attributes(_Out out, uint32_t field, object attrs) except -1:
+    """Each attribute of a mapping as a ``KeyValue`` in ``field``."""
     if not attrs:
         return 0
     for key, value in attrs.items():
-        if type(key) is not str:
-            key = str(key)
-        key = _utf8(key, &k, &klen)
-        t = type(value)
-        if t is str:
-            value = _utf8(value, &v, &vlen)
-            any_len = 1 + _vlen(vlen) + vlen
-            kv_len = (1 + _vlen(klen) + klen if klen else 0) + 1 + _vlen(any_len) + any_len
-            out.tag(field, WT_LEN)
-            out.varint(<uint64_t>kv_len)
-            if klen:
-                out.blob(1, k, klen)
-            out.tag(2, WT_LEN)
-            out.varint(<uint64_t>any_len)
-            out.blob(1, v, vlen)
-            continue
-        if t is int:
-            overflow = 0
-            i = PyLong_AsLongLongAndOverflow(value, &overflow)
-            if not overflow:
-                any_len = 1 + _vlen(<uint64_t>i)
-                kv_len = (1 + _vlen(klen) + klen if klen else 0) + 1 + _vlen(any_len) + any_len
-                out.tag(field, WT_LEN)
-                out.varint(<uint64_t>kv_len)
-                if klen:
-                    out.blob(1, k, klen)
-                out.tag(2, WT_LEN)
-                out.varint(<uint64_t>any_len)
-                out.tag(3, WT_VARINT)
-                out.varint(<uint64_t>i)
-                continue
-        at = out.begin(field)
-        if klen:
-            out.blob(1, k, klen)
-        val = out.begin(2)
-        _any_value(out, value)
-        out.end(val)
-        out.end(at)
+        _kv(out, field, key, value)
     return 0
 
 
@@ -380,10 +382,113 @@ cdef int _span(_Out out, object s) except -1:
     return out.end(at)
 
 
+def span_entry(s) -> bytes:
+    """One span (the SDK's ``ReadableSpan``, or alike) as it stands in a ``ScopeSpans``:
+    for a batcher that encodes each span as it ends (``encode_entries``)."""
+    cdef _Out out = _Out(512)
+    _span(out, s)
+    return PyBytes_FromStringAndSize(out.p, out.n)
+
+
+def span_record(object trace_id, object span_id, object parent_id, bint parent_remote,
+                uint32_t flags, object state, object name, uint32_t kind,
+                uint64_t start, uint64_t end, tuple attributes, uint32_t status_code,
+                object status_message, object link) -> bytes:
+    """A span from its fields, as ``span_entry`` writes it, without a span object:
+    the host's own spans. ``trace_id`` (128 bits) and ``span_id`` as ints, ``parent_id``
+    an int or None; ``flags`` the W3C trace flags; ``state`` a ``tracestate`` header or
+    None; ``kind`` OTLP's (1 internal … 5 consumer); ``attributes`` flat: key, value,
+    key, value …; ``status_code`` OTLP's (0 unset, 1 ok, 2 error); ``link`` None or
+    ``(trace_id, span_id, state, flags, remote)``."""
+    cdef _Out out = _Out(512)
+    cdef Py_ssize_t at = out.begin(2)
+    cdef Py_ssize_t e, i, n = len(attributes)
+    cdef uint32_t f
+    _id(out, 1, trace_id, 16)
+    _id(out, 2, span_id, 8)
+    out.text(3, state)
+    if parent_id is not None:
+        _id(out, 4, parent_id, 8)
+    out.text(5, name)
+    out.tag(6, WT_VARINT)
+    out.varint(kind)
+    out.fixed(7, start, 8)
+    out.fixed(8, end if end > start else start, 8)
+    i = 0
+    while i + 1 < n:
+        _kv(out, 9, attributes[i], attributes[i + 1])
+        i += 2
+    if link is not None:
+        l_trace, l_span, l_state, l_flags, l_remote = link
+        e = out.begin(13)
+        _id(out, 1, l_trace, 16)
+        _id(out, 2, l_span, 8)
+        out.text(3, l_state)
+        out.fixed(6, <uint32_t>((<uint32_t>l_flags & 0xFF) | HAS_IS_REMOTE
+                                | (IS_REMOTE if l_remote else 0)), 4)
+        out.end(e)
+    if status_code or status_message:
+        e = out.begin(15)
+        out.text(2, status_message)
+        if status_code:
+            out.tag(3, WT_VARINT)
+            out.varint(status_code)
+        out.end(e)
+    f = (flags & 0xFF) | HAS_IS_REMOTE
+    if parent_id is not None and parent_remote:
+        f |= IS_REMOTE
+    out.fixed(16, f, 4)
+    out.end(at)
+    return PyBytes_FromStringAndSize(out.p, out.n)
+
+
+def encode_entries(groups) -> bytes:
+    """An ``ExportTraceServiceRequest`` of spans already encoded (``span_entry``,
+    ``span_record``): ``groups`` is ``[(resource, [(scope, [entry, …]), …]), …]``."""
+    cdef _Out out = _Out(4096)
+    _request(out, groups, True)
+    return PyBytes_FromStringAndSize(out.p, out.n)
+
+
+cdef int _request(_Out out, object groups, bint encoded) except -1:
+    """``[(resource, [(scope, [span or entry, …]), …]), …]`` as the request's
+    ``ResourceSpans``: spans written here, or entries (``encoded``) copied."""
+    cdef Py_ssize_t rs, ss
+    for res, scopes in groups:
+        rs = out.begin(1)
+        r = out.begin(1)
+        _attributes(out, 1, res.attributes)
+        out.end(r)
+        for scope, items in scopes:
+            ss = out.begin(2)
+            _scope(out, scope)
+            for item in items:
+                if encoded:
+                    out.raw(PyBytes_AS_STRING(item), PyBytes_GET_SIZE(item))
+                else:
+                    _span(out, item)
+            if scope is not None:
+                out.text(3, getattr(scope, "schema_url", None))
+            out.end(ss)
+        out.text(3, res.schema_url)
+        out.end(rs)
+    return 0
+
+
+cdef int _scope(_Out out, object scope) except -1:
+    cdef Py_ssize_t sc
+    if scope is None:
+        return 0
+    sc = out.begin(1)
+    out.text(1, scope.name)
+    out.text(2, scope.version)
+    _attributes(out, 3, getattr(scope, "attributes", None))
+    return out.end(sc)
+
+
 def encode_spans(spans) -> bytes:
     """An ``ExportTraceServiceRequest`` of ``spans`` (the SDK's ``ReadableSpan``)."""
     cdef _Out out = _Out(max(4096, 512 * len(spans)))
-    cdef Py_ssize_t rs, ss
     groups = {}                 # id(resource) -> (resource, {scope key: (scope, [spans])})
     # the spans of one (resource, scope) pair of objects: most spans share one, and an
     # instrumentation scope's hash formats a string
@@ -402,24 +507,5 @@ def encode_spans(spans) -> bytes:
                 lst = got[1][key] = (scope, [])
             by_ids[(id(res), id(scope))] = lst
         lst[1].append(s)
-    for res, scopes in groups.values():
-        rs = out.begin(1)
-        r = out.begin(1)
-        _attributes(out, 1, res.attributes)
-        out.end(r)
-        for scope, lst in scopes.values():
-            ss = out.begin(2)
-            if scope is not None:
-                sc = out.begin(1)
-                out.text(1, scope.name)
-                out.text(2, scope.version)
-                _attributes(out, 3, getattr(scope, "attributes", None))
-                out.end(sc)
-            for s in lst:
-                _span(out, s)
-            if scope is not None:
-                out.text(3, getattr(scope, "schema_url", None))
-            out.end(ss)
-        out.text(3, res.schema_url)
-        out.end(rs)
+    _request(out, [(res, scopes.values()) for res, scopes in groups.values()], False)
     return PyBytes_FromStringAndSize(out.p, out.n)

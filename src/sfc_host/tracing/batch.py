@@ -29,6 +29,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
+from sfc_fast.wire.otlp import span_entry
 from sfc_host.tracing.otlp import OtlpExporter
 
 log = logging.getLogger("sfc_host.tracing.batch")
@@ -97,11 +98,35 @@ class PlainSpan:
         self.instrumentation_scope = instrumentation_scope
 
 
+Entry = tuple[Any, Any, bytes]        # resource, instrumentation scope, the encoded span
+
+
+def _grouped(entries: list[Entry]) -> list[tuple[Any, list[tuple[Any, list[bytes]]]]]:
+    """Entries by resource, then by scope (equal scopes together), in the order they
+    first come: an OTLP request's layout."""
+    by_ids: dict[tuple[int, int], list[bytes]] = {}
+    groups: dict[int, tuple[Any, dict[Any, tuple[Any, list[bytes]]]]] = {}
+    for res, scope, entry in entries:
+        lst = by_ids.get((id(res), id(scope)))
+        if lst is None:
+            got = groups.get(id(res))
+            if got is None:
+                got = groups[id(res)] = (res, {})
+            pair = got[1].get(scope)
+            if pair is None:
+                pair = got[1][scope] = (scope, [])
+            lst = by_ids[(id(res), id(scope))] = pair[1]
+        lst.append(entry)
+    return [(res, list(scopes.values())) for res, scopes in groups.values()]
+
+
 class OtlpBatcher(SpanProcessor):
     """Batches spans for an ``OtlpExporter``: encoded where they end, sent by a thread.
 
-    It takes ``ReadableSpan``s, or the cheaper ``PlainSpan``s (``span_type``) from a
-    recorder that knows it."""
+    With protobuf (``takes_entries``) each span is encoded as it ends, and only bytes
+    wait for the batch: span objects (``on_end``), or spans a recorder wrote itself
+    (``on_entry``). With JSON, span objects wait: ``ReadableSpan``s, or the cheaper
+    ``PlainSpan``s (``span_type``) from a recorder that knows it."""
 
     span_type = PlainSpan
 
@@ -115,7 +140,8 @@ class OtlpBatcher(SpanProcessor):
         self.on_dropped = on_dropped
         self.sent = 0
         self.dropped = 0
-        self._spans: list[ReadableSpan | PlainSpan] = []
+        self.takes_entries = exporter.takes_entries
+        self._spans: list[Any] = []         # span objects, or entries (takes_entries)
         self._lock = threading.Lock()
         # encoded batches waiting for the sender, with their span counts; None: stop
         self._bodies: queue.Queue[tuple[bytes, int] | None] = queue.Queue(
@@ -133,11 +159,22 @@ class OtlpBatcher(SpanProcessor):
         pass
 
     def on_end(self, span: ReadableSpan | PlainSpan) -> None:  # type: ignore[override]
+        if self.takes_entries:
+            self.on_entry(span.resource, span.instrumentation_scope, span_entry(span))
+            return
+        self._add(span)
+
+    def on_entry(self, resource: Any, scope: Any, entry: bytes) -> None:
+        """A span already encoded (``sfc_fast.wire.otlp.span_record``), of ``resource``
+        and ``scope``; only with ``takes_entries``."""
+        self._add((resource, scope, entry))
+
+    def _add(self, item: Any) -> None:
         if self._closed:
             return
         with self._lock:
             spans = self._spans
-            spans.append(span)
+            spans.append(item)
             if len(spans) < self.batch_size:
                 return
             self._spans = []
@@ -172,8 +209,9 @@ class OtlpBatcher(SpanProcessor):
         if spans:
             self._hand_over(spans)
 
-    def _hand_over(self, spans: list[ReadableSpan | PlainSpan]) -> None:
-        body = self.exporter.encode(spans)
+    def _hand_over(self, spans: list[Any]) -> None:
+        body = self.exporter.encode_entries(_grouped(spans)) if self.takes_entries \
+            else self.exporter.encode(spans)
         with self._idle:
             self._busy += 1
         try:

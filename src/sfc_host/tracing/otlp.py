@@ -46,7 +46,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
-from sfc_fast.wire.otlp import encode_spans
+from sfc_fast.wire.otlp import encode_entries, encode_spans
 
 log = logging.getLogger("sfc_host.tracing.otlp")
 
@@ -180,6 +180,17 @@ class OtlpExporter(SpanExporter):
     def encode(self, spans: Sequence[ReadableSpan]) -> bytes:
         """A request's body of ``spans`` in the exporter's protocol."""
         return self._encode(spans)
+
+    @property
+    def takes_entries(self) -> bool:
+        """Whether spans may come encoded one by one (``encode_entries``): protobuf."""
+        return self.protocol == "http/protobuf"
+
+    def encode_entries(self, groups: Sequence[tuple[Any, Sequence[tuple[Any, Sequence[bytes]]]]]
+                       ) -> bytes:
+        """A protobuf request's body of spans already encoded, ``[(resource, [(scope,
+        [entry, …]), …]), …]`` (``sfc_fast.wire.otlp.encode_entries``)."""
+        return encode_entries(groups)
 
     def send(self, body: bytes, n: int) -> bool:
         """Post ``body`` (``n`` spans), retrying as the collector allows; False: the

@@ -38,6 +38,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
+from sfc_fast.wire.otlp import span_record
 from sfc_host.tracing.batch import BatchSettingError, OtlpBatcher, settings_from
 from sfc_host.tracing.context import TraceContext, job_run, span_int_for
 from sfc_host.tracing.otlp import OtlpExporter, OtlpSettingError
@@ -46,7 +47,6 @@ SERVICE_NAME = "sfc-host"
 LINKS_MAX = 10_000       # answers' contexts waiting for their attempt to be recorded
 
 _UNSET = Status(StatusCode.UNSET)
-_ERROR_OUTCOMES = frozenset(("failed", "timeout"))
 
 
 class OtelSettingError(ValueError):
@@ -59,34 +59,44 @@ def _flags(flags: int) -> TraceFlags:
 
 
 @functools.lru_cache(maxsize=1024)
-def _state(header: str) -> TraceState | None:
+def _state(header: str | None) -> TraceState | None:
     return TraceState.from_header([header]) if header else None
 
 
-def _context(c: TraceContext, span_id: str | int, remote: bool = False) -> SpanContext:
-    return SpanContext(int(c.trace_id, 16),
-                       span_id if isinstance(span_id, int) else int(span_id, 16), remote,
-                       _flags(c.flags), _state(c.state))
+# OTLP's span kinds (the SDK's count from 0) and status codes
+INTERNAL, SERVER, CLIENT, PRODUCER, CONSUMER = 1, 2, 3, 4, 5
+_KINDS = {k.value + 1: k for k in SpanKind}
+UNSET, ERROR = 0, 2
+_ERROR_OUTCOMES = frozenset(("failed", "timeout"))
+
+# what an answer or a pull event's own context is kept as until its attempt is
+# recorded: (trace id, span id, tracestate, flags, remote)
+LinkFields = tuple[int, int, str | None, int, bool]
+
+
+def _link_fields(c: TraceContext) -> LinkFields:
+    return (int(c.trace_id, 16), int(c.span_id, 16), c.state or None, c.flags & 0xFF, True)
 
 
 class _Run:
     """A job's stored context, read once: what each of its spans needs."""
 
-    __slots__ = ("context", "job", "parent", "trace", "trace_int", "work_master")
+    __slots__ = ("flags", "job", "parent", "run_span", "state", "trace", "trace_int",
+                 "work_master")
 
     def __init__(self, c: TraceContext, parent: str, work_master: str) -> None:
-        self.context = c
         self.trace = c.trace_id
         self.trace_int = int(c.trace_id, 16)
-        self.job = _context(c, c.span_id)
-        self.parent = _context(c, parent) if parent else None
+        self.run_span = c.span_id
+        self.job = int(c.span_id, 16)
+        self.parent = int(parent, 16) if parent else None
+        self.flags = c.flags & 0xFF
+        self.state = c.state or None
         self.work_master = work_master
 
-    def child(self, key: str) -> SpanContext:
-        """The context of the span ``key`` names in this trace (``span_id_for``)."""
-        c = self.context
-        return SpanContext(self.trace_int, span_int_for(self.trace, key), False,
-                           _flags(c.flags), _state(c.state))
+    def child(self, key: str) -> int:
+        """The id of the span ``key`` names in this trace (``span_id_for``)."""
+        return span_int_for(self.trace, key)
 
 
 # a job's spans are recorded one write at a time: its context is read once
@@ -100,7 +110,12 @@ def _run_of(text: str) -> _Run | None:
 
 class SpanRecorder:
     """Makes the spans of requests, jobs, attempts and holds and hands each to
-    ``processor`` as it ends."""
+    ``processor`` as it ends.
+
+    A processor that takes encoded spans (``takes_entries``: the host's batcher with
+    OTLP protobuf) gets each as bytes, written from its fields by the compiled encoder
+    (``span_record``): no span object is made. Any other gets the SDK's span objects
+    (or the lighter ``span_type`` it names)."""
 
     def __init__(self, processor: SpanProcessor, resource: Resource | None = None, *,
                  equipment_prefix: str = "equipment", version: str = "") -> None:
@@ -111,19 +126,44 @@ class SpanRecorder:
         self.prefix = equipment_prefix
         # the context an answer or a pull event came with, until its attempt is recorded
         # (on this host, which applies the answers it receives)
-        self._answers: OrderedDict[str, SpanContext] = OrderedDict()
-        self._events: OrderedDict[tuple[str, str], SpanContext] = OrderedDict()
+        self._answers: OrderedDict[str, LinkFields] = OrderedDict()
+        self._events: OrderedDict[tuple[str, str], LinkFields] = OrderedDict()
         self.recorded = 0
-        # the span class the processor takes (``batch.PlainSpan`` for the host's batcher)
+        self._entries = bool(getattr(processor, "takes_entries", False))
         self._span: Any = getattr(processor, "span_type", ReadableSpan)
 
-    def _emit(self, name: str, context: SpanContext, parent: SpanContext | None,
-              kind: SpanKind, start_ns: int, end_ns: int, attributes: dict[str, Any],
-              status: Status = _UNSET, links: Sequence[Link] = ()) -> None:
-        self.processor.on_end(self._span(
-            name, context, parent, self.resource, attributes, (), links, kind, None,
-            status, start_ns, max(end_ns, start_ns), self.scope))
+    def _emit(self, name: str, trace: int, span: int, parent: int | None,
+              parent_remote: bool, flags: int, state: str | None, kind: int,
+              start_ns: int, end_ns: int, attributes: tuple[Any, ...], code: int = UNSET,
+              message: str | None = None, link: LinkFields | None = None) -> None:
+        """One ended span, from its fields: ids as ints, ``kind`` and ``code`` OTLP's,
+        ``attributes`` flat (key, value, key, value …)."""
+        if self._entries:
+            self.processor.on_entry(self.resource, self.scope, span_record(  # type: ignore[attr-defined]
+                trace, span, parent, parent_remote, flags, state, name, kind, start_ns,
+                end_ns, attributes, code, message, link))
+        else:
+            self.processor.on_end(self._object(
+                name, trace, span, parent, parent_remote, flags, state, kind, start_ns,
+                end_ns, attributes, code, message, link))
         self.recorded += 1
+
+    def _object(self, name: str, trace: int, span: int, parent: int | None,
+                parent_remote: bool, flags: int, state: str | None, kind: int,
+                start_ns: int, end_ns: int, attributes: tuple[Any, ...], code: int,
+                message: str | None, link: LinkFields | None) -> Any:
+        """The same span as the SDK's ``ReadableSpan`` (or ``span_type``)."""
+        tf, ts = _flags(flags), _state(state)
+        ctx = SpanContext(trace, span, False, tf, ts)
+        up = SpanContext(trace, parent, parent_remote, tf, ts) if parent is not None else None
+        links: tuple[Link, ...] = ()
+        if link is not None:
+            lt, ls, lstate, lflags, lremote = link
+            links = (Link(SpanContext(lt, ls, lremote, _flags(lflags), _state(lstate))),)
+        status = Status(StatusCode(code), message) if code else _UNSET
+        attrs = dict(zip(attributes[::2], attributes[1::2], strict=True))
+        return self._span(name, ctx, up, self.resource, attrs, (), links, _KINDS[kind], None,
+                          status, start_ns, max(end_ns, start_ns), self.scope)
 
     # ---- the MES side
 
@@ -135,29 +175,30 @@ class SpanRecorder:
         the MES's (``root``: the request came without one; the span starts a trace)."""
         if not trace.sampled:
             return
-        ctx = _context(trace, span_int_for(trace.trace_id, f"mes:{event.id}"))
-        parent = None if root else _context(trace, trace.span_id, remote=True)
-        attrs: dict[str, Any] = {
-            "messaging.system": "mqtt", "messaging.operation.type": "process",
-            "messaging.operation.name": "process", "messaging.destination.name": topic,
-            "messaging.message.id": event.id, "cloudevents.event_id": event.id,
-            "cloudevents.event_source": event.source, "cloudevents.event_type": event.type,
-            "cloudevents.event_spec_version": "1.0"}
+        attrs: tuple[Any, ...] = (
+            "messaging.system", "mqtt", "messaging.operation.type", "process",
+            "messaging.operation.name", "process", "messaging.destination.name", topic,
+            "messaging.message.id", event.id, "cloudevents.event_id", event.id,
+            "cloudevents.event_source", event.source, "cloudevents.event_type", event.type,
+            "cloudevents.event_spec_version", "1.0")
         if event.subject:
-            attrs["cloudevents.event_subject"] = event.subject
+            attrs += ("cloudevents.event_subject", event.subject)
         if scope:
-            attrs["sfc.scope"] = scope
+            attrs += ("sfc.scope", scope)
         if job:
-            attrs["sfc.job_order.id"] = job
+            attrs += ("sfc.job_order.id", job)
         if method:
-            attrs["sfc.mes.method"] = method
+            attrs += ("sfc.mes.method", method)
         if return_status is not None:
-            attrs["sfc.mes.return_status"] = return_status
+            attrs += ("sfc.mes.return_status", return_status)
         if repeat:
-            attrs["sfc.mes.repeat"] = True
-        status = _UNSET if ok else Status(StatusCode.ERROR, message[:500] or None)
-        self._emit(f"process {method or 'request'}", ctx, parent, SpanKind.CONSUMER,
-                   start_ns, end_ns, attrs, status)
+            attrs += ("sfc.mes.repeat", True)
+        trace_int = int(trace.trace_id, 16)
+        self._emit(f"process {method or 'request'}", trace_int,
+                   span_int_for(trace.trace_id, f"mes:{event.id}"),
+                   None if root else int(trace.span_id, 16), True, trace.flags,
+                   trace.state or None, CONSUMER, start_ns, end_ns, attrs,
+                   UNSET if ok else ERROR, None if ok else (message[:500] or None))
 
     def call(self, method: str, scope: str, job: str | None, trace: TraceContext, *,
              start_ns: int, end_ns: int, ok: bool, message: str = "") -> None:
@@ -165,26 +206,26 @@ class SpanRecorder:
         the root of the trace it started."""
         if not trace.sampled:
             return
-        attrs: dict[str, Any] = {"sfc.scope": scope, "sfc.mes.method": method}
+        attrs: tuple[Any, ...] = ("sfc.scope", scope, "sfc.mes.method", method)
         if job:
-            attrs["sfc.job_order.id"] = job
-        status = _UNSET if ok else Status(StatusCode.ERROR, message[:500] or None)
-        self._emit(method, _context(trace, trace.span_id), None, SpanKind.INTERNAL,
-                   start_ns, end_ns, attrs, status)
+            attrs += ("sfc.job_order.id", job)
+        self._emit(method, int(trace.trace_id, 16), int(trace.span_id, 16), None, False,
+                   trace.flags, trace.state or None, INTERNAL, start_ns, end_ns, attrs,
+                   UNSET if ok else ERROR, None if ok else (message[:500] or None))
 
     # ---- equipment
 
     def answered(self, command_id: str, trace: TraceContext) -> None:
         """An answer's own context, linked from its attempt's span when it is recorded."""
-        self._keep(self._answers, command_id, _context(trace, trace.span_id, remote=True))
+        self._keep(self._answers, command_id, _link_fields(trace))
 
     def evented(self, scope: str, type_id: str, trace: TraceContext) -> None:
         """A pull event's own context, linked from the wait it settles."""
-        self._keep(self._events, (scope, type_id), _context(trace, trace.span_id, remote=True))
+        self._keep(self._events, (scope, type_id), _link_fields(trace))
 
     @staticmethod
-    def _keep(into: OrderedDict[Any, SpanContext], key: Any, ctx: SpanContext) -> None:
-        into[key] = ctx
+    def _keep(into: OrderedDict[Any, LinkFields], key: Any, link: LinkFields) -> None:
+        into[key] = link
         into.move_to_end(key)
         while len(into) > LINKS_MAX:
             into.popitem(last=False)
@@ -213,51 +254,53 @@ class SpanRecorder:
         pull action's wait (consumer)."""
         action, cid, type_id, attempt, rnd, since, outcome = ended
         link = None
+        op, leaf = ("send", "commands") if cid is not None else ("receive", "events")
+        attrs: tuple[Any, ...] = (
+            "messaging.system", "mqtt", "messaging.operation.type", op,
+            "messaging.operation.name", op,
+            "messaging.destination.name", f"{self.prefix}/{scope}/{leaf}",
+            "cloudevents.event_type", type_id, "sfc.scope", scope,
+            "sfc.job_order.id", job, "sfc.action.name", action,
+            "sfc.action.attempt", attempt, "sfc.action.round", rnd,
+            "sfc.action.outcome", outcome)
         if cid is not None:
-            op, kind, leaf = "send", SpanKind.PRODUCER, "commands"
-            ctx = run.child(cid)
+            span = run.child(cid)
             if self._answers:
                 link = self._answers.pop(cid, None)
+            attrs += ("messaging.message.id", cid, "cloudevents.event_id", cid)
+            name, kind = f"send {action}", PRODUCER
         else:
-            op, kind, leaf = "receive", SpanKind.CONSUMER, "events"
-            ctx = run.child(f"{run.context.span_id}:{action}:{rnd}:{attempt}")
+            span = run.child(f"{run.run_span}:{action}:{rnd}:{attempt}")
             if outcome == "completed" and self._events:
                 link = self._events.pop((scope, type_id), None)
-        attrs = {"messaging.system": "mqtt", "messaging.operation.type": op,
-                 "messaging.operation.name": op,
-                 "messaging.destination.name": f"{self.prefix}/{scope}/{leaf}",
-                 "cloudevents.event_type": type_id, "sfc.scope": scope,
-                 "sfc.job_order.id": job, "sfc.action.name": action,
-                 "sfc.action.attempt": attempt, "sfc.action.round": rnd,
-                 "sfc.action.outcome": outcome}
-        if cid is not None:
-            attrs["messaging.message.id"] = attrs["cloudevents.event_id"] = cid
-        status = Status(StatusCode.ERROR, outcome) if outcome in _ERROR_OUTCOMES else _UNSET
-        self._emit(f"{'send' if cid is not None else 'wait'} {action}", ctx, run.job, kind,
-                   since * 1_000_000, end_ns, attrs, status,
-                   (Link(link),) if link is not None else ())
+            name, kind = f"wait {action}", CONSUMER
+        failed = outcome in _ERROR_OUTCOMES
+        self._emit(name, run.trace_int, span, run.job, False, run.flags, run.state, kind,
+                   since * 1_000_000, end_ns, attrs, ERROR if failed else UNSET,
+                   outcome if failed else None, link)
 
     def _hold(self, scope: str, job: str, run: _Run, since: int, outcome: str,
               end_ns: int) -> None:
         """The job's hold: from the Pause to the Resume (or the job's end)."""
-        self._emit("hold", run.child(f"{run.context.span_id}:hold:{since}"), run.job,
-                   SpanKind.INTERNAL, since * 1_000_000, end_ns,
-                   {"sfc.scope": scope, "sfc.job_order.id": job, "sfc.hold.outcome": outcome})
+        self._emit("hold", run.trace_int, run.child(f"{run.run_span}:hold:{since}"), run.job,
+                   False, run.flags, run.state, INTERNAL, since * 1_000_000, end_ns,
+                   ("sfc.scope", scope, "sfc.job_order.id", job, "sfc.hold.outcome", outcome))
 
     def _job(self, scope: str, job: str, run: _Run, last: Any, start_ns: int,
              end_ns: int) -> None:
         """The job span: its run from start to end, under the request that stored it."""
         wm = run.work_master
-        attrs: dict[str, Any] = {"sfc.scope": scope, "sfc.job_order.id": job,
-                                 "sfc.job.status": last.status}
+        attrs: tuple[Any, ...] = ("sfc.scope", scope, "sfc.job_order.id", job,
+                                  "sfc.job.status", last.status)
         if wm:
-            attrs["sfc.work_master.id"] = wm
+            attrs += ("sfc.work_master.id", wm)
         if last.reason:
-            attrs["sfc.job.reason"] = last.reason
-        status = Status(StatusCode.ERROR, (last.reason or "aborted")[:500]) \
-            if last.status == "aborted" else _UNSET
-        self._emit(f"job {wm}" if wm else "job", run.job, run.parent, SpanKind.INTERNAL,
-                   start_ns, end_ns, attrs, status)
+            attrs += ("sfc.job.reason", last.reason)
+        aborted = last.status == "aborted"
+        self._emit(f"job {wm}" if wm else "job", run.trace_int, run.job, run.parent, False,
+                   run.flags, run.state, INTERNAL, start_ns, end_ns, attrs,
+                   ERROR if aborted else UNSET,
+                   (last.reason or "aborted")[:500] if aborted else None)
 
     def shutdown(self) -> None:
         """Export what is queued, then stop (the host's close)."""
