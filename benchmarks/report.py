@@ -332,15 +332,25 @@ def main() -> int:
     ap.add_argument("--render", type=Path, help="write the report from saved results")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks-report.md")
     ap.add_argument("--img", type=Path, default=ROOT / "docs" / "img")
+    ap.add_argument("--update", action="store_true",
+                    help="with --only: replace those parts' sections in the existing report, "
+                         "marked as from this run, instead of writing a report of them alone")
     a = ap.parse_args()
+    if a.update and not a.only:
+        ap.error("--update goes with --only")
     if a.render:
         R = json.loads(a.render.read_text())
     else:
         R = measure(a.quick, set(a.only.split(",")) if a.only else None)
         if a.json:
             a.json.write_text(json.dumps(R, indent=1))
-    render(R, a.out, a.img)
-    print(f"[report] wrote {a.out} and plots in {a.img}")
+    if a.update:
+        from report_render import update
+        parts = update(R, a.out, a.img)
+        print(f"[report] replaced {', '.join(parts) or 'nothing'} in {a.out}")
+    else:
+        render(R, a.out, a.img)
+        print(f"[report] wrote {a.out} and plots in {a.img}")
     return 1 if R["errors"] else 0
 
 

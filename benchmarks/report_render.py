@@ -503,3 +503,36 @@ def render(R: dict[str, Any], out: Path, img: Path) -> None:
     cost(d, R)
     scale(d, R)
     out.write_text("\n".join(d.lines).rstrip() + "\n")
+
+
+PART_SECTIONS = {"ratios": ratios, "limits": limits, "e2e": e2e_part, "cost": cost,
+                 "scale": scale}
+
+
+def update(R: dict[str, Any], out: Path, img: Path) -> list[str]:
+    """Replace, in the report ``out`` already holds, the sections of the parts ``R``
+    measured, each marked as from a later run; the rest stays as the full run wrote it.
+    The parts replaced."""
+    text = out.read_text()
+    done = []
+    for part, fn in PART_SECTIONS.items():
+        if part not in R:
+            continue
+        d = Doc(img)
+        fn(d, R)
+        if not d.lines:
+            continue
+        head = d.lines[0]
+        start = text.find(head + "\n")
+        if start < 0:
+            raise SystemExit(f"{out} has no section {head!r} to replace: run it whole")
+        d.lines[2:2] = [f"*This section is from a later run than the rest of the report: "
+                        f"{R['when']} (`report.py --only {part} --update`), load before "
+                        f"`{R['uptime_before']}`, after `{R['uptime_after']}`.*", ""]
+        nxt = text.find("\n## ", start + len(head))
+        end = len(text) if nxt < 0 else nxt + 1
+        text = text[:start] + "\n".join(d.lines).rstrip() + "\n\n" + text[end:].lstrip("\n")
+        done.append(part)
+    out.write_text(text.rstrip() + "\n")
+    return done
+
