@@ -93,6 +93,14 @@ def test_otel_cost_compares_spans_off_and_on() -> None:
     assert _number(m.group(6)) == 7.0      # the request, the job, five attempts
 
 
+def test_spans_ratio_times_both_ways_of_recording() -> None:
+    out = _run("spans_ratio.py", "--quick")
+    m = re.search(r"written from fields: ([\d.]+) µs a span; as span objects: ([\d.]+) µs "
+                  r"a span; objects / fields x([\d.]+)", out)
+    assert m, out
+    assert all(float(g) > 0 for g in m.groups())
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="--pin needs Linux and two CPUs")
 def test_mqtt_e2e_pinned_runs_the_host_on_a_core_of_its_own() -> None:
