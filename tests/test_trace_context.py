@@ -163,3 +163,12 @@ def test_a_script_publishes_in_a_trace(tmp_path: object) -> None:
 
     asyncio.run(main())
     assert got == [{"traceparent": GOOD, "tracestate": "vendor=x"}]
+
+
+@given(st.text(alphabet="0123456789abcdef", min_size=32, max_size=32), st.text(max_size=40))
+def test_a_span_id_as_a_number_is_the_same_id(trace_id: str, key: str) -> None:
+    """The spans are written with ``span_int_for``, the wire carries ``span_id_for``: one
+    id, so a station's span hangs under the attempt that sent its command."""
+    from sfc_host.tracing.context import span_id_for, span_int_for
+
+    assert span_int_for(trace_id, key) == int(span_id_for(trace_id, key), 16) != 0

@@ -165,11 +165,12 @@ def span_id_for(trace_id: str, key: str) -> str:
     """The span id of ``key`` (a command id, a job's run, a request id) in the trace:
     derived, not drawn, so every host names the same span the same way and the host
     that sees a span end can record it, whichever host began it."""
-    return f"{span_int_for(trace_id, key):016x}"
+    s = hashlib.blake2b(f"{trace_id}\x00{key}".encode(), digest_size=8).hexdigest()
+    return s if s != _ZERO_SPAN else "0" * 15 + "1"
 
 
 def span_int_for(trace_id: str, key: str) -> int:
-    """``span_id_for`` as the number OpenTelemetry's span contexts hold."""
+    """``span_id_for`` as the number a span is written with (the same hash's bytes)."""
     digest = hashlib.blake2b(f"{trace_id}\x00{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") or 1      # all zeros is no span id
 
