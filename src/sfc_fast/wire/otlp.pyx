@@ -327,22 +327,58 @@ cdef object _state(object ctx):
     return state.to_header() if state else None
 
 
+cdef int _head(_Out out, object trace_id, object span_id, object state, object parent_id,
+               object name, uint64_t kind, uint64_t start, uint64_t end) except -1:
+    """A span's fields 1 to 8: ids, state, parent, name, kind (OTLP's), times."""
+    _id(out, 1, trace_id, 16)
+    _id(out, 2, span_id, 8)
+    out.text(3, state)
+    if parent_id is not None:
+        _id(out, 4, parent_id, 8)
+    out.text(5, name)
+    out.tag(6, WT_VARINT)
+    out.varint(kind)
+    out.fixed(7, start, 8)
+    return out.fixed(8, end, 8)
+
+
+cdef int _link(_Out out, object trace_id, object span_id, object state, object attrs,
+               object dropped, uint32_t flags, bint remote) except -1:
+    """A link (field 13) to the span ``trace_id``/``span_id``."""
+    cdef Py_ssize_t e = out.begin(13)
+    _id(out, 1, trace_id, 16)
+    _id(out, 2, span_id, 8)
+    out.text(3, state)
+    _attributes(out, 4, attrs)
+    _count(out, 5, dropped)
+    out.fixed(6, (flags & 0xFF) | HAS_IS_REMOTE | (IS_REMOTE if remote else 0), 4)
+    return out.end(e)
+
+
+cdef int _status_and_flags(_Out out, uint64_t code, object message, uint32_t flags,
+                           bint parent_remote) except -1:
+    """A span's status (field 15, left out when unset and empty) and its flags (16):
+    the W3C trace flags, and whether its parent is remote."""
+    cdef Py_ssize_t e
+    if code or message:
+        e = out.begin(15)
+        out.text(2, message)
+        if code:
+            out.tag(3, WT_VARINT)
+            out.varint(code)
+        out.end(e)
+    return out.fixed(16, (flags & 0xFF) | HAS_IS_REMOTE
+                     | (IS_REMOTE if parent_remote else 0), 4)
+
+
 cdef int _span(_Out out, object s) except -1:
     cdef Py_ssize_t at = out.begin(2)
-    cdef uint32_t flags
-    cdef int code
     ctx = s.context
     parent = s.parent
-    _id(out, 1, ctx.trace_id, 16)
-    _id(out, 2, ctx.span_id, 8)
-    out.text(3, _state(ctx))
-    if parent is not None:
-        _id(out, 4, parent.span_id, 8)
-    out.text(5, s.name)
-    out.tag(6, WT_VARINT)
-    out.varint(<uint64_t>(_code(s.kind) + 1))   # the SDK's kinds count from 0, OTLP's from 1
-    out.fixed(7, <uint64_t>(s.start_time or 0), 8)
-    out.fixed(8, <uint64_t>(s.end_time or 0), 8)
+    # the SDK's kinds count from 0, OTLP's from 1
+    _head(out, ctx.trace_id, ctx.span_id, _state(ctx),
+          parent.span_id if parent is not None else None, s.name, _code(s.kind) + 1,
+          <uint64_t>(s.start_time or 0), <uint64_t>(s.end_time or 0))
     _attributes(out, 9, s.attributes)
     _count(out, 10, getattr(s, "dropped_attributes", 0))
     for ev in s.events or ():
@@ -355,30 +391,12 @@ cdef int _span(_Out out, object s) except -1:
     _count(out, 12, getattr(s, "dropped_events", 0))
     for link in s.links or ():
         lc = link.context
-        e = out.begin(13)
-        _id(out, 1, lc.trace_id, 16)
-        _id(out, 2, lc.span_id, 8)
-        out.text(3, _state(lc))
-        _attributes(out, 4, link.attributes)
-        _count(out, 5, getattr(link, "dropped_attributes", 0))
-        out.fixed(6, <uint32_t>(int(lc.trace_flags) | HAS_IS_REMOTE
-                                | (IS_REMOTE if lc.is_remote else 0)), 4)
-        out.end(e)
+        _link(out, lc.trace_id, lc.span_id, _state(lc), link.attributes,
+              getattr(link, "dropped_attributes", 0), int(lc.trace_flags), lc.is_remote)
     _count(out, 14, getattr(s, "dropped_links", 0))
     status = s.status
-    code = _code(status.status_code)
-    description = status.description
-    if code or description:
-        e = out.begin(15)
-        out.text(2, description)
-        if code:
-            out.tag(3, WT_VARINT)
-            out.varint(<uint64_t>code)
-        out.end(e)
-    flags = <uint32_t>(int(ctx.trace_flags) | HAS_IS_REMOTE)
-    if parent is not None and parent.is_remote:
-        flags |= IS_REMOTE
-    out.fixed(16, flags, 4)
+    _status_and_flags(out, _code(status.status_code), status.description,
+                      int(ctx.trace_flags), parent is not None and parent.is_remote)
     return out.end(at)
 
 
@@ -402,42 +420,17 @@ def span_record(object trace_id, object span_id, object parent_id, bint parent_r
     ``(trace_id, span_id, state, flags, remote)``."""
     cdef _Out out = _Out(512)
     cdef Py_ssize_t at = out.begin(2)
-    cdef Py_ssize_t e, i, n = len(attributes)
-    cdef uint32_t f
-    _id(out, 1, trace_id, 16)
-    _id(out, 2, span_id, 8)
-    out.text(3, state)
-    if parent_id is not None:
-        _id(out, 4, parent_id, 8)
-    out.text(5, name)
-    out.tag(6, WT_VARINT)
-    out.varint(kind)
-    out.fixed(7, start, 8)
-    out.fixed(8, end if end > start else start, 8)
-    i = 0
+    cdef Py_ssize_t i = 0, n = len(attributes)
+    _head(out, trace_id, span_id, state, parent_id, name, kind, start,
+          end if end > start else start)
     while i + 1 < n:
         _kv(out, 9, attributes[i], attributes[i + 1])
         i += 2
     if link is not None:
         l_trace, l_span, l_state, l_flags, l_remote = link
-        e = out.begin(13)
-        _id(out, 1, l_trace, 16)
-        _id(out, 2, l_span, 8)
-        out.text(3, l_state)
-        out.fixed(6, <uint32_t>((<uint32_t>l_flags & 0xFF) | HAS_IS_REMOTE
-                                | (IS_REMOTE if l_remote else 0)), 4)
-        out.end(e)
-    if status_code or status_message:
-        e = out.begin(15)
-        out.text(2, status_message)
-        if status_code:
-            out.tag(3, WT_VARINT)
-            out.varint(status_code)
-        out.end(e)
-    f = (flags & 0xFF) | HAS_IS_REMOTE
-    if parent_id is not None and parent_remote:
-        f |= IS_REMOTE
-    out.fixed(16, f, 4)
+        _link(out, l_trace, l_span, l_state, None, 0, l_flags, l_remote)
+    _status_and_flags(out, status_code, status_message, flags,
+                      parent_id is not None and parent_remote)
     out.end(at)
     return PyBytes_FromStringAndSize(out.p, out.n)
 
