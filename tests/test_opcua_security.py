@@ -205,3 +205,29 @@ def test_a_certificate_for_another_server_stops_the_start_in_one_line(
         got = _cli("run", "--check", "--config", str(bad))
         assert got.returncode == 2 and "opcua_allow_insecure" in got.stderr
     run(main(), 60)
+
+
+def test_opcua_without_the_extra_is_refused_in_one_line(tmp_path: Path) -> None:
+    """As if asyncua were not installed: ``opcua = true`` stops the host before it
+    connects anywhere, in one line that says what to install."""
+    code = """
+import importlib.abc, sys
+class NoAsyncua(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "asyncua" or name.startswith("asyncua."):
+            raise ImportError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, NoAsyncua())
+from sfc_host.config import ConfigError, HostConfig
+from sfc_host.service.app import App
+try:
+    App(HostConfig(opcua=True, opcua_security=["None"]))
+except ConfigError as e:
+    print("refused:", e)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == ("refused: setting opcua: the OPC UA stack is not "
+                                  "installed: pip install 'sfc-fast[opcua]'"), \
+        out.stdout

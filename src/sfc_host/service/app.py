@@ -37,6 +37,7 @@ from sfc_host.service.preflight import (
     build_problems,
     check_missions,
     listen_error,
+    opcua_face,
     opcua_listen_error,
     span_recorder,
 )
@@ -66,11 +67,7 @@ class App:
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
         self.mes = MesControl(self.host, self.link)
         self.spans = span_recorder(config, span_processor, self.metrics)
-        self.opcua: Any = None
-        if config.opcua:
-            from sfc_host.opcua import OpcUaFace  # asyncua only when asked for
-
-            self.opcua = OpcUaFace(config, self.host, self.mes, self.link)
+        self.opcua: Any = opcua_face(config, self.host, self.mes, self.link)
         if self.spans is not None:
             self.host.settler.spans = self.spans
             self.mes.trace_with(self.spans)

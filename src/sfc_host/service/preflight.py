@@ -83,6 +83,26 @@ def check_port(config: HostConfig) -> None:
         raise listen_error(config, e) from None
 
 
+def _extra_missing(setting: str, stack: str) -> ConfigError:
+    """A setting whose optional extra (named like the setting) cannot be imported: the
+    line the settings' own check gives (``HostConfig.check_files``), for an extra that
+    is there but broken."""
+    return ConfigError(f"setting {setting}: {stack} is not installed: "
+                       f"pip install 'sfc-fast[{setting}]'")
+
+
+def opcua_face(config: HostConfig, host: Any, mes: Any, link: Any) -> Any:
+    """The OPC UA face of ``opcua = true`` (None when off); a ``ConfigError`` for a
+    missing extra. asyncua is imported only here."""
+    if not config.opcua:
+        return None
+    try:
+        from sfc_host.opcua import OpcUaFace
+    except ImportError:
+        raise _extra_missing("opcua", "the OPC UA stack") from None
+    return OpcUaFace(config, host, mes, link)
+
+
 def span_recorder(config: HostConfig, processor: Any = None, metrics: Any = None) -> Any:
     """The span recorder of ``otel = true`` (``tracing.spans``; None when off or when
     ``OTEL_TRACES_EXPORTER=none``); a ``ConfigError`` for a missing extra or an
@@ -91,9 +111,8 @@ def span_recorder(config: HostConfig, processor: Any = None, metrics: Any = None
         return None
     try:
         from sfc_host.tracing.spans import OtelSettingError, recorder_from
-    except ImportError as e:
-        raise ConfigError(f"setting otel: the OpenTelemetry SDK is not installed "
-                          f"({e.name}): pip install 'sfc-fast[otel]'") from None
+    except ImportError:
+        raise _extra_missing("otel", "the OpenTelemetry SDK") from None
     try:
         return recorder_from(config.consumer_name, __version__, config.equipment_prefix,
                              processor=processor, metrics=metrics)
@@ -108,9 +127,8 @@ def check_traces(config: HostConfig) -> str:
         return ""
     try:
         from sfc_host.tracing.spans import OtelSettingError, check_batch, exporter_from
-    except ImportError as e:
-        raise ConfigError(f"setting otel: the OpenTelemetry SDK is not installed "
-                          f"({e.name}): pip install 'sfc-fast[otel]'") from None
+    except ImportError:
+        raise _extra_missing("otel", "the OpenTelemetry SDK") from None
     try:
         exporter = exporter_from(os.environ)
         if exporter is not None:
@@ -132,9 +150,8 @@ def check_opcua(config: HostConfig) -> str:
         return ""
     try:
         from sfc_host.opcua.server import check_security
-    except ImportError as e:
-        raise ConfigError(f"setting opcua: the OPC UA stack is not installed ({e.name}): "
-                          "pip install 'sfc-fast[opcua]'") from None
+    except ImportError:
+        raise _extra_missing("opcua", "the OPC UA stack") from None
     try:
         users = check_security(config)
     except ValueError as e:
