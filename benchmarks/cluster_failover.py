@@ -28,8 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from hosts import Station, quick_config, torque_ok, work_master
-from redis import exceptions as rx
+from hosts import Station, quick_config, store_retrying, torque_ok, work_master
 from redis.asyncio.cluster import RedisCluster
 from servers import RedisClusterServer
 
@@ -38,17 +37,6 @@ from sfc_host.store.keys import ScopeKeys
 
 SCOPES = [f"line{i}" for i in range(1, 13)]
 WM = "wm-tighten"
-
-
-async def store(host: Host, scope: str, job: str) -> None:
-    for _ in range(300):
-        try:
-            await host.orders.store_order(scope, {"JobOrderID": job,
-                                                  "WorkMasterID": [{"ID": WM}]}, start=True)
-            return
-        except (rx.RedisError, OSError):
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{scope}/{job} was never stored")
 
 
 async def ended(rc: RedisCluster, jobs: list[tuple[str, str]]) -> int:
@@ -90,7 +78,7 @@ async def run(cluster: RedisClusterServer, args: argparse.Namespace) -> int:
                 n = 0
                 while not stop.is_set():
                     batch = [(s, f"{s}-{n}") for s in SCOPES]
-                    await asyncio.gather(*(store(host, s, j) for s, j in batch))
+                    await asyncio.gather(*(store_retrying(host, s, j, WM) for s, j in batch))
                     jobs.extend(batch)
                     n += 1
                     await asyncio.sleep(0.05)

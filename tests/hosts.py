@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis import exceptions as rx
 
 from sfc_fast import Command
 from sfc_fast.events import Completed, Failed
@@ -151,3 +152,17 @@ class Station:
 def torque_ok(cmd: Command) -> dict[str, Any] | None:
     """Answers for ``tighten_rework``: tightening in tolerance at once."""
     return {"torque": 85} if cmd.action == "tighten" else None
+
+
+async def store_retrying(host: Host, scope: str, job: str, wm: str, tries: int = 300) -> None:
+    """Store and start ``job`` as an MES would: again after a refusal of the moment (a
+    failover or a slot moving on a Redis Cluster), 0.1 s apart."""
+    for _ in range(tries):
+        try:
+            await host.orders.store_order(scope, {"JobOrderID": job,
+                                                  "WorkMasterID": [{"ID": wm}]}, start=True)
+            return
+        except (rx.RedisError, OSError):
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{scope}/{job} was never stored")
+

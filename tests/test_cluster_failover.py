@@ -13,8 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hosts import Station, torque_ok, wait_until
-from redis import exceptions as rx
+from hosts import Station, store_retrying, torque_ok, wait_until
 from redis.asyncio.cluster import RedisCluster
 from servers import RedisClusterServer
 from test_host_cluster import SCOPES, WM, _all_completed, _store_work_masters, cluster_config
@@ -22,19 +21,6 @@ from test_host_cluster import SCOPES, WM, _all_completed, _store_work_masters, c
 from sfc_host.execution.host import Host
 
 pytestmark = pytest.mark.servers
-
-
-async def _store(host: Host, scope: str, job: str) -> None:
-    """Store and start a job as an MES would: again after a refusal of the moment."""
-    for _ in range(100):
-        try:
-            await host.orders.store_order(scope, {"JobOrderID": job,
-                                                  "WorkMasterID": [{"ID": WM}]}, start=True)
-            return
-        except (rx.ConnectionError, rx.ClusterDownError, rx.TimeoutError, rx.TryAgainError,
-                rx.ResponseError):
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"{scope}/{job} never stored")
 
 
 def test_a_primary_killed_under_load_loses_no_job(tmp_path: Path) -> None:
@@ -54,7 +40,7 @@ def test_a_primary_killed_under_load_loses_no_job(tmp_path: Path) -> None:
                         if wave == 2:
                             cluster.nodes[1].stop(signal.SIGKILL)
                             killed = time.monotonic()
-                        await asyncio.gather(*(_store(host, s, f"{s}-w{wave}-{i}")
+                        await asyncio.gather(*(store_retrying(host, s, f"{s}-w{wave}-{i}", WM)
                                                for s in SCOPES for i in range(3)))
                         jobs += [(s, f"{s}-w{wave}-{i}") for s in SCOPES for i in range(3)]
                         await asyncio.sleep(0.3)
@@ -95,12 +81,12 @@ def test_a_busy_scopes_slot_migrates_under_load(tmp_path: Path) -> None:
                     src = rc.get_node_from_key(f"sfc:{{{scope}}}:x").port
                     dst = next(p for p in cluster.ports if p != src)
                     jobs = [(scope, f"m{i}") for i in range(40)]
-                    await asyncio.gather(*(_store(host, s, j) for s, j in jobs[:10]))
+                    await asyncio.gather(*(store_retrying(host, s, j, WM) for s, j in jobs[:10]))
                     refreshes = host.channel.refreshes  # type: ignore[union-attr]
                     loop = asyncio.get_running_loop()
                     moving = loop.run_in_executor(None, cluster.migrate, slot, src, dst)
                     for w in range(1, 8):       # jobs keep coming while the slot moves
-                        await asyncio.gather(*(_store(host, s, j)
+                        await asyncio.gather(*(store_retrying(host, s, j, WM)
                                                for s, j in jobs[w * 5 - 5 + 10:w * 5 + 10]))
                         await asyncio.sleep(0.15)
                     moved = await moving
