@@ -18,7 +18,7 @@ from redis import exceptions as rx
 from redis.crc import key_slot
 from servers import RedisClusterServer
 
-from sfc_host.store.cluster_channel import ClusterChannel, crc16, hash_tag, key_of
+from sfc_host.store.cluster_channel import ClusterChannel, key_of
 
 
 def run(coro: Any) -> Any:
@@ -26,10 +26,11 @@ def run(coro: Any) -> Any:
 
 
 def test_slots_are_redis_clusters_own() -> None:
-    assert crc16(b"123456789") == 0x31C3          # CRC16-XMODEM's check value
-    assert hash_tag(b"sfc:{line1}:job:J1") == b"line1"
-    assert hash_tag(b"no{}tag") == b"no{}tag" and hash_tag(b"a{b") == b"a{b"
     ch = ClusterChannel("redis://127.0.0.1:1")
+    assert ch.slot(b"123456789") == 0x31C3 % 16384     # CRC16-XMODEM's check value
+    assert ch.slot(b"sfc:{line1}:job:J1") == ch.slot("line1")      # the hash tag
+    assert ch.slot(b"no{}tag") != ch.slot(b"")         # an empty tag: the whole key
+    assert ch.slot(b"a{b") != ch.slot(b"b")            # no closing brace: the whole key
     rng = random.Random(7)
     for _ in range(2000):
         key = bytes(rng.randrange(32, 127) for _ in range(rng.randrange(1, 30)))

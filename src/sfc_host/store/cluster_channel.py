@@ -8,7 +8,7 @@ loop pass's requests to one node go out in one write, as on one Redis.
 
 - **Routing.** The slot table comes from ``CLUSTER SLOTS``; a key's slot is CRC16 of its
   hash tag (every key of a scope carries the scope's, so its requests go to one node),
-  kept per tag.
+  computed by redis-py's ``key_slot``.
 - **MOVED**: the table is read again and the request sent to its new node. **ASK** (a
   slot migrating): the one request goes to the node named, after ``ASKING``, in one
   write. **TRYAGAIN** and **CLUSTERDOWN** (a failover, a migration): tried again after
@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from redis import exceptions as rx
+from redis.crc import key_slot
 
 from sfc_host.metrics import Metrics
 from sfc_host.store.channel import RedisChannel
@@ -42,33 +43,6 @@ SLOTS = 16384
 FAILOVER_S = 30.0          # how long a request waits for its slot to have an owner again
 PAUSE_S = 0.1              # the first pause before trying again (doubling, up to 1 s)
 MAX_REDIRECTS = 5          # MOVED/ASK hops of one request
-
-# CRC16-CCITT (XMODEM), as Redis Cluster hashes keys
-_CRC = []
-for _i in range(256):
-    _c = _i << 8
-    for _ in range(8):
-        _c = ((_c << 1) ^ 0x1021) if _c & 0x8000 else (_c << 1)
-    _CRC.append(_c & 0xFFFF)
-
-
-def crc16(data: bytes) -> int:
-    crc = 0
-    for b in data:
-        crc = ((crc << 8) & 0xFFFF) ^ _CRC[((crc >> 8) ^ b) & 0xFF]
-    return crc
-
-
-def hash_tag(key: bytes) -> bytes:
-    """The part of a key Redis Cluster hashes: between the first ``{`` and the next
-    ``}``, if not empty; else the whole key."""
-    start = key.find(b"{")
-    if start >= 0:
-        end = key.find(b"}", start + 1)
-        if end > start + 1:
-            return key[start + 1:end]
-    return key
-
 
 def key_of(args: Sequence[Any]) -> Any:
     """The key a command is routed by: a script call's first key, another command's
@@ -117,7 +91,6 @@ class ClusterChannel:
         self.seeds = [(u.hostname or "localhost", u.port or 6379)]
         self.nodes: dict[tuple[str, int], RedisChannel] = {}
         self.slots: list[tuple[str, int] | None] = [None] * SLOTS
-        self._tags: dict[bytes, int] = {}
         self._refreshing: asyncio.Task[None] | None = None
         self.refreshes = 0
         self.redirects = 0
@@ -174,18 +147,14 @@ class ClusterChannel:
             return
         raise rx.ConnectionError(f"no node of the cluster answered CLUSTER SLOTS: {last}")
 
-    def slot(self, key: Any) -> int:
+    @staticmethod
+    def slot(key: Any) -> int:
+        """The slot of ``key``: CRC16 of its hash tag, as redis-py computes it."""
         if isinstance(key, str):
             key = key.encode()
         elif not isinstance(key, bytes):
             key = str(key).encode()
-        tag = hash_tag(key)
-        s = self._tags.get(tag)
-        if s is None:
-            s = crc16(tag) % SLOTS
-            if len(self._tags) < 100_000:
-                self._tags[tag] = s
-        return s
+        return int(key_slot(key))
 
     async def _owner(self, slot: int) -> RedisChannel:
         addr = self.slots[slot]
