@@ -287,13 +287,10 @@ class Streams:
             res: list[Any] = await self.client.xreadgroup(
                 self.group, self.consumer, {k.work: ">" for k in keys}, count=count)
             return res
-        # on the host's channel (no BLOCK: it never holds the connection); the reply as
-        # redis-py gives it: [stream, [(id, fields), ...]] per stream
-        raw = await channel.execute("XREADGROUP", "GROUP", self.group, self.consumer,
-                                    "COUNT", count, "STREAMS", *[k.work for k in keys],
-                                    *[">"] * len(keys))
-        return [(stream, [(eid, pairs(flat) if flat else {}) for eid, flat in items])
-                for stream, items in raw or ()]
+        # on the host's channel (no BLOCK: it never holds the connection)
+        return _as_redis_py(await channel.execute(
+            "XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, "STREAMS",
+            *[k.work for k in keys], *[">"] * len(keys)))
 
     async def _read_cluster(self, keys: list[ScopeKeys], count: int) -> list[Any]:
         """One XREADGROUP per scope (streams of two scopes may live on two nodes, and
@@ -308,10 +305,8 @@ class Streams:
             raw = await channel.execute_many([
                 ("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count,
                  "STREAMS", k.work, ">") for k in keys])
-            replies: list[Any] = [
-                r if isinstance(r, Exception) else
-                [(stream, [(eid, pairs(flat) if flat else {}) for eid, flat in items])
-                 for stream, items in r or ()] for r in raw]
+            replies: list[Any] = [r if isinstance(r, Exception) else _as_redis_py(r)
+                                  for r in raw]
         else:
             pipe = self.client.pipeline(transaction=False)
             for k in keys:
@@ -430,3 +425,11 @@ class Streams:
         for r in await self.scripts.commands(cmds):
             if isinstance(r, Exception):
                 raise r
+
+
+def _as_redis_py(raw: Any) -> list[Any]:
+    """An XREADGROUP reply read on the host's channel as redis-py gives it:
+    ``[(stream, [(id, {field: value}), ...]), ...]``."""
+    return [(stream, [(eid, pairs(flat) if flat else {}) for eid, flat in items])
+            for stream, items in raw or ()]
+
