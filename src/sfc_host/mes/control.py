@@ -50,7 +50,6 @@ log = logging.getLogger("sfc_host.mes")
 # a reply's JSON, and the trace attributes of the job it answers for (None: no job's)
 Answer = tuple[bytes, dict[str, str] | None]
 
-
 MAX_BY_STATE = 1000       # job responses in one ByJobOrderState reply
 _STATUS_AT = b'"ReturnStatus":'
 
