@@ -323,8 +323,12 @@ def measure(quick: bool, only: set[str] | None) -> dict[str, Any]:
     return R
 
 
+def _mistake(text: str) -> int:
+    print(f"report.py: {text}", file=sys.stderr)
+    return 2
+
+
 def main() -> int:
-    from report_render import render
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     ap.add_argument("--only", help="comma-separated parts: ratios,limits,e2e,cost,scale")
@@ -337,7 +341,13 @@ def main() -> int:
                          "marked as from this run, instead of writing a report of them alone")
     a = ap.parse_args()
     if a.update and not a.only:
-        ap.error("--update goes with --only")
+        return _mistake("--update goes with --only PARTS")
+    if a.update and not a.out.is_file():
+        return _mistake(f"--update: {a.out} is not there: run the report whole first")
+    try:     # before the run, not after its minutes
+        from report_render import render, update
+    except ImportError as e:
+        return _mistake(f"{e.name} is not installed: pip install -e '.[bench]'")
     if a.render:
         R = json.loads(a.render.read_text())
     else:
@@ -345,7 +355,6 @@ def main() -> int:
         if a.json:
             a.json.write_text(json.dumps(R, indent=1))
     if a.update:
-        from report_render import update
         parts = update(R, a.out, a.img)
         print(f"[report] replaced {', '.join(parts) or 'nothing'} in {a.out}")
     else:

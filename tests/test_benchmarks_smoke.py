@@ -141,3 +141,16 @@ def test_redis_channel_compares_both_clients() -> None:
     out = _run("redis_channel.py", "--calls", "300", "--rounds", "1")
     rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]
     assert len(rows) == 3, out
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--update"], "--update goes with --only PARTS"),
+    (["--only", "scale", "--update", "--out", "no-such-report.md"],
+     "no-such-report.md is not there: run the report whole first"),
+])
+def test_report_update_mistakes_are_one_line(args: list[str], says: str, tmp_path) -> None:
+    """Refused before any measuring: one line, exit 2."""
+    p = subprocess.run([sys.executable, str(BENCH / "report.py"), *args], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    assert p.stderr.count("\n") == 1 and says in p.stderr, p.stderr
