@@ -215,8 +215,9 @@ return 1
 
 
 async def baseline(url: str, n: int = 4000) -> dict[str, float]:
-    """The DESIGN's yardstick, same process and server: an event-sized compare-and-set
-    script through plain redis-py, awaited one by one and in pipelines of 64."""
+    """The yardstick of docs/design.md#few-large-requests, same process and server: an
+    event-sized compare-and-set script through plain redis-py, awaited one by one and in
+    pipelines of 64."""
     c = aioredis.Redis.from_url(url)
     try:
         sha = await c.script_load(BASELINE_CAS)

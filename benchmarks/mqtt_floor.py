@@ -12,7 +12,8 @@ benchmarks use. For every answer it runs one compare-and-set script shaped like 
 host's (``report_limits.CAS_LIKE``: read and compare the version, write state and
 version, the due index, the active set and one work entry), all answers of one read in
 one write to Redis, and sends the job's next command when the script's reply is read.
-That is DESIGN 3.1's order (the state is stored before the command goes out) with no
+That is the order of docs/design.md#few-large-requests (the state is stored before the
+command goes out) with no
 evolve, no records, no MES side and no queue between the steps. ``--no-redis`` leaves
 the script out: the broker and the station alone.
 

@@ -4,10 +4,11 @@
     model = load_recipe(recipe_dict)
     applied, state, work, commands, next_deadline = py_evolve(model, None, Start(...), now)
 
-It mirrors ``sfc_fast.evolve`` rule for rule (DESIGN §2.2, §3.6, §3.8, §3.9: sequence,
-branches, loops and rounds, the eight qualifiers, push answers, retries, unsent
-re-dispatch, pull waits with Match, cancel, hold and release, equipment hold, shift,
-resume) and is written the way a straightforward Python engine would be:
+It mirrors ``sfc_fast.evolve`` rule for rule (docs/execution.md; their reasons are
+docs/design.md, sections 3 and 12-14: sequence, branches, loops and rounds, the eight
+qualifiers, push answers, retries, unsent re-dispatch, pull waits with Match, cancel,
+hold and release, equipment hold, shift, resume) and is written the way a
+straightforward Python engine would be:
 
 - the recipe is read once into dicts and lists (steps, actions, transitions sorted by
   priority, branches and paths), conditions parsed once into small trees;

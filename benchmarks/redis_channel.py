@@ -3,7 +3,7 @@
     python benchmarks/redis_channel.py [--calls 20000] [--rounds 3]
 
 A local redis-server (started here) and an event-sized script (HGET, HSET, ZADD, XADD,
-as DESIGN 3.1's compare-and-set), called by SHA:
+as the compare-and-set of docs/design.md#compare-and-set-rounds), called by SHA:
 
 - awaited one by one: ``sfc_host.store.channel.RedisChannel.execute`` against the host's
   redis-py client (``sfc_host.store.client.redis_from_url``: blocking pool, hiredis parser,

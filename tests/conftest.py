@@ -23,13 +23,13 @@ from servers import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_RECIPES = REPO.parent / "shared" / "reference" / "recipes"
+REFERENCE_RECIPES = REPO / "tests" / "data" / "recipes"
 PACKAGED_RECIPES = REPO / "src" / "sfc_host" / "examples"
 
 
 def reference_recipes_dir() -> Path:
-    """The shared reference recipes, or the copies shipped with the package."""
-    return SHARED_RECIPES if SHARED_RECIPES.is_dir() else PACKAGED_RECIPES
+    """The reference recipes (tests/data/recipes; the package ships them too)."""
+    return REFERENCE_RECIPES
 
 
 def load_reference(name: str) -> dict:

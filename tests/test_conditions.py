@@ -1,4 +1,5 @@
-"""The condition language of DESIGN §2.2: parsed at compile time, run as bytecode."""
+"""The condition language (docs/design.md#execution-rules): parsed at compile time, run
+as bytecode."""
 
 from __future__ import annotations
 

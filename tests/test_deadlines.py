@@ -1,4 +1,5 @@
-"""sfc_fast.DeadlineIndex (DESIGN §2.4): unit tests and a model-based property test."""
+"""sfc_fast.DeadlineIndex (docs/design.md#deadline-index): unit tests and a model-based
+property test."""
 
 from __future__ import annotations
 

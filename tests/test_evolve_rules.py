@@ -1,4 +1,5 @@
-"""One test per execution rule of DESIGN §2.2 (and the core parts of §3.6, §3.8, §3.9).
+"""One test per execution rule of docs/execution.md, the core's part of hold, equipment
+hold and the outage rule included (their reasons: docs/design.md, sections 3 and 12-14).
 
 Each docstring names the rule it shows.
 """

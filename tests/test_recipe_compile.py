@@ -1,4 +1,5 @@
-"""The recipe compiler: what it accepts, and every refusal rule of DESIGN §2.1."""
+"""The recipe compiler: what it accepts, and every refusal rule
+(docs/design.md#recipe-formats)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import load_reference, reference_recipes_dir
+from conftest import PACKAGED_RECIPES, load_reference, reference_recipes_dir
 from recipes import V100, V110, chain, linear, pull, push, with_
 
 from sfc_fast import Graph, Problem, RecipeError, compile_recipe
@@ -45,10 +46,21 @@ def test_every_reference_recipe_compiles(name: str) -> None:
     assert g.dataschema == wm["dataschema"]
 
 
-def test_the_shared_folder_holds_exactly_the_known_reference_recipes() -> None:
+def test_the_data_folder_holds_exactly_the_known_reference_recipes() -> None:
     names = sorted(p.name for p in reference_recipes_dir().glob("*.json"))
     assert names == ["axle_fit_qa.json", "bad_two_initial.json", "paint_hold_restart.json",
                      "tighten_rework.json"]
+
+
+@pytest.mark.parametrize("name", ["axle_fit_qa.json", "bad_two_initial.json",
+                                  "paint_hold_restart.json", "tighten_rework.json"])
+def test_the_packaged_examples_are_the_reference_recipes(name: str) -> None:
+    """The package's examples are the reference recipes with an ID and a Description
+    added: the demo and `sfc-host recipe` run what the tests check."""
+    ref = load_reference(name)
+    packaged = json.loads((PACKAGED_RECIPES / name).read_text(encoding="utf-8"))
+    assert {k: v for k, v in packaged.items() if k not in ("ID", "Description")} == ref
+    assert packaged["ID"] == name.removesuffix(".json")
 
 
 def test_bad_two_initial_is_refused_with_all_its_problems() -> None:

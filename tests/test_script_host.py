@@ -190,8 +190,8 @@ def test_engine_without_host_refuses_jobs() -> None:
 
 
 def test_host_loops_are_built_in_tasks_of_the_engine(redis_url: str, mqtt_url: str) -> None:
-    """DESIGN §4: the host's loops run as built-in Tasks of the engine, so the engine's
-    Stop stops the host's work (an order stored after it is not started)."""
+    """The host's loops run as built-in Tasks of the engine, so the engine's Stop stops
+    the host's work (an order stored after it is not started; docs/design.md#script-engine)."""
     async def main() -> None:
         await flush(redis_url)
         app = App(quick_config(redis_url, mqtt_url=mqtt_url))

@@ -1,5 +1,5 @@
-"""A host's start-up (DESIGN §5a): a host that fails it takes no message another host
-should have had; SIGTERM ends it at any moment; every user mistake is one line and
+"""A host's start-up (docs/design.md#start-order): a host that fails it takes no message
+another host should have had; SIGTERM ends it at any moment; every user mistake is one line and
 exit 2, an unreachable server one line and exit 1; ``run --check``."""
 
 from __future__ import annotations

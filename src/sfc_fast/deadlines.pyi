@@ -1,7 +1,7 @@
 from typing import SupportsIndex
 
 class DeadlineIndex:
-    """In-process index of (job, deadline_ms), earliest first (DESIGN §2.4).
+    """In-process index of (job, deadline_ms), earliest first (docs/design.md#deadline-index).
 
     O(log n) set/remove; pop_due removes everything due in one pass. Among equal
     deadlines the job set earlier comes first.

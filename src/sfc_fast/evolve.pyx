@@ -3,7 +3,8 @@
 
 No clock, no I/O: ``now_ms`` comes in as an argument and everything the host has to do
 comes out as data (work entries, commands, job order transitions, index changes).
-The rules are DESIGN §2.2 and docs/execution.md; each is named where it is kept.
+The rules are docs/execution.md (their reasons: docs/design.md#execution-rules); each is
+named where it is kept.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
@@ -1245,7 +1246,7 @@ cdef class _Run:
         cdef str name
         cdef Py_ssize_t i
         if self.s.flags & JF_HELD:
-            # while held only hold commands expire (DESIGN §3.9)
+            # while held only hold commands expire (docs/design.md#equipment-hold)
             for i in range(self.s.n_live):
                 a = self.s.live[i]
                 x = &self.s.acts[a]
@@ -1400,7 +1401,8 @@ class _Loop(Exception):
 # ---------------------------------------------------------------- the API
 
 cdef int64_t _next_deadline(Graph g, State s) noexcept:
-    """Earliest open deadline; while held, the earliest hold deadline (DESIGN §3.9)."""
+    """Earliest open deadline; while held, the earliest hold deadline
+    (docs/design.md#equipment-hold)."""
     cdef int a
     cdef ActSt* x
     cdef int64_t best = NO_TIME

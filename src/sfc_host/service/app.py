@@ -4,10 +4,10 @@ built-in Tasks run the host's loops; with ``scripts_dir`` it runs the scripts' T
 Missions too, on their own MQTT connection (``api.jobs`` is this host's job control).
 ``sfc-host run`` and the demo start one of these.
 
-``start`` goes in a safe order (DESIGN §5a): Redis and its scripts, the engine's build
-and the missions' arguments, the HTTP port, the MQTT connections (publishing only),
-recovery and the loops, and only then the MQTT subscriptions. Whatever fails, fails
-before the host took a message another host should have had.
+``start`` goes in a safe order (docs/design.md#start-order): Redis and its scripts, the
+engine's build and the missions' arguments, the HTTP port, the MQTT connections
+(publishing only), recovery and the loops, and only then the MQTT subscriptions.
+Whatever fails, fails before the host took a message another host should have had.
 
     async with App(HostConfig.load("host.toml")) as app:
         await app.wait_closed()
@@ -61,8 +61,8 @@ class App:
                               "The host's version; always 1.")
         self.link = MqttLink(config, self.metrics)
         self.sink = MqttSink(self.link)
-        # The host's loops run as built-in Tasks of the script engine (DESIGN §4), so
-        # the engine's Stop stops the host's work too.
+        # The host's loops run as built-in Tasks of the script engine, so the engine's
+        # Stop stops the host's work too (docs/design.md#script-engine).
         self.host = Host(config, self.sink, metrics=self.metrics, loops=False)
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
         self.mes = MesControl(self.host, self.link)

@@ -7,8 +7,8 @@ packs with the core's ``sfc_fast.wire.resp.pack_command`` (hiredis's bytes, a te
 time on a compare-and-set call's thousands of arguments) and parses with
 ``hiredis.Reader`` (C), keeps
 one connection, and writes every request of one event-loop pass in one write, whoever
-made it; replies come back in order and go to their callers' futures (DESIGN 3.1,
-"hiredis pipelining"). On a Redis Cluster, ``cluster_channel.ClusterChannel`` keeps
+made it; replies come back in order and go to their callers' futures
+(docs/design.md#few-large-requests). On a Redis Cluster, ``cluster_channel.ClusterChannel`` keeps
 one of these per primary and routes each request by its key's slot.
 
 Errors are redis-py's classes (``NoScriptError`` for ``NOSCRIPT``, ``ResponseError`` for
