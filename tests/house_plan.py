@@ -59,7 +59,7 @@ ALLOWED: dict[str, set[str]] = {
     # the OPC UA face: ISA-95 Job Control over OPC UA, on the MES side's job control
     "opcua": {"aio", "mes", "execution", "store", "mqtt", "isa95", "config", "metrics", "sfc_host"},
     # the script engine: Tasks and Missions under their state machines
-    "engine": {"aio", "core", "mqtt", "config", "tracing"},
+    "engine": {"aio", "core", "mqtt", "tracing"},
     "examples": {"engine"},
     "charts": {"core"},
     "web": {"aio", "core", "charts", "execution", "store", "mes", "isa95", "config", "metrics",
