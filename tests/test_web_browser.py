@@ -4,7 +4,8 @@ with ``web = true`` and ``web_control = true``, real redis-server and mosquitto,
 and a station on MQTT. It follows a running job from the scopes page to its own page,
 sees its steps turn active and finished without a reload, pauses and resumes it with
 the buttons, sees it complete; ``sfc-host web`` beside it shows no buttons and refuses a
-POST; the hostile-names recipe renders as text. Screenshots go to docs/img/."""
+POST; the hostile-names recipe renders as text. Its screenshots go to a temporary folder;
+``python tests/screenshots.py`` runs the same tour and puts them in docs/img/."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import json
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,7 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
+import screenshots
 from hosts import flush, start_sfc_host, work_master
 from mqtt_station import MqttStation
 from servers import free_port
@@ -35,7 +38,6 @@ pytestmark = pytest.mark.servers
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser",
                                                "google-chrome")) if p), None)
 DRIVER = shutil.which("chromedriver")
-IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 S = "line7"
 FLOW = "order-4711"           # the job the test follows
 GATED = ("com.example.cell.load.v1", "com.example.cell.tighten.v1")
@@ -124,7 +126,17 @@ def no_alert(driver: Any) -> bool:
 
 def test_an_operator_follows_pauses_and_resumes_a_job_in_the_browser(
         redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
-    asyncio.run(asyncio.wait_for(_browser(redis_url, mqtt_url, tmp_path), 120))
+    """The tour as the screenshot command runs it, its pictures in a temporary folder."""
+    out = tmp_path / "img"
+    assert screenshots.main(["--out", str(out), "--redis", redis_url, "--mqtt", mqtt_url]) == 0
+    for name in screenshots.SHOTS:
+        assert (out / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name
+
+
+def test_the_screenshot_command_starts_as_a_script() -> None:
+    done = subprocess.run([sys.executable, str(Path(screenshots.__file__)), "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--out" in done.stdout, done.stderr
 
 
 async def _setup(redis_url: str) -> None:
@@ -141,10 +153,11 @@ async def _setup(redis_url: str) -> None:
         await r.aclose()
 
 
-async def _browser(redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+async def tour(redis_url: str, mqtt_url: str, workdir: Path, shots: Path) -> None:
+    """The operator's tour, every check on the way; screenshots into ``shots``."""
     await _setup(redis_url)
     port, ro_port = free_port(), free_port()
-    conf = tmp_path / "host.toml"
+    conf = workdir / "host.toml"
     conf.write_text(f'redis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\n'
                     f'consumer = "web-browser"\nscopes = ["{S}"]\nmetrics_port = {port}\n'
                     'web = true\nweb_control = true\nmes_acceptance = ["work_master"]\n'
@@ -164,7 +177,7 @@ async def _browser(redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
                 assert rep["data"]["ReturnStatus"] == 1, rep
             rep = await mes.call(JC + "StoreAndStart.v2", {"JobOrder": hostile_order()})
             assert rep["data"]["ReturnStatus"] == 1, rep
-            await _flow(driver, base, gate, station)
+            await _flow(driver, base, gate, station, shots)
             await _hostile(driver, base)
             await _read_only(driver, f"http://127.0.0.1:{ro_port}")
             await _stops_with_pages_open(base, [host, viewer])
@@ -180,17 +193,18 @@ async def _browser(redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
                     p.kill()
 
 
-async def _flow(driver: Any, base: str, gate: Gate, station: MqttStation) -> None:
+async def _flow(driver: Any, base: str, gate: Gate, station: MqttStation,
+                shots: Path) -> None:
     # the scopes page, refreshing itself; from it to the scope's jobs, to the running job
     await in_thread(lambda: driver.get(base + "/"))
     await in_thread(lambda: wait_for(driver, "rates on the scopes page", lambda d: any(
         c.text not in ("", "-") for c in d.find_elements(
             By.CSS_SELECTOR, "table.scopes tbody tr td:nth-child(8)")), 10))
-    await in_thread(lambda: driver.save_screenshot(str(IMG / "web-scopes.png")))
+    await in_thread(lambda: driver.save_screenshot(str(shots / "web-scopes.png")))
     await in_thread(lambda: driver.find_element(By.LINK_TEXT, S).click())
     await in_thread(lambda: wait_for(driver, "the jobs table", lambda d: d.find_elements(
         By.LINK_TEXT, FLOW)))
-    await in_thread(lambda: driver.save_screenshot(str(IMG / "web-jobs.png")))
+    await in_thread(lambda: driver.save_screenshot(str(shots / "web-jobs.png")))
     await in_thread(lambda: driver.find_element(By.LINK_TEXT, FLOW).click())
 
     def on_job_page() -> None:
@@ -217,7 +231,7 @@ async def _flow(driver: Any, base: str, gate: Gate, station: MqttStation) -> Non
     await in_thread(lambda: wait_for(driver, "the order Running again", lambda d: order_state(
         d) == "Running" and "active" in classes(d, "step", "Tighten")))
     await in_thread(lambda: driver.execute_script("window.sfcMark = 2"))
-    await in_thread(lambda: driver.save_screenshot(str(IMG / "web-job.png")))
+    await in_thread(lambda: driver.save_screenshot(str(shots / "web-job.png")))
     # the tightening answered (every one sent, also one sent again after the resume)
     gate.open = True
     await gate.release(station, "com.example.cell.tighten.v1",
