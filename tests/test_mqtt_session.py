@@ -35,6 +35,7 @@ from sfc_host.config import ConfigError, HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import Message, MqttLink, MqttUnsupported
 from sfc_host.mqtt import link as link_module
+from sfc_host.mqtt.topics import topic_matches
 
 
 def config(url: str, **kw: Any) -> HostConfig:
@@ -442,7 +443,7 @@ def test_shared_subscriptions_that_deliver_pass_the_check() -> None:
             elif kind == 3:
                 _, topic, mid, payload = publish_parts(p)
                 w.write(b"\x40\x02" + mid.to_bytes(2, "big"))
-                if any(s.endswith("/" + topic) for s in subs):
+                if any(topic_matches(s.split("/", 2)[2], topic) for s in subs):
                     w.write(publish(topic, payload, qos=1, mid=99))
 
     async def main() -> None:

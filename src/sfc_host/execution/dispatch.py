@@ -245,10 +245,17 @@ class Dispatcher:
             if t is not None:
                 self.metrics.observe("event_to_command_seconds", now - t)
 
-    async def _send(self, items: Sequence[Fresh], acks: list[tuple[str, bytes]]) -> None:
+    async def resend(self, items: Sequence[Fresh]) -> int:
+        """Send commands whose markers may say they went out: a dead host's open
+        attempts (``handover``), whose answers may have died with it. Each item carries
+        no marker of its own command, so it goes out unless this host is sending it
+        now; how many went to the sink."""
+        return await self._send(items, [])
+
+    async def _send(self, items: Sequence[Fresh], acks: list[tuple[str, bytes]]) -> int:
         """The one sending path: skip what the marker says went out, answer a hold of
         work that never went out as not held, queue the rest, then hand the markers of
-        what was queued (and ``acks``) to the marker writer."""
+        what was queued (and ``acks``) to the marker writer; how many were queued."""
         to_send: list[Command] = []
         sent: list[Fresh] = []
         not_held: list[Item] = []
@@ -293,6 +300,7 @@ class Dispatcher:
                 sending.difference_update((f.scope, f.command.command_id) for f in sent)
         if not_held:
             await self.settler.settle(not_held)
+        return len(to_send)
 
     def _acked(self, batch: _Acks, sent: list[Fresh], acks: list[tuple[str, bytes]]) -> None:
         """A batch's acknowledgements are in, or its wait is over: the acknowledged

@@ -30,6 +30,7 @@ from sfc_fast.events import BaseEvent
 from sfc_host.aio import reap
 from sfc_host.config import HostConfig
 from sfc_host.execution.dispatch import CommandSink, Dispatcher, InProcessSink
+from sfc_host.execution.handover import resend_open
 from sfc_host.execution.recovery import recover_scope
 from sfc_host.execution.settle import APPLIED, CONFLICT, ERROR, MISSING, Item, Settler
 from sfc_host.execution.sweep import Sweeper
@@ -458,6 +459,12 @@ class Host:
         return True
 
     # ---- time
+
+    async def resend_open(self) -> int:
+        """Send every open push attempt of the served scopes again (another host ended
+        with answers it had taken: ``handover``); how many commands went out."""
+        return await resend_open(self.store, self.dispatcher, self.metrics,
+                                 list(self.streams.scopes))
 
     async def sweep_once(self) -> int:
         """Sweep every served scope now (a pass sweeps only the due ones)."""

@@ -48,7 +48,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import random
 import ssl
 from collections import deque
@@ -74,8 +73,9 @@ from sfc_host.mqtt.connection import (
     MqttError,
     reason_text,
 )
+from sfc_host.mqtt.probe import PROBE_S, DeliveryProbe
 from sfc_host.mqtt.settings import MqttSettings
-from sfc_host.mqtt.topics import filter_problem, topic_matches
+from sfc_host.mqtt.topics import dotted_original, filter_problem, topic_matches
 from sfc_host.tls import client_context
 
 log = logging.getLogger("sfc_host.mqtt")
@@ -100,8 +100,6 @@ TAKEOVER_BACKOFF_S = 2.0
 TAKEOVER_S = 1.0
 # A refused subscription is asked for again after these waits (the last one repeats)
 RESUBSCRIBE_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-# the wait for our own message through a shared subscription (the broker delivers it)
-PROBE_S = 5.0
 # a broker closing the connection for these reasons says nothing of our last message
 NOT_BLAMED = frozenset((0x89, 0x8B, 0x8D, 0x8E, 0x98, 0x9C, 0x9D, 0x9F, 0xA0))
 ROUTES_MAX = 10_000      # topics whose handler is remembered (a scope's topics each)
@@ -257,7 +255,11 @@ class MqttLink:
         # through a shared subscription before the link reports it listens (the host
         # sets it; None: no such check)
         self.probe_topic: str | None = None
-        self._probe: tuple[str, bytes, asyncio.Future[None]] | None = None
+        # dotted scopes whose topic shape the check sends too (a broker may rewrite it)
+        self.probe_scopes: tuple[str, ...] = ()
+        self._probe: DeliveryProbe | None = None
+        self.checking = ""      # the check running now, for /readyz ("" none)
+        self._unrouted_warned: set[str] = set()
         self._will: tuple[str, bytes, Properties | None] | None = None
         self._will_qos = 1
         self.on_connect: list[Callable[[], None]] = []   # after each (re)connect
@@ -282,6 +284,8 @@ class MqttLink:
                for f, r in self.refused.items()]
         if self.problem:
             why.append(self.problem)
+        if self.checking:
+            why.append(self.checking)
         if not why and not self._acked:
             why.append("subscriptions not acknowledged yet")
         return why
@@ -370,12 +374,14 @@ class MqttLink:
     async def _subscribe_all(self, conn: Connection) -> None:
         """Every registered filter, then (for shared ones) the check that they deliver;
         what is refused is asked for again with backoff."""
+        self._acked = False
         for as_ in dict.fromkeys(s[1] for s in self._subs):
             await self._subscribe(conn, as_)
-        self._acked = self._live is conn
         if self.refused:
             self._resubscribe(conn)
         await self._check_shared(conn)
+        # only now: until the check passed, a request may reach a host that hears nothing
+        self._acked = self._live is conn
 
     def _resubscribe(self, conn: Connection) -> None:
         if self._resubscribing is not None and not self._resubscribing.done():
@@ -406,66 +412,56 @@ class MqttLink:
             log.exception("MQTT subscribing again failed")
 
     async def _check_shared(self, conn: Connection) -> None:
-        """A message of our own through a shared subscription of our own: a broker that
-        grants ``$share/…`` filters but delivers nothing through them (MQTT 3.1.1 has no
-        way to say it lacks them) would leave a ready host deaf."""
+        """Messages of our own through a subscription of our own (``probe.py``): a
+        broker that grants ``$share/…`` filters but delivers nothing through them, or
+        that rewrites a dotted scope's topics, would leave a ready host deaf."""
         group = self.config.mqtt_shared_group
-        if (self.probe_topic is None or not group
-                or not any(s[1].startswith("$share/") for s in self._subs)):
+        shared = bool(group) and any(s[1].startswith("$share/") for s in self._subs)
+        if self.probe_topic is None or not (shared or self.probe_scopes):
             return
-        topic = self.probe_topic
-        flt = f"$share/{group}/{topic}"
-        nonce = os.urandom(8).hex().encode()
-        loop = asyncio.get_running_loop()
-        got: asyncio.Future[None] = loop.create_future()
-        self._probe = (topic, nonce, got)
+        probe = DeliveryProbe(self.probe_topic, self.probe_scopes)
+        flt = probe.topic_filter(group if shared else "")
+        self._probe = probe
+        self.checking = (f"checking that the broker delivers through {flt} (up to "
+                         f"{PROBE_S:g} s)")
         try:
             mid = self._next_mid()
             codes = await conn.request(mid, encode_subscribe(mid, (flt,), 1, 0, self.v5),
                                        self.keepalive_s)
             if any(c >= 0x80 for c in codes):
-                why = (f"the broker refused the shared subscription {flt} "
+                why = (f"the broker refused the subscription {flt} of the host's check "
                        f"({reason_text(max(codes), self.v5)})")
             else:
-                # ahead of whatever waits: the check must not time out behind a backlog;
-                # the broker refusing the message ends the wait at once
-                sent: asyncio.Future[None] = loop.create_future()
-                sent.add_done_callback(lambda f: f.cancelled() and got.cancel())
-                self._seq += 1
-                self._queue.appendleft(Outgoing(topic, nonce, None, 1, False, sent,
-                                                seq=self._seq))
-                self._pump()
-                await asyncio.wait((got,), timeout=PROBE_S)
-                why = self._probe_failure(flt, topic, got)
+                self._send_probe(probe)
+                await asyncio.wait((probe.done,), timeout=PROBE_S)
+                why = probe.failure(flt, self.client_id, shared)
             mid = self._next_mid()
             with contextlib.suppress(MqttError, TimeoutError):
                 await conn.request(mid, encode_unsubscribe(mid, (flt,), self.v5),
                                    self.keepalive_s)
         finally:
             self._probe = None
+            self.checking = ""
         if why:
             if why != self.problem:
                 log.error("%s", why)
             self.problem = why
             self._resubscribe(conn)
         elif self.problem:
-            log.info("shared subscriptions deliver now")
+            log.info("the broker delivers the host's check messages now")
             self.problem = ""
 
-    def _probe_failure(self, flt: str, topic: str, got: asyncio.Future[None]) -> str:
-        """Why the check of the shared subscriptions failed, in one line ("" if not):
-        ``got`` is done when the message came back, cancelled when the broker refused
-        it."""
-        if got.done() and not got.cancelled():
-            return ""
-        if got.cancelled():
-            return (f"the broker refused the host's check message on {topic}: its ACL "
-                    f"must let client {self.client_id} publish and subscribe there "
-                    f"(docs/operations.md, the broker's ACL)")
-        return (f"the broker granted the shared subscription {flt} but delivered nothing "
-                f"through it within {PROBE_S:g} s; this broker does not serve shared "
-                f"subscriptions (set mqtt_shared_group = \"\" for one host only, or use a "
-                f"broker that does), or its ACL keeps {topic} from client {self.client_id}")
+    def _send_probe(self, probe: DeliveryProbe) -> None:
+        # ahead of whatever waits: the check must not time out behind a backlog; the
+        # broker refusing a message ends the wait at once
+        loop = asyncio.get_running_loop()
+        for payload, topic in reversed(probe.sent.items()):
+            sent: asyncio.Future[None] = loop.create_future()
+            sent.add_done_callback(lambda f: f.cancelled() and probe.refused())
+            self._seq += 1
+            self._queue.appendleft(Outgoing(topic, payload, None, 1, False, sent,
+                                            seq=self._seq))
+        self._pump()
 
     def _later(self, aw: Awaitable[Any], what: str) -> None:
         # a (un)subscribe on the live connection; if the connection drops first, the
@@ -507,6 +503,24 @@ class MqttLink:
             return
         if self.problem:
             raise MqttUnsupported(f"the broker at {self.host}:{self.port}: {self.problem}")
+
+    async def close_subscriptions(self, timeout: float = 2.0) -> None:
+        """Take no more messages: every filter unsubscribed (a stopping host, so that
+        what comes next goes to the other hosts); no reconnect subscribes again."""
+        self.subscribing = False
+        self._acked = False
+        if self._resubscribing is not None:
+            self._resubscribing.cancel()
+        conn = self._live
+        filters = tuple(dict.fromkeys(s[1] for s in self._subs))
+        if conn is None or not filters:
+            return
+        mid = self._next_mid()
+        try:
+            await asyncio.wait_for(conn.request(
+                mid, encode_unsubscribe(mid, filters, self.v5), self.keepalive_s), timeout)
+        except (MqttError, TimeoutError) as e:
+            log.debug("MQTT unsubscribe on stopping not answered: %s", e)
 
     async def wait_connected(self, timeout: float = 10.0) -> None:
         """Until connected; ``MqttRefused`` at once when the broker refuses the
@@ -1016,9 +1030,8 @@ class MqttLink:
     def _dispatch(self, message: Message) -> bool:
         """Hand a message to its handler(s); True when its PUBACK waits for them."""
         topic = message.topic
-        if self._probe is not None and topic == self._probe[0]:
-            if message.payload == self._probe[1] and not self._probe[2].done():
-                self._probe[2].set_result(None)
+        if self._probe is not None and self._probe.takes(topic):
+            self._probe.feed(topic, message.payload)
             return False
         if self.fan_out:
             return self._fan_out(message, topic)
@@ -1030,9 +1043,30 @@ class MqttLink:
             if len(routes) < ROUTES_MAX:
                 routes[topic] = handler
         if handler is None:
-            self.metrics.inc("mqtt_unrouted")
+            self._unrouted(topic)
             return False
         return self._handle(handler, message, topic, None)
+
+    def _unrouted(self, topic: str) -> None:
+        """A message no subscription of ours matches: counted, and said once per topic
+        with what probably happened (a broker that rewrote its topic, most often)."""
+        self.metrics.inc("mqtt_unrouted")
+        warned = self._unrouted_warned
+        if topic in warned or len(warned) >= DROP_WARNED_MAX:
+            return
+        warned.add(topic)
+        filters = [f for f, _, _ in self._subs]
+        sent_as = dotted_original(topic, filters)
+        if sent_as is not None:
+            why = (f"it was probably sent as {sent_as!r}, which the host subscribes to, "
+                   f"and the broker turned a '.' into a level break: scopes with '.' "
+                   f"cannot work through this broker")
+        else:
+            why = ("probably a subscription ended while it was on its way, or a broker "
+                   "that delivers what no subscription of this client asked for")
+        log.warning("an MQTT message on %r matched no subscription of the host: %s "
+                    "(logged once per topic; counted in sfc_mqtt_unrouted_total)",
+                    topic[:200], why)
 
     def _fan_out(self, message: Message, topic: str) -> bool:
         p = message.properties
@@ -1041,7 +1075,7 @@ class MqttLink:
         handlers = [h for f, as_, h in self._subs
                     if (sub_ids.get(as_) in ids if ids else topic_matches(f, topic))]
         if not handlers:
-            self.metrics.inc("mqtt_unrouted")
+            self._unrouted(topic)
             return False
         ack = _Ack(self._live, message.mid) if (
             message.qos == 1 and self._live is not None) else None

@@ -50,3 +50,16 @@ def filter_problem(topic_filter: object) -> str | None:
         if "+" in level and level != "+":
             return "+ stands alone in its level of a topic filter"
     return None
+
+
+def dotted_original(topic: str, filters: list[str], most: int = 4) -> str | None:
+    """The topic as it was probably sent, if a broker that turns a ``.`` inside a level
+    into a level break made it: adjacent levels joined by ``.`` (up to ``most`` of them)
+    so that one of ``filters`` matches; None when no such join matches."""
+    levels = topic.split("/")
+    for i in range(len(levels) - 1):
+        for j in range(i + 2, min(len(levels), i + most) + 1):
+            joined = "/".join([*levels[:i], ".".join(levels[i:j]), *levels[j:]])
+            if any(topic_matches(f, joined) for f in filters):
+                return joined
+    return None

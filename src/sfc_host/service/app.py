@@ -33,6 +33,7 @@ from sfc_host.mes.presence import Presence, presence_topic
 from sfc_host.metrics import COUNTERS, Metrics
 from sfc_host.mqtt import MqttLink
 from sfc_host.service.endpoint import Extension, HttpEndpoint
+from sfc_host.service.ends import RunEnds
 from sfc_host.service.preflight import (
     build_problems,
     check_missions,
@@ -74,9 +75,14 @@ class App:
             self.equipment.spans = self.spans
         self.presence = Presence(self.link, config.consumer_name,
                                  lambda: self.host.streams.scopes.keys())
+        # another host's end (or this host's previous run's): its answers are had again
+        self.ends = RunEnds(self.link, self.host.client, self.metrics, config.consumer_name,
+                            self.presence.started_at, self.host.resend_open)
         # a message of our own must come back through a shared subscription before the
         # host says it is ready: a broker may grant $share/… and deliver nothing
         self.link.probe_topic = f"{presence_topic(config.mes_prefix, config.consumer_name)}/probe"
+        # ... and one per dotted scope, on its topic shape: a broker may rewrite the dots
+        self.link.probe_scopes = tuple(s for s in config.scopes if "." in s)
         self.metrics.declare([*COUNTERS, *(f"loop_errors_{n}" for n, _ in self.host.passes())])
         self._closed = asyncio.Event()
         self._closing = False
@@ -140,6 +146,7 @@ class App:
             log.info("mission %s (%s) started", inst.id, name)
         for link in links:                       # ready: now messages may come
             await link.open_subscriptions()
+        await self.ends.start()
         return self
 
     def _web(self) -> Extension | None:
@@ -174,6 +181,10 @@ class App:
 
     async def aclose(self) -> None:
         self._closing = True
+        # what comes next goes to the other hosts; the "offline" said below tells them to
+        # have again what came here and was not applied
+        await self.link.close_subscriptions()
+        await self.ends.aclose()
         if self.http is not None:
             await self.http.aclose()
         if self.opcua is not None:

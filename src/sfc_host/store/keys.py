@@ -1,13 +1,21 @@
 """The Redis key layout. Every key of a scope carries the hash tag ``{scope}``.
 
 One script only touches keys of one scope, so every script runs on one slot and the
-same code works on Redis Cluster. Only the scope registry is global.
+same code works on Redis Cluster. Only the scope registry and the hosts' runs are global.
 """
 
 from __future__ import annotations
 
 PREFIX = "sfc"
 SCOPES = f"{PREFIX}:scopes"   # set of known scopes (global, never used inside a script)
+# hash consumer -> the run of that host now (or last) up: a run that ended is taken over
+# once, by a survivor or by the host's next run (global, never used inside a script)
+HOSTS = f"{PREFIX}:hosts"
+
+
+def run_taken(consumer: str, run: str) -> str:
+    """Set (with an expiry) by the one host that took over the end of that run."""
+    return f"{PREFIX}:taken:{consumer}:{run}"
 
 _WORK_HEAD = len(PREFIX) + 2          # "sfc:{"
 _WORK_TAIL = len("}:work")
