@@ -65,8 +65,8 @@ ALLOWED: dict[str, set[str]] = {
     "web": {"aio", "core", "charts", "execution", "store", "mes", "isa95", "config", "metrics",
             "names", "times"},
     # the host process: the app that wires every part, preflight checks, HTTP endpoint
-    "service": {"execution", "equipment", "engine", "mes", "web", "store", "mqtt", "isa95",
-                "config", "metrics", "names", "logs", "sfc_host", "tracing", "opcua"},
+    "service": {"aio", "execution", "equipment", "engine", "mes", "web", "store", "mqtt", "wire",
+                "isa95", "config", "metrics", "names", "logs", "sfc_host", "tracing", "opcua"},
     "demo": {"service", "execution", "mes", "mqtt", "store", "isa95", "config", "metrics",
              "core", "sfc_host"},
     "cli": {"demo", "service", "web", "charts", "engine", "mes", "execution", "store",
