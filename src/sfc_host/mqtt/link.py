@@ -401,11 +401,12 @@ class MqttLink:
                     await self._check_shared(conn)
                     if not self.problem:
                         return
-        self._resubscribing = asyncio.get_running_loop().create_task(self._guarded(again()))
+        self._resubscribing = asyncio.get_running_loop().create_task(self._guarded(again))
 
-    async def _guarded(self, aw: Awaitable[None]) -> None:
+    async def _guarded(self, step: Callable[[], Awaitable[None]]) -> None:
+        # the coroutine is made here: a task cancelled before it ran leaves none unawaited
         try:
-            await aw
+            await step()
         except (MqttError, TimeoutError) as e:
             log.debug("MQTT subscribing again ended with the connection: %s", e)
         except Exception:
@@ -768,6 +769,9 @@ class MqttLink:
             conn.write(self._connect_packet())
             try:
                 _, code, props = await conn.connack
+            except MqttError as e:
+                conn.abort(0, "")
+                raise self._no_connack(e) from None
             except BaseException:
                 conn.abort(0, "")
                 raise
@@ -780,6 +784,15 @@ class MqttLink:
             conn.close()
             raise
         return conn
+
+    def _no_connack(self, e: MqttError) -> MqttError:
+        """A connection closed before the CONNACK: on MQTT 5, what a broker that speaks
+        only 3.1.1 does, so the error says what to try."""
+        if not self.v5:
+            return e
+        return MqttError(f"{e}, before its CONNACK: a broker that speaks only MQTT 3.1.1 "
+                         f"closes an MQTT 5 CONNECT so; if this one does, set "
+                         f"mqtt_version = 3", e.rc)
 
     def _connack_refusal(self, code: int, props: dict[str, Any]) -> MqttError:
         """The error of a CONNACK that refused us; a will the broker cannot take is
