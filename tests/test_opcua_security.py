@@ -37,8 +37,10 @@ class Site:
     """A host's settings, PKI folder and users, and two clients' certificates: one
     the administrator trusted, one not."""
 
-    def __init__(self, tmp: Path, redis_url: str, mqtt_url: str) -> None:
+    def __init__(self, tmp: Path, redis_url: str, mqtt_url: str, more: str = "") -> None:
         self.tmp = tmp
+        self.mqtt_url = mqtt_url
+        self.checked = ""
         self.port = _free_port()
         self.url = f"opc.tcp://127.0.0.1:{self.port}/sfc-host/"
         self.pki = tmp / "pki"
@@ -48,9 +50,9 @@ class Site:
             f'redis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\nconsumer = "secure"\n'
             "sweep_interval_ms = 50\ndiscover_interval_ms = 100\nopcua = true\n"
             f'opcua_endpoint = "{self.url}"\nopcua_pki_dir = "{self.pki}"\n'
-            f'opcua_users_file = "{self.users}"\n')
+            f'opcua_users_file = "{self.users}"\n' + more)
 
-    async def make(self) -> None:
+    async def make(self, trust_good: bool = True) -> None:
         made = _cli("opcua", "cert", "--config", str(self.conf))
         assert made.returncode == 0, made.stderr
         assert "urn:sfc-fast:127.0.0.1:secure" in made.stdout
@@ -71,20 +73,39 @@ class Site:
         assert line.returncode == 0 and " x509:" in line.stdout, line.stderr
         lines.append(line.stdout)
         self.users.write_text("# OPC UA users\n" + "".join(lines))
-        shutil.copy(clients / "good.der", self.pki / "trusted" / "good.der")
+        if trust_good:
+            shutil.copy(clients / "good.der", self.pki / "trusted" / "good.der")
+
+    async def start(self) -> subprocess.Popen[str]:
+        """``run --check`` (which must pass; its line kept in ``checked``), then ``sfc-host
+        run`` with the reference's Work Master and catalogs (over MQTT) and the scope's
+        objects made."""
+        checked = _cli("run", "--check", "--config", str(self.conf))
+        assert checked.returncode == 0, checked.stderr
+        self.checked = checked.stdout
+        host = start_sfc_host(["run", "--config", str(self.conf)], {}, "host secure running")
+        try:
+            async with Mes(self.mqtt_url) as mqtt_mes:
+                await configure(mqtt_mes)
+            await asyncio.sleep(1.2)
+        except BaseException:
+            stop_cleanly(host)
+            raise
+        return host
 
     @asynccontextmanager
-    async def client(self, cert: str = "good", mode: ua.MessageSecurityMode = SE,
+    async def client(self, cert: str = "good", mode: ua.MessageSecurityMode | None = SE,
                      user: str | None = "op", password: str = "s3cret-pass",
                      forge: bytes | None = None, x509_user: str | None = None
                      ) -> AsyncIterator[Mes95]:
         """A client session; ``forge``: a hostile client's CreateSession names this
-        certificate (b"": none) instead of its channel's."""
+        certificate (b"": none) instead of its channel's. ``mode`` None: security None."""
         c = Client(self.url)
         c.application_uri = f"urn:test:{cert}"
-        await c.set_security(SecurityPolicyBasic256Sha256,
-                             str(self.tmp / "clients" / f"{cert}.der"),
-                             str(self.tmp / "clients" / f"{cert}.pem"), mode=mode)
+        if mode is not None:
+            await c.set_security(SecurityPolicyBasic256Sha256,
+                                 str(self.tmp / "clients" / f"{cert}.der"),
+                                 str(self.tmp / "clients" / f"{cert}.pem"), mode=mode)
         if user is not None:
             c.set_user(user)
             c.set_password(password)
@@ -120,14 +141,9 @@ def test_the_security_matrix(redis_url: str, mqtt_url: str, tmp_path: Path) -> N
         await flush(redis_url)
         site = Site(tmp_path, redis_url, mqtt_url)
         await site.make()
-        checked = _cli("run", "--check", "--config", str(site.conf))
-        assert checked.returncode == 0, checked.stderr
-        assert "OPC UA on" in checked.stdout and "3 users, anonymous browse" in checked.stdout
-        host = start_sfc_host(["run", "--config", str(site.conf)], {}, "host secure running")
+        host = await site.start()
+        assert "OPC UA on" in site.checked and "3 users, anonymous browse" in site.checked
         try:
-            async with Mes(mqtt_url) as mqtt_mes:
-                await configure(mqtt_mes)
-            await asyncio.sleep(1.2)
             # an operator over SignAndEncrypt, and over Sign: calls go through
             async with site.client() as mes:
                 assert _rs(await mes.store("Store", order("S1"))) == 1
@@ -177,6 +193,88 @@ def test_the_security_matrix(redis_url: str, mqtt_url: str, tmp_path: Path) -> N
         log = host.stderr.read()
         assert "OPC UA Store in line1 by op: ReturnStatus 1" in log
         assert "OPC UA Store in line1 by alice: ReturnStatus 1" in log
+        assert "a call by viewer refused" in log
+    run(main(), 120)
+
+
+def test_the_first_start_with_an_empty_trust_list(redis_url: str, mqtt_url: str,
+                                                  tmp_path: Path) -> None:
+    """As docs/opcua.md sets a host up: ``opcua cert`` leaves ``trusted/`` empty, and the
+    host starts with it, refusing every client until the administrator trusts one (no
+    restart). ``run --check`` makes the server the start makes, so it cannot pass where
+    the start fails: a file in ``trusted/`` that is no certificate stops both."""
+    async def main() -> None:
+        await flush(redis_url)
+        site = Site(tmp_path, redis_url, mqtt_url)
+        await site.make(trust_good=False)
+        trusted = site.pki / "trusted"
+        assert not list(trusted.iterdir())
+        host = await site.start()
+        try:
+            for cert in ("good", "evil"):
+                why = await _refused(site, cert=cert)
+                assert "Untrusted" in why or "BadUserAccessDenied" in why, why
+            rejected = {p.name: p for p in (site.pki / "rejected").iterdir()}
+            assert len(rejected) == 2
+            good = next(p for p in rejected.values()
+                        if p.read_bytes() == (tmp_path / "clients" / "good.der").read_bytes())
+            shutil.move(good, trusted / good.name)
+            async with site.client() as mes:
+                assert _rs(await mes.store("Store", order("T1"))) == 1
+            why = await _refused(site, cert="evil")
+            assert "Untrusted" in why or "BadUserAccessDenied" in why, why
+            # the last trusted certificate taken away: nobody again
+            (trusted / good.name).unlink()
+            why = await _refused(site)
+            assert "Untrusted" in why or "BadUserAccessDenied" in why, why
+        finally:
+            stop_cleanly(host)
+        assert host.stderr is not None
+        log = host.stderr.read()
+        assert "refused: not trusted" in log and "OPC UA Store in line1 by op" in log
+        (trusted / "junk.der").write_bytes(b"not a certificate")
+        for args in (("run", "--check"), ("run",)):
+            got = _cli(*args, "--config", str(site.conf))
+            assert got.returncode == 2, (args, got.stderr[-2000:])
+            assert "is not a certificate" in got.stderr.strip().splitlines()[-1], got.stderr
+    run(main(), 120)
+
+
+def test_security_none_beside_sign_and_encrypt(redis_url: str, mqtt_url: str,
+                                               tmp_path: Path) -> None:
+    """``opcua_security = ["None", "SignAndEncrypt"]`` on loopback with anonymous calls:
+    a None channel has no certificate to check, so its anonymous and user-name sessions
+    go through (a reader still may only look, a wrong password is refused and logged);
+    the secure endpoint still checks the trust list."""
+    async def main() -> None:
+        await flush(redis_url)
+        site = Site(tmp_path, redis_url, mqtt_url,
+                    'opcua_security = ["None", "SignAndEncrypt"]\nopcua_anonymous = "call"\n')
+        await site.make()
+        host = await site.start()
+        try:
+            endpoints = await Client(site.url).connect_and_get_server_endpoints()
+            assert {e.SecurityMode for e in endpoints} == {SE, ua.MessageSecurityMode.None_}
+            async with site.client(mode=None, user=None) as mes:
+                assert _rs(await mes.store("Store", order("N1"))) == 1
+            async with site.client(mode=None) as mes:
+                assert _rs(await mes.on_order("Start", "N1")) == 1
+            async with site.client(mode=None, user="viewer") as mes:
+                with pytest.raises(UaStatusCodeError, match="BadUserAccessDenied"):
+                    await mes.store("Store", order("N2"))
+            why = await _refused(site, mode=None, password="wrong-pass")
+            assert "BadUserAccessDenied" in why, why
+            async with site.client() as mes:
+                assert _rs(await mes.store("Store", order("N3"))) == 1
+            why = await _refused(site, cert="evil")
+            assert "Untrusted" in why or "BadUserAccessDenied" in why, why
+        finally:
+            stop_cleanly(host)
+        assert host.stderr is not None
+        log = host.stderr.read()
+        assert "OPC UA Store in line1 by anonymous: ReturnStatus 1" in log
+        assert "OPC UA Start in line1 by op: ReturnStatus 1" in log
+        assert "user 'op' refused: unknown user or wrong password" in log
         assert "a call by viewer refused" in log
     run(main(), 120)
 

@@ -35,10 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from asyncua import ua
+from asyncua.common.utils import ServiceError
 from asyncua.crypto.permission_rules import PermissionRuleset, User, UserRole
 from asyncua.crypto.truststore import TrustStore
 from asyncua.crypto.validator import CertificateValidator, CertificateValidatorOptions
 from asyncua.server.user_managers import UserManager
+from asyncua.ua.status_codes import get_name_and_doc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -50,6 +52,8 @@ READER = "reader"
 ROLES = (OPERATOR, READER)
 USERS_VARIABLE = "SFC_OPCUA_USERS"
 _X509 = re.compile(r"x509:[0-9a-f]{40}")
+# the files of trusted/ that asyncua's trust store reads as certificates
+_CERT_FILE = re.compile(r".*(der|pem)")
 # scrypt's cost: about 50 ms a check on a plant server, once per session
 _N, _R, _P = 2**14, 8, 1
 
@@ -161,7 +165,7 @@ class Pki:
 class TrustList:
     """The trusted client certificates, read again when the folder changed (an
     administrator trusts a rejected certificate by moving it there); refused ones are
-    stored under ``rejected/``."""
+    stored under ``rejected/``. An empty folder (a plant's first start) trusts nobody."""
 
     def __init__(self, pki: Pki) -> None:
         self.pki = pki
@@ -169,21 +173,45 @@ class TrustList:
         self._validator = CertificateValidator(
             CertificateValidatorOptions.TRUSTED_VALIDATION
             | CertificateValidatorOptions.PEER_CLIENT, self.store)
-        self._seen: tuple[tuple[str, float], ...] | None = None
+        self._seen: tuple[tuple[str, int], ...] | None = None
+        self.count = 0      # the certificates trusted now
 
     async def refresh(self) -> None:
-        state = tuple(sorted((p.name, p.stat().st_mtime) for p in self.pki.trusted.iterdir()))
-        if state != self._seen:
-            await self.store.load_trust()
-            self._seen = state
+        """Read ``trusted/`` again if it changed; ``SecurityError`` naming a file that
+        cannot be read (the list read last stays)."""
+        try:
+            state = tuple(sorted((p.name, p.stat().st_mtime_ns)
+                                 for p in self.pki.trusted.iterdir()))
+        except OSError as e:
+            raise SecurityError(f"setting opcua_pki_dir: cannot read {self.pki.trusted}: "
+                                f"{e.strerror or e}") from None
+        if state == self._seen:
+            return
+        count = sum(1 for name, _ in state if _CERT_FILE.match(name.lower()))
+        if count:
+            # asyncua's store cannot be made of no certificate: an empty folder is
+            # ``count == 0``, which refuses every client without asking the store
+            try:
+                await self.store.load_trust()
+            except Exception as e:
+                raise SecurityError(f"setting opcua_pki_dir: a file in {self.pki.trusted} "
+                                    f"is not a certificate (DER or PEM): {e}") from None
+        self.count = count
+        self._seen = state
 
     async def __call__(self, cert: x509.Certificate, app: ua.ApplicationDescription) -> None:
         """asyncua's certificate validator hook: raises ``ServiceError`` to refuse."""
-        await self.refresh()
         try:
+            await self.refresh()
+        except SecurityError as e:
+            log.warning("OPC UA: the trust list was not read again (the last one holds): "
+                        "%s", e)
+        try:
+            if not self.count:
+                raise ServiceError(ua.StatusCodes.BadCertificateUntrusted)
             await self._validator.validate(cert, app)
-        except Exception:
-            self.reject(cert, app.ApplicationUri)
+        except Exception as e:
+            self.reject(cert, app.ApplicationUri, _why(e))
             raise
 
     def trusted(self, der: bytes) -> bool:
@@ -192,12 +220,12 @@ class TrustList:
             cert = x509.load_der_x509_certificate(der)
         except ValueError:
             return False
-        if self.store.is_trusted(cert):
+        if self.count and self.store.is_trusted(cert):
             return True
-        self.reject(cert, "")
+        self.reject(cert, "", "not trusted")
         return False
 
-    def reject(self, cert: x509.Certificate, uri: str) -> None:
+    def reject(self, cert: x509.Certificate, uri: str, why: str) -> None:
         thumb = cert.fingerprint(hashes.SHA1()).hex()
         path = self.pki.rejected / f"{thumb}.der"
         if not path.exists():
@@ -207,9 +235,17 @@ class TrustList:
                 log.warning("OPC UA: refused client certificate not stored in %s: %s",
                             path, e)
                 return
-        log.warning("OPC UA: client certificate %s (%s) refused: not trusted; stored as "
-                    "%s for an administrator to move to trusted/", thumb[:16], uri or "-",
-                    path)
+        log.warning("OPC UA: client certificate %s (%s) refused: %s; stored as %s for an "
+                    "administrator to move to trusted/", thumb[:16], uri or "-", why, path)
+
+
+def _why(e: Exception) -> str:
+    """A refusal's reason for the log."""
+    if isinstance(e, ServiceError):
+        if e.code == ua.StatusCodes.BadCertificateUntrusted:
+            return "not trusted"
+        return get_name_and_doc(e.code)[0]
+    return str(e) or type(e).__name__
 
 
 # ---- sessions
@@ -232,18 +268,22 @@ class HostUsers(UserManager):
     def get_user(self, iserver: Any, username: str | None = None,
                  password: str | None = None, certificate: Any = None) -> User | None:
         """``certificate``: an X.509 user token's (its signature checked by asyncua),
-        else the secure channel's."""
-        if username is None and certificate is not None:
-            mapped = self.by_certificate.get(thumbprint(bytes(certificate)))
+        else the secure channel's: empty on a channel with security None, which has
+        no certificate to check. Every refusal is logged with why."""
+        der = bytes(certificate) if certificate else None
+        who = username if username is not None else "anonymous"
+        if username is None and der is not None:
+            mapped = self.by_certificate.get(thumbprint(der))
             if mapped is not None:
                 return HostUser(role=UserRole.User, name=mapped[0],
                                 may_call=mapped[1] == OPERATOR)
-        if self.trust is not None and certificate is not None \
-                and not self.trust.trusted(bytes(certificate)):
+        if self.trust is not None and der is not None and not self.trust.trusted(der):
+            log.warning("OPC UA: a session of %s refused: its certificate is not trusted",
+                        who)
             return None
         if username is None:
             if self.anonymous == "none":
-                log.info("OPC UA: an anonymous session refused (opcua_anonymous = none)")
+                log.warning("OPC UA: an anonymous session refused (opcua_anonymous = none)")
                 return None
             return HostUser(role=UserRole.User, name="anonymous",
                             may_call=self.anonymous == "call")

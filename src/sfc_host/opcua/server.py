@@ -118,6 +118,16 @@ async def make_server(config: HostConfig) -> tuple[Server, Namespaces, Node]:
     return server, ns, event_type
 
 
+async def check_server(config: HostConfig) -> int:
+    """``sfc-host run --check``: the server made as the start makes it (its PKI folder,
+    trust list, users, endpoint and NodeSet), then dropped without listening, so the
+    check cannot pass where the start would fail; the number of users.
+    ``SecurityError`` or ``ValueError`` naming what is wrong."""
+    server, _, _ = await make_server(config)
+    users = server.iserver.user_manager
+    return len(users.users) if isinstance(users, HostUsers) else 0
+
+
 def check_security(config: HostConfig) -> dict[str, tuple[str, str]]:
     """The face's security can be set up as configured: the PKI folder and the server's
     certificate (naming this server's URI), the users; the users. ``SecurityError``

@@ -15,6 +15,7 @@ import os
 import socket
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from sfc_host import __version__
 from sfc_host.config import ConfigError, HostConfig, parse_mission_spec, without_credentials
@@ -73,14 +74,18 @@ def check_port(config: HostConfig) -> None:
     if not config.metrics_port:
         return
     try:
-        infos = socket.getaddrinfo(config.metrics_host, config.metrics_port,
-                                   type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        for family, kind, proto, _, addr in infos:
-            with socket.socket(family, kind, proto) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server
-                s.bind(addr)
+        _bind(config.metrics_host, config.metrics_port)
     except OSError as e:
         raise listen_error(config, e) from None
+
+
+def _bind(host: str, port: int) -> None:
+    """Bind every address of ``host:port`` for a moment (``OSError`` if one cannot be)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers
+            s.bind(addr)
 
 
 def _extra_missing(setting: str, stack: str) -> ConfigError:
@@ -143,21 +148,27 @@ def check_traces(config: HostConfig) -> str:
     return f"; traces to {where}" + (f" ({protocol})" if protocol else "")
 
 
-def check_opcua(config: HostConfig) -> str:
-    """``--check``: the OPC UA face's certificate and users (``opcua = true``); what it
+async def check_opcua(config: HostConfig) -> str:
+    """``--check``: the OPC UA server made as the start makes it (certificate, trust
+    list, users, NodeSet; ``opcua = true``) and its endpoint's address bound; what it
     offers, for the summary line."""
     if not config.opcua:
         return ""
     try:
-        from sfc_host.opcua.server import check_security
+        from sfc_host.opcua.server import check_server
     except ImportError:
         raise _extra_missing("opcua", "the OPC UA stack") from None
     try:
-        users = check_security(config)
+        users = await check_server(config)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    where = urlsplit(config.opcua_endpoint)
+    try:
+        _bind(where.hostname or "0.0.0.0", where.port or 4840)
+    except OSError as e:
+        raise opcua_listen_error(config, e) from None
     return (f"; OPC UA on {config.opcua_endpoint} ({', '.join(config.opcua_security)}; "
-            f"{len(users)} user{'' if len(users) == 1 else 's'}, anonymous "
+            f"{users} user{'' if users == 1 else 's'}, anonymous "
             f"{config.opcua_anonymous})")
 
 
@@ -167,7 +178,7 @@ async def check_config(config: HostConfig) -> str:
 
     config.check_files()
     check_port(config)
-    traces = check_traces(config) + check_opcua(config)
+    traces = check_traces(config) + await check_opcua(config)
     if not config.scripts_dir:
         check_missions({}, config.missions)     # none can be known
         return f"settings ok (no scripts_dir){traces}"
