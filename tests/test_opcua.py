@@ -134,9 +134,9 @@ async def connected(port: int, scope: str = SCOPE) -> AsyncIterator[Mes95]:
 
 
 def order(job: str, wm: str = WM, **fields: Any) -> Any:
+    fields.setdefault("EquipmentRequirements", [ua.ISA95EquipmentDataType(ID="STATION-10")])
     return ua.ISA95JobOrderDataType(
-        JobOrderID=job, WorkMasterID=[ua.ISA95WorkMasterDataType(ID=wm)],
-        EquipmentRequirements=[ua.ISA95EquipmentDataType(ID="STATION-10")], **fields)
+        JobOrderID=job, WorkMasterID=[ua.ISA95WorkMasterDataType(ID=wm)], **fields)
 
 
 def _rs(result: ua.CallMethodResult) -> int:
@@ -423,6 +423,87 @@ def test_a_filter_on_the_abstract_event_type_receives_the_events(
             await wait_until(lambda: got, 10, "an event through the OfType filter")
             assert got[0].JobOrder.JobOrderID == "F1"
     run(main(), 60)
+
+
+def _both(job: str, params: list[tuple[str, str | int]], equipment: str = "STATION-10"
+          ) -> tuple[dict[str, Any], Any]:
+    """One order as the MQTT face's request data and as an OPC UA JobOrder."""
+    doc = {"JobOrder": {"JobOrderID": job, "WorkMasterID": [{"ID": WM}],
+                        "EquipmentRequirements": [{"ID": equipment}],
+                        "JobOrderParameters": [{"ID": i, "Value": v} for i, v in params]}}
+    return doc, order(job, EquipmentRequirements=[ua.ISA95EquipmentDataType(ID=equipment)],
+                      JobOrderParameters=[ua.ISA95ParameterDataType(ID=i, Value=ua.Variant(v))
+                                          for i, v in params])
+
+
+def test_the_same_limits_on_both_faces(redis_url: str, mqtt_url: str,
+                                       tmp_path: Path) -> None:
+    """An order is refused over OPC UA exactly where the same order is refused over
+    MQTT, with the same ReturnStatus, and nothing is stored: its encoded size against
+    mqtt_max_payload (its status events must fit), the entries of its lists, the length
+    of its strings. An order over mqtt_max_payload never reaches the MQTT face (the
+    link passes it over unread, no reply); over OPC UA it is refused the same way."""
+    async def main() -> None:
+        async with running(tmp_path, redis_url, mqtt_url) as h, connected(h.port) as mes:
+            big = "x" * 61_500
+            cases: list[tuple[str, list[tuple[str, str | int]], str, int]] = [
+                # 17 values of 61,500 characters: the request fits mqtt_max_payload,
+                # the order's status events would not
+                ("size", [(f"p{i}", big) for i in range(17)], "STATION-10", 2**32),
+                # 998 parameters, a Work Master and a requirement: 1,000 entries
+                ("entries", [(f"p{i}", i) for i in range(998)], "STATION-10", NO_ERROR),
+                ("entries+1", [(f"p{i}", i) for i in range(999)], "STATION-10", 2**32),
+                ("long id", [], "S" * 257, 2**32),
+                ("long value", [("p", "v" * 65_537)], "STATION-10", 2**32),
+            ]
+            for n, (what, params, equipment, want) in enumerate(cases):
+                doc, _ = _both(f"M{n}", params, equipment)
+                rep = await h.mqtt_mes.call(JC + "Store.v2", doc)
+                _, ua_order = _both(f"U{n}", params, equipment)
+                r = await mes.store("Store", ua_order)
+                assert (rep["data"]["ReturnStatus"], _rs(r)) == (want, want), what
+                if want != NO_ERROR:
+                    assert r.StatusCode.value == ua.StatusCodes.Uncertain, what
+                    for job in (f"M{n}", f"U{n}"):
+                        assert _rs(await mes.on_order("Start", job)) == UNKNOWN_ID, job
+            assert "mqtt_max_payload" in h.mqtt_mes.replies[
+                next(iter(h.mqtt_mes.replies))]["data"].get("Message", "mqtt_max_payload")
+            # 2 MB: the MQTT face never reads it; OPC UA refuses it as too large
+            doc, ua_order = _both("B1", [(f"p{i}", big) for i in range(34)])
+            rid = await h.mqtt_mes.send(JC + "Store.v2", doc)
+            r = await mes.store("Store", ua_order)
+            assert r.StatusCode.value == ua.StatusCodes.Uncertain and _rs(r) == 2**32
+            await asyncio.sleep(1)
+            assert rid not in h.mqtt_mes.replies
+            assert _rs(await mes.on_order("Start", "B1")) == UNKNOWN_ID
+    run(main(), 120)
+
+
+def test_a_second_store_of_a_running_order_is_refused_on_both_faces(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """A Store of the id of a running order with another order is refused
+    (UNABLE_TO_ACCEPT_JOB_ORDER) over OPC UA as over MQTT, and changes nothing; the
+    same order again is a repeat (an MES whose reply was lost): Good, nothing changes."""
+    async def main() -> None:
+        async with running(tmp_path, redis_url, mqtt_url) as h, connected(h.port) as mes:
+            # no station answers: the job stays Running
+            assert _rs(await mes.store("StoreAndStart", order("R1"))) == NO_ERROR
+            await wait_until(lambda: "Running" in mes.states("R1"), 10, "R1 runs")
+            r = await mes.store("Store", order("R1", Priority=7))
+            assert r.StatusCode.value == ua.StatusCodes.Uncertain and _rs(r) == UNABLE
+            doc = {"JobOrder": {"JobOrderID": "R1", "WorkMasterID": [{"ID": WM}],
+                                "EquipmentRequirements": [{"ID": "STATION-10"}],
+                                "Priority": 7}}
+            assert await h.mqtt_mes.status("Store", doc) == UNABLE
+            # the same order again, by either face: a repeat
+            del doc["JobOrder"]["Priority"]
+            for method in ("Store", "StoreAndStart"):
+                assert _rs(await mes.store(method, order("R1"))) == NO_ERROR, method
+                assert await h.mqtt_mes.status(method, doc) == NO_ERROR, method
+            await asyncio.sleep(0.5)
+            assert mes.states("R1")[-1] == "Running" and mes.states("R1").count("Running") == 1
+            assert mes.listed()["R1"] == "Running"
+    run(main(), 90)
 
 
 # ---- the conversions, with the NodeSet loaded in this process (after the client tests)

@@ -3,7 +3,7 @@
 - ``control``: ``MesControl``, requests in and replies out;
 - ``publishing``: status events and retained order, result and state index, each
   stamped in Redis with the change (``sfc_host.store.outbox``) and sent after it;
-- ``codec``: payloads, scopes, topics and envelopes (pure);
+- ``codec``: payloads, a job order's limits, scopes, topics and envelopes (pure);
 - ``catalog``: what an MES configures for a scope, and the job acceptance checks;
 - ``presence``: the host's own retained status and its Last Will;
 - ``client``: ``MesClient``, the MES side as the CLI (``sfc-host job``) speaks it.

@@ -3,7 +3,9 @@ envelopes. Pure functions, no I/O.
 
 Requests are CloudEvents (binary or structured mode). Their data is JSON (with or
 without ``; charset=utf-8``) or MessagePack, decoded into the typed call of
-``model``; a payload that does not fit is ``Invalid`` with the path of the fault.
+``model``; a payload that does not fit is ``Invalid`` with the path of the fault. A job
+order's limits (``check_order``) are the same for every face: the OPC UA face's calls
+go through the same job control.
 Replies and status events go out in binary mode on MQTT 5 as the original sends them:
 ``application/json; charset=utf-8``, payload format indicator 1, the request's
 ``correlationid`` (a UUID) as user property and as 16 bytes of CorrelationData.
@@ -89,6 +91,77 @@ def typed(data: Any, kind: type[T]) -> T:
         return msgspec.convert(data, kind)
     except msgspec.ValidationError as e:
         raise Invalid(str(e).replace("`", "")) from None
+
+
+# ---- what a job order may be, for every face (checked before anything is stored)
+#
+# - its encoded size: an order travels in each of its status events, which must stay
+#   within mqtt_max_payload (a larger message is passed over by every host, and every
+#   OPC UA client of every host would miss that order's events);
+# - the entries of its lists together (parameters with their subparameters,
+#   requirements with their properties, descriptions): at most MAX_ENTRIES;
+# - its strings: an identifier (ID, JobOrderID, MaterialLotID …, Locale) at most MAX_ID
+#   characters, any other string at most MAX_TEXT.
+
+MAX_ENTRIES = 1000
+MAX_ID = 256            # as a job id (names.MAX_JOB_ID)
+MAX_TEXT = 65_536
+# a status event's envelope and JobState beside the order: attributes, trace context
+EVENT_ROOM = 4096
+
+
+def check_order(order: model.JobOrderData, encoded: bytes, max_payload: int) -> None:
+    """``Invalid`` naming the first limit ``order`` (encoded: ``encoded``) is over."""
+    room = max_payload - EVENT_ROOM
+    if len(encoded) > room:
+        raise Invalid(f"the job order is {len(encoded):,} bytes encoded; its status "
+                      f"events would be over mqtt_max_payload: at most {room:,} bytes")
+    if len(encoded) <= MAX_ID:
+        return      # too short to hold a long string or many entries
+    entries = _walk(msgspec.to_builtins(order), "JobOrder")
+    if entries > MAX_ENTRIES:
+        raise Invalid(f"the job order has {entries:,} entries in its lists (parameters, "
+                      f"requirements, properties, descriptions): at most {MAX_ENTRIES:,}")
+
+
+def _walk(doc: dict[str, Any], path: str) -> int:
+    """The entries of the lists in ``doc``; ``Invalid`` for a string over its limit."""
+    entries = 0
+    for key, v in doc.items():
+        if key == "Value":
+            _value(v, f"{path}.Value")
+        elif isinstance(v, str):
+            _text(key, v, f"{path}.{key}")
+        elif isinstance(v, dict):
+            entries += _walk(v, f"{path}.{key}")
+        elif isinstance(v, list):
+            entries += len(v)
+            for i, x in enumerate(v):
+                if isinstance(x, dict):
+                    entries += _walk(x, f"{path}.{key}[{i}]")
+                elif isinstance(x, str):
+                    _text(key, x, f"{path}.{key}[{i}]")
+        if entries > MAX_ENTRIES:
+            break
+    return entries
+
+
+def _text(key: str, v: str, path: str) -> None:
+    limit = MAX_ID if key.endswith("ID") or key == "Locale" else MAX_TEXT
+    if len(v) > limit:
+        raise Invalid(f"{path}: {len(v):,} characters, at most {limit:,}")
+
+
+def _value(v: Any, path: str) -> None:
+    """A parameter's or property's value: any JSON; its strings at most ``MAX_TEXT``."""
+    if isinstance(v, str):
+        _text("Value", v, path)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _value(x, f"{path}[{i}]")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _value(x, f"{path}.{k}")
 
 
 # ---- scopes and topics
@@ -227,5 +300,5 @@ def metadata(source: str, *, v5: bool, binary: bool, expiry_s: int) -> tuple[byt
     return _with_props(ev, v5=v5, binary=binary, expiry_s=expiry_s)
 
 
-__all__ = ["CloudEventError", "Invalid", "correlation", "data_of", "dumps", "levels",
+__all__ = ["CloudEventError", "Invalid", "check_order", "correlation", "data_of", "dumps", "levels",
            "metadata", "reply", "request_filters", "scope_of", "status_event", "typed"]

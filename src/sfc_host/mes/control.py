@@ -295,6 +295,7 @@ class MesControl:
                 raise Invalid("JobOrder.JobOrderID is missing",
                               model.UNABLE_TO_ACCEPT_JOB_ORDER)
             job = _job_id(order.JobOrderID)
+            codec.check_order(order, codec.dumps(order), self.max_bytes)
             wm = await self.acceptance.check(k, order, new=method != "Update")
             if method == "Update":
                 state = await orders.trigger(scope, job, "Update", order=order, work_master=wm,
