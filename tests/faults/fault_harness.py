@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
+import itertools
 import json
 import os
 import random
@@ -59,7 +60,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 from scripted_broker import prop_byte, prop_str, props, publish, utf8, varint
-from servers import MosquittoServer, RedisClusterServer, RedisServer, free_port
+from servers import AedesServer, MosquittoServer, RedisClusterServer, RedisServer, free_port
 from test_host_faults import expected_ids
 
 from sfc_host.config import HostConfig
@@ -91,14 +92,17 @@ BASE_SETTINGS: dict[str, Any] = {
 }
 
 
-def work_master(timeout_s: int | None = None) -> dict[str, Any]:
+def work_master(timeout_s: int | None = None, retries: int | None = None) -> dict[str, Any]:
     """The ``tighten_rework`` example as Work Master ``wm1`` (optionally every action's
-    timeout shortened, so that a missed outage would time actions out)."""
+    timeout shortened, so that a missed outage would time actions out, and its retries
+    set, so that a lost answer cannot hide behind a retry)."""
     wm = json.loads((EXAMPLES / "tighten_rework.json").read_text())
     wm["ID"] = "wm1"
-    if timeout_s is not None:
-        for a in wm["data"]["Actions"]:
+    for a in wm["data"]["Actions"]:
+        if timeout_s is not None:
             a["TimeoutSeconds"] = timeout_s
+        if retries is not None:
+            a["Retries"] = retries
     return wm
 
 
@@ -243,7 +247,8 @@ class Cluster:
     def __init__(self, seed: int, *, hosts: int = 2, settings: dict[str, Any] | None = None,
                  clock_jumps: dict[str, str] | None = None, station_delay_s: float = 0.1,
                  repeat_s: float = 1.0, wm_timeout_s: int | None = None,
-                 appendfsync: str = "everysec", redis_cluster: bool = False) -> None:
+                 appendfsync: str = "everysec", redis_cluster: bool = False,
+                 retries: int | None = None, broker: str = "mosquitto") -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.n_hosts = hosts
@@ -252,6 +257,7 @@ class Cluster:
         self.station_delay_s = station_delay_s
         self.repeat_s = repeat_s
         self.wm_timeout_s = wm_timeout_s
+        self.retries = retries
         self.dir = Path(tempfile.mkdtemp(prefix="sfc-faults-"))
         self.redis_cluster = redis_cluster
         # on a cluster: three primaries, a replica each, a failover within a second
@@ -259,7 +265,13 @@ class Cluster:
             self.dir / "redis", node_timeout_ms=500, replicas=1) if redis_cluster else \
             RedisServer(self.dir / "redis", aof=True, extra=(
                 [] if appendfsync == "everysec" else ["--appendfsync", appendfsync]))
-        self.broker = PersistentMosquitto(self.dir / "mqtt")
+        # aedes: MQTT 3.1.1 and no shared subscriptions (every host hears every answer)
+        self.broker: MosquittoServer | AedesServer = AedesServer(self.dir / "mqtt") \
+            if broker == "aedes" else PersistentMosquitto(self.dir / "mqtt")
+        self.mqtt_version = 3 if broker == "aedes" else 5
+        if broker == "aedes":
+            self.settings.update(mqtt_version=3, mqtt_shared_group="")
+        self.kills: list[float] = []       # when hosts were killed (wall clock)
         self.hosts: dict[str, HostProcess] = {}
         self.station: subprocess.Popen[bytes] | None = None
         self.station_log = self.dir / "station.jsonl"
@@ -287,7 +299,8 @@ class Cluster:
                 else aioredis.Redis.from_url(self.redis.url)
             self.orders = Host(HostConfig(redis_url=self.redis.url, consumer="faults",
                                           redis_cluster=self.redis_cluster), loops=False)
-            await self.orders.store.put_work_master(SCOPE, work_master(self.wm_timeout_s))
+            await self.orders.store.put_work_master(
+                SCOPE, work_master(self.wm_timeout_s, self.retries))
             await self.orders.orders.register_scope(SCOPE)
             await self.start_station()
             for i in range(1, self.n_hosts + 1):
@@ -307,7 +320,7 @@ class Cluster:
         self.station = subprocess.Popen(
             [sys.executable, str(HERE / "fault_station.py"), str(self.broker.port),
              str(self.station_log), str(self.seed), str(self.station_delay_s),
-             str(self.repeat_s)],
+             str(self.repeat_s), str(self.mqtt_version)],
             stdout=subprocess.PIPE, stderr=(self.dir / "station.log").open("ab"))
         assert self.station.stdout is not None
         line = await asyncio.wait_for(asyncio.to_thread(self.station.stdout.readline), 15)
@@ -440,6 +453,22 @@ class Cluster:
                 out.problems.append(f"--- {h.name} log:\n{h.tail(800)}")
         return out
 
+    def longest_wait(self) -> tuple[float, str]:
+        """The longest time any job spent between two of its commands reaching the
+        station, or between its last command and its end; and that job."""
+        at: dict[str, list[float]] = defaultdict(list)
+        for r in self.received():
+            at[r["job"]].append(r["t"])
+        worst, who = 0.0, ""
+        for job, (_, end) in zip(self.jobs, self.times, strict=False):
+            times = sorted(set(at.get(job, [])))
+            if end:
+                times.append(_parse_iso(end))
+            for a, b in itertools.pairwise(times):
+                if b - a > worst:
+                    worst, who = b - a, job
+        return worst, who
+
     def _lost(self, out: Outcome, job: str, what: str, **kinds: int) -> None:
         """A loss (``kinds``: how many of each): the fault's known limit when its writes
         to the job were taken away, else a failure."""
@@ -533,6 +562,48 @@ async def kill9(seed: int, n_jobs: int = 200, claim_min_idle_ms: int | None = No
                 await c.add_host(f"{victim}r{k}").ready()
         await _during(c.load(n_jobs, 0.1, burst=25), fault)
         return await c.check(out)
+
+
+# A resent command's first copy may be this much older than the kill (a command out
+# when its host died), and the resend follows the kill within this (the Will, the
+# takeover's claim, a scan of the running jobs)
+RESEND_AFTER_S = 3.0
+# how long a job may wait for its next command or its end, kill or no kill (its own
+# timeouts are 30 s and more: a lost answer shows as a wait of 30 s or an abort)
+LONGEST_WAIT_S = 5.0
+
+
+async def kill9_answers(seed: int, n_jobs: int = 150, broker: str = "mosquitto",
+                        hosts: int = 2) -> Outcome:
+    """``kill -9`` of a host at a random moment of the load, with a station that
+    answers each command once and at once (no repeats) and a recipe with no retries: an
+    answer the dead host had taken must be had again (its end taken over and the open
+    commands sent again), so no job aborts or waits for its timeout. Every command id
+    at most twice; the longest wait of any job for its next command or its end is
+    measured (``notes["longest wait s"]``)."""
+    out = Outcome(f"kill -9, answers in flight ({broker}, {hosts} hosts)", seed)
+    async with Cluster(seed, hosts=hosts, station_delay_s=0.0, repeat_s=0.0, retries=0,
+                       broker=broker) as c:
+        rng = c.rng
+
+        async def fault() -> None:
+            # in full swing: after a random share of the load's commands went out
+            want = rng.randint(n_jobs // 3, 2 * n_jobs)
+            while len(c.received()) < want:
+                await asyncio.sleep(0.01)
+            victim = rng.choice(sorted(c.hosts))
+            at = c.hosts[victim].signal(signal.SIGKILL)
+            c.kills.append(at)
+            c.windows.append((at, at + RESEND_AFTER_S))
+            out.faults += 1
+        await _during(c.load(n_jobs, 0.04, burst=5), fault)
+        await c.check(out)
+        wait, job = c.longest_wait()
+        out.notes["longest wait s"] = round(wait, 2)
+        if wait > LONGEST_WAIT_S:
+            out.problems.append(f"job {job} waited {wait:.1f} s for its next command or "
+                                f"its end (at most {LONGEST_WAIT_S:g} s)")
+        return out
 
 
 async def kill9_stalled_broker(seed: int, n_jobs: int = 100) -> Outcome:
@@ -1096,6 +1167,10 @@ SCENARIOS: dict[str, Callable[[int], Awaitable[Outcome]]] = {
     "kill9": kill9,
     "kill9_patient": lambda seed: kill9(seed, claim_min_idle_ms=PATIENT_CLAIM_MS),
     "kill9_stalled_broker": kill9_stalled_broker,
+    # two hosts on even seeds, three on odd ones
+    "kill9_answers": lambda seed: kill9_answers(seed, hosts=2 + seed % 2),
+    "kill9_answers_aedes": lambda seed: kill9_answers(seed, broker="aedes",
+                                                      hosts=2 + seed % 2),
     "redis_restart": redis_restart,
     "redis_kill9": redis_kill9,
     "redis_kill9_lost_second": lambda seed: redis_kill9(seed, lose_s=LOST_S),

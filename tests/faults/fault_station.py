@@ -1,7 +1,7 @@
 """The station of the fault tests, in its own process: an at-least-once equipment
 simulator over MQTT 5 that records every command it receives.
 
-    python tests/faults/fault_station.py MQTT_PORT LOG SEED [DELAY_S] [REPEAT_S]
+    python tests/faults/fault_station.py MQTT_PORT LOG SEED [DELAY_S] [REPEAT_S] [VERSION]
 
 - Every command on ``equipment/+/commands`` is appended to ``LOG`` as one JSON line
   ``{"id", "job", "t"}`` (``t``: this process's wall clock, never faked) and flushed, so
@@ -14,7 +14,10 @@ simulator over MQTT 5 that records every command it receives.
   latest command is published again every ``REPEAT_S`` until a newer command of the
   job arrives or the job's status event says it ended (``mes/+/events``). A fault can
   drop an answer (a host killed before applying it, a broker restart); a repeat is
-  absorbed by the host.
+  absorbed by the host. ``REPEAT_S`` 0: no repeats; each reception of a command is
+  answered once, a repeated id with the same answer (the equipment contract), so an
+  answer lost with a host is had again only if a host sends the command again.
+- ``VERSION`` 3: MQTT 3.1.1, answers in structured mode (no user properties there).
 - Its session outlives a broker restart (clean start off, session expiry): QoS 1
   commands the broker holds for it are delivered after the restart.
 
@@ -53,7 +56,9 @@ def _event(msg: aiomqtt.Message) -> tuple[dict[str, Any], Any]:
     """Attributes and data of a CloudEvent in either content mode."""
     props = _props(msg)
     payload = msg.payload if isinstance(msg.payload, bytes | bytearray) else b""
-    if str(props.get("ContentType", "")).startswith("application/cloudevents"):
+    if str(props.get("ContentType", "")).startswith("application/cloudevents") or (
+            not props and payload.startswith(b"{") and b'"specversion"' in payload):
+        # structured mode: said by the content type on MQTT 5, the only mode on 3.1.1
         ev = json.loads(payload)
         return ev, ev.get("data")
     return props, json.loads(payload) if payload else None
@@ -61,27 +66,33 @@ def _event(msg: aiomqtt.Message) -> tuple[dict[str, Any], Any]:
 
 class FaultStation:
     def __init__(self, port: int, log_path: str, seed: int, delay_s: float,
-                 repeat_s: float) -> None:
+                 repeat_s: float, version: int = 5) -> None:
         self.port = port
         self.log = open(log_path, "a", buffering=1)  # noqa: SIM115 (open for the run)
         self.rng = random.Random(seed)
         self.delay_s = delay_s
         self.repeat_s = repeat_s
+        self.v5 = version == 5
         self.ident = f"fault-station-{uuid.uuid4().hex[:6]}"
-        self.out: asyncio.Queue[tuple[str, bytes, Properties]] = asyncio.Queue()
-        self.latest: dict[str, tuple[str, float, tuple[str, bytes, Properties]]] = {}
+        self.out: asyncio.Queue[tuple[str, bytes, Properties | None]] = asyncio.Queue()
+        self.latest: dict[str, tuple[str, float, tuple[str, bytes, Properties | None]]] = {}
         self.ended: set[str] = set()
         self.client: aiomqtt.Client | None = None
         self.connected = asyncio.Event()
 
-    def answer(self, topic: str, cid: str, job: str) -> tuple[str, bytes, Properties]:
+    def answer(self, topic: str, cid: str, job: str) -> tuple[str, bytes, Properties | None]:
+        data = {"Outcome": "completed", "Result": result_for(job, cid)}
+        if not self.v5:
+            ev = {"specversion": "1.0", "id": uuid.uuid4().hex, "source": "fault-station",
+                  "type": "answer", "causationid": cid, "datacontenttype": "application/json",
+                  "data": data}
+            return topic, json.dumps(ev).encode(), None
         p = Properties(PacketTypes.PUBLISH)
         p.ContentType = "application/json"
         p.UserProperty = [("specversion", "1.0"), ("id", uuid.uuid4().hex),
                           ("source", "fault-station"), ("type", "answer"),
                           ("causationid", cid)]
-        body = json.dumps({"Outcome": "completed", "Result": result_for(job, cid)})
-        return topic, body.encode(), p
+        return topic, json.dumps(data).encode(), p
 
     async def on_command(self, msg: aiomqtt.Message) -> None:
         attrs, _ = _event(msg)
@@ -129,17 +140,20 @@ class FaultStation:
                     await asyncio.sleep(0.05)
 
     async def run(self) -> None:
-        tasks = [asyncio.create_task(self.repeater()), asyncio.create_task(self.publisher())]
+        tasks = [asyncio.create_task(self.publisher())]
+        if self.repeat_s > 0:
+            tasks.append(asyncio.create_task(self.repeater()))
         handlers: set[asyncio.Task[None]] = set()
         first = True
         connect = Properties(PacketTypes.CONNECT)
         connect.SessionExpiryInterval = 3600
         while True:
             try:
+                v5 = dict(protocol=aiomqtt.ProtocolVersion.V5, clean_start=False,
+                          properties=connect) if self.v5 else dict(
+                    protocol=aiomqtt.ProtocolVersion.V311, clean_session=False)
                 async with aiomqtt.Client("127.0.0.1", self.port, identifier=self.ident,
-                                          protocol=aiomqtt.ProtocolVersion.V5,
-                                          clean_start=False, properties=connect,
-                                          max_inflight_messages=1000) as c:
+                                          max_inflight_messages=1000, **v5) as c:
                     await c.subscribe("equipment/+/commands", qos=1)
                     await c.subscribe("mes/+/events", qos=1)
                     self.client = c
@@ -174,5 +188,6 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     station = FaultStation(int(args[0]), args[1], int(args[2]),
                            float(args[3]) if len(args) > 3 else 0.1,
-                           float(args[4]) if len(args) > 4 else 1.0)
+                           float(args[4]) if len(args) > 4 else 1.0,
+                           int(args[5]) if len(args) > 5 else 5)
     asyncio.run(station.run())

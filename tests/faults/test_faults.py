@@ -51,6 +51,18 @@ def test_kill_9_of_a_host_mid_load(seed: int) -> None:
     assert out.faults == 1 + seed % 2
 
 
+@pytest.mark.parametrize("seed", KILL_SEEDS)
+@pytest.mark.parametrize("broker", ["mosquitto", "aedes"])
+def test_kill_9_loses_no_answer_in_flight(broker: str, seed: int) -> None:
+    """A station that answers each command once and at once, a recipe with no retries,
+    a host killed at a random moment: the answers it had taken are had again (the
+    survivors send its open commands again), so no job aborts or waits past a few
+    seconds, and no command id goes out more than twice."""
+    out = run_scenario("kill9_answers" if broker == "mosquitto" else "kill9_answers_aedes",
+                       seed)
+    assert out.faults == 1 and out.notes["longest wait s"] <= 5.0
+
+
 @pytest.mark.parametrize("seed", OTHER_SEEDS)
 def test_kill_9_of_a_host_while_the_broker_stalls(seed: int) -> None:
     """The broker stops acknowledging (SIGSTOP) and a host is killed meanwhile: the

@@ -106,11 +106,12 @@ class RunEnds:
                                          ex=TAKEN_TTL_S):
                 return              # another host took it
             self.metrics.inc("host_ends_taken")
-            log.info("host %s (run of %s) ended (%s): sending the open commands of every "
-                     "scope again, so that no answer it had taken is lost", consumer, run,
-                     why)
+            # a stop is routine; a death is what an operator looks for
+            level = logging.INFO if why == "stopped" else logging.WARNING
             n = await self.take_over()
-            log.info("host %s: %d open commands sent again", consumer, n)
+            log.log(level, "host %s (run of %s) ended (%s): its answers in flight may have "
+                    "ended with it, so the %d open commands of every scope were sent again",
+                    consumer, run, why, n)
         except asyncio.CancelledError:
             raise
         except Exception:
