@@ -44,7 +44,8 @@ from test_mes_crash import N_ORDERS, storm_with_own_servers  # noqa: E402
 
 RUN_TIMEOUT_S = 180
 # run with --seeds, the others with --other-seeds
-HOST_KILLS = ("kill9", "kill9_patient", "cluster_primary_kill9")
+HOST_KILLS = ("kill9", "kill9_patient", "cluster_primary_kill9", "kill9_answers",
+              "kill9_answers_aedes")
 # What each scenario does to the load, for the table (the harness has the details).
 WHAT = {
     "kill9": "`kill -9` of a host at a random point of 200 jobs (odd seeds: both "
@@ -53,6 +54,14 @@ WHAT = {
     "kill9_patient": "the same `kill -9` runs with a patient takeover: entries are "
                      "claimed after 2 s idle, above the station's 1 s answer repeat "
                      "(the row above: 0.3 s; production's default: 30 s)",
+    "kill9_answers": "`kill -9` of a host (two hosts on even seeds, three on odd ones) "
+                     "mid-load, with a station that answers each command once and at "
+                     "once (no repeats) and no retries in the recipe: the answers the "
+                     "dead host had taken are had again (its open commands sent again "
+                     "by the host that takes over its end), so no job aborts or waits "
+                     "past 5 s; any id at most twice",
+    "kill9_answers_aedes": "the same on aedes (MQTT 3.1.1, no shared subscriptions: "
+                           "`mqtt_shared_group = \"\"`, every host hears every answer)",
     "kill9_stalled_broker": "`kill -9` of a host while mosquitto is stalled (SIGSTOP 1 s: "
                             "commands wait for acknowledgements in the hosts' queues), "
                             "5 s action timeouts",
@@ -230,6 +239,13 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
                "their entries.")
         out.append(f"- Most duplicates per fault: {worst[0]:g} ({o.fault}, seed {o.seed}: "
                    f"{o.duplicates} over {o.faults}). {why}")
+    waits = [float(o.notes["longest wait s"]) for r in rows for o in r.runs
+             if "longest wait s" in o.notes]
+    if waits:
+        out.append(f"- *Answers in flight at a kill*: the longest any job waited for its "
+                   f"next command or its end, over {len(waits)} runs: {max(waits):g} s "
+                   f"(median of the runs' longest {sorted(waits)[len(waits) // 2]:g} s); "
+                   "a lost answer would show as the action's timeout (20 s and more).")
     by = {r.name: r for r in rows}
     if "kill9" in by and "kill9_patient" in by:
         fast, slow = by["kill9"], by["kill9_patient"]

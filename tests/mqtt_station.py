@@ -59,6 +59,9 @@ class MqttStation:
         self.structured = structured or not self.v5
         self.prefix = prefix
         self.commands: list[dict[str, Any]] = []    # every command as received
+        # command id -> the answer it got: a repeated id gets the same answer again,
+        # with no second call of ``answer`` (the equipment contract)
+        self.answered: dict[str, dict[str, Any]] = {}
         self.client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
@@ -118,7 +121,12 @@ class MqttStation:
                    "specversion": props.get("specversion"), "source": props.get("source"),
                    "traceparent": props.get("traceparent"), "tracestate": props.get("tracestate")}
         self.commands.append(cmd)
-        data = self.answer(cmd)
+        cid = str(cmd["id"])
+        data = self.answered.get(cid)
+        if data is None:
+            data = self.answer(cmd)
+            if data is not None:
+                self.answered[cid] = data
         if data is not None:
             await self.reply(cmd, data)
 

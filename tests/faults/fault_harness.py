@@ -564,9 +564,8 @@ async def kill9(seed: int, n_jobs: int = 200, claim_min_idle_ms: int | None = No
         return await c.check(out)
 
 
-# A resent command's first copy may be this much older than the kill (a command out
-# when its host died), and the resend follows the kill within this (the Will, the
-# takeover's claim, a scan of the running jobs)
+# The resend follows the kill within this (the Will, the takeover's claim, a scan of
+# the running jobs); a resent command's first copy may be as old as the run
 RESEND_AFTER_S = 3.0
 # how long a job may wait for its next command or its end, kill or no kill (its own
 # timeouts are 30 s and more: a lost answer shows as a wait of 30 s or an abort)
@@ -594,7 +593,8 @@ async def kill9_answers(seed: int, n_jobs: int = 150, broker: str = "mosquitto",
             victim = rng.choice(sorted(c.hosts))
             at = c.hosts[victim].signal(signal.SIGKILL)
             c.kills.append(at)
-            c.windows.append((at, at + RESEND_AFTER_S))
+            # any command still open at the kill may come once more, however old
+            c.windows.append((c.t0, at + RESEND_AFTER_S))
             out.faults += 1
         await _during(c.load(n_jobs, 0.04, burst=5), fault)
         await c.check(out)

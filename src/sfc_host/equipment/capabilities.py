@@ -7,13 +7,15 @@ retained message withdraws it. Every host keeps the union in Redis
 checked against it: an action whose type (its ``TypeId``, and its hold and restart
 types) no announced equipment serves is a build error ``SFC025``, not a job that fails
 at run time. A scope where nothing was announced accepts every type (announcing is
-optional; the action's deadline then settles a type nobody serves).
+optional; the action's deadline then settles a type nobody serves). A host that starts
+asks every scope's equipment to announce again (``ask``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from sfc_fast import Graph, Problem
@@ -25,6 +27,7 @@ log = logging.getLogger("sfc_host.equipment.capabilities")
 
 CODE = "SFC025"
 MAX_TYPES = 10_000
+ASK = b'{"Announce":true}'
 _FIELDS = (("type_id", "TypeId"), ("hold_type_id", "HoldTypeId"),
            ("restart_type_id", "RestartTypeId"))
 
@@ -72,8 +75,17 @@ class Capabilities:
         self.client = client
         self.keys = keys            # scope -> ScopeKeys
         self.metrics = metrics
+        self.link = link
         self.prefix = link.config.equipment_prefix
         link.subscribe(f"{self.prefix}/+/capabilities/+", self.on_message, shared=False)
+
+    def ask(self, scopes: Iterable[str]) -> None:
+        """Ask each scope's equipment to announce again (``{eq}/{scope}/capabilities``,
+        not retained): some brokers hand retained messages only to a subscription of
+        the exact topic, so a host that subscribes with a wildcard would never see what
+        was announced before it started."""
+        for scope in scopes:
+            self.link.publish_nowait(f"{self.prefix}/{scope}/capabilities", ASK, qos=1)
 
     async def on_message(self, message: Message) -> None:
         topic = message.topic

@@ -8,10 +8,15 @@ fails a command (the job aborts, or the recipe retries) and tightens out of tole
 the work in progress and answers ``held`` (``not_held`` when the work is done already);
 the restart after the Resume does the work again.
 
+A command id it has seen before is never worked again (the equipment contract: a host
+sends an open command again when another host died with its answer): answered, it gets
+the same answer again; in progress, its answer comes when the work is done.
+
     mission station(api, scope, speed=1.0, seed=0, equipment="equipment", mes="mes")
 
-It announces the types it serves (retained ``{equipment}/{scope}/capabilities/station``)
-and withdraws them when it stops. It reads commands in either CloudEvents mode and
+It announces the types it serves (retained ``{equipment}/{scope}/capabilities/station``),
+again whenever a host asks on ``{equipment}/{scope}/capabilities``, and withdraws them
+when it stops. It reads commands in either CloudEvents mode and
 sends its answers and events in structured mode (one JSON object). On
 ``{equipment}/{scope}/station`` (retained) it says when it is ready and, every half
 second, how many commands it answered and the time from each answer to the job's next
@@ -58,6 +63,7 @@ REWORK = 0.25              # a tightening outside 80-90 Nm: loosen and tighten a
 MAX_TIGHTENS = 3           # the recipe's rework rounds; the last one is in tolerance
 RESEND_S = 0.5             # a verification no job took (it came too early) goes again
 KEEP_LATENCIES = 5000      # samples of the answer-to-next-command time reported
+KEEP_ANSWERS = 20_000      # answers remembered for a command id sent again
 
 
 class Cell:
@@ -72,6 +78,8 @@ class Cell:
         self.last_answer: dict[str, float] = {}    # job id -> when its last answer went
         self.tasks: set[asyncio.Task[None]] = set()
         self.working: dict[str, asyncio.Task[None]] = {}   # command id -> its answer to come
+        # command id -> (type, data, attributes) of the answer it got, oldest first
+        self.answered: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
         self.served = 0
         self.held = 0          # hold commands answered "held" (an MES Pause mid-work)
         self.restarted = 0     # restart commands served (the Resume after a hold)
@@ -106,6 +114,12 @@ class Cell:
 
     def on_command(self, topic: str, payload: bytes, props: dict[str, Any]) -> None:
         cmd = event_of(payload, props)
+        if cmd["id"] in self.working:
+            return                                  # the same command: its answer comes
+        again = self.answered.get(cmd["id"])
+        if again is not None:                       # answered: the same answer again
+            self.later(0, self.publish, "responses", again[0], again[1], **again[2])
+            return
         ctx = (cmd.get("data") or {}).get("Context") or {}
         job_id = ctx.get("JobOrderID") or cmd.get("correlationid")
         type_ = cmd["type"]
@@ -153,8 +167,11 @@ class Cell:
             data["Reason"] = reason
         # in the command's trace: a trace viewer shows the station's work under it
         trace = {k: cmd[k] for k in ("traceparent", "tracestate") if cmd.get(k)}
-        await self.publish("responses", type_ + ".answer", data, causationid=cmd["id"],
-                           correlationid=job_id, **trace)
+        attrs = {"causationid": cmd["id"], "correlationid": job_id, **trace}
+        self.answered[cmd["id"]] = (type_ + ".answer", data, attrs)
+        if len(self.answered) > KEEP_ANSWERS:
+            del self.answered[next(iter(self.answered))]
+        await self.publish("responses", type_ + ".answer", data, **attrs)
         if outcome != "held":      # what follows a hold waits for the MES to resume
             self.last_answer[job_id] = time.perf_counter()
         self.served += 1
@@ -249,6 +266,10 @@ async def station(api: Any, scope: str, speed: float = 1.0, seed: int = 0,
     cell = Cell(api, scope, speed, random.Random(f"{seed}/{scope}"), equipment)
     api.mqtt.subscribe(f"{equipment}/{scope}/commands", cell.on_command)
     api.mqtt.subscribe(f"{mes}/{scope.replace('.', '/')}/events", cell.on_status)
+    # a host that starts asks for the announcement again (its broker may keep retained
+    # messages from a wildcard subscription)
+    api.mqtt.subscribe(f"{equipment}/{scope}/capabilities",
+                       lambda *_: cell.later(0, cell.announce, [*WORK_MS, *EVENTS]))
     api.log.info(f"station for scope {scope} ready (speed {speed})")
     await cell.announce([*WORK_MS, *EVENTS])
     await cell.report()     # after the subscriptions: the broker has them by now

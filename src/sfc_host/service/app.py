@@ -147,6 +147,7 @@ class App:
         for link in links:                       # ready: now messages may come
             await link.open_subscriptions()
         await self.ends.start()
+        self.mes.capabilities.ask(self.host.streams.scopes)
         return self
 
     def _web(self) -> Extension | None:
