@@ -11,11 +11,12 @@ import json
 from typing import Any
 
 import redis.asyncio as aioredis
-from hosts import flush, wait_until
+from hosts import flush, quick_config, wait_until
 
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import MqttLink
+from sfc_host.service.app import App
 from sfc_host.service.ends import RunEnds
 from sfc_host.store.keys import HOSTS, run_taken
 
@@ -133,4 +134,21 @@ def test_a_hosts_own_previous_run_is_taken_over_at_start(mqtt_url: str,
         assert w2.taken == 0
         await w2.aclose()
         await r.aclose()
+    run(main())
+
+
+def test_a_clean_stop_is_recorded_and_costs_no_resend(mqtt_url: str, redis_url: str) -> None:
+    async def main() -> None:
+        await flush(redis_url)
+        other = await Watcher(mqtt_url, redis_url, "ends-other", "run-o").start()
+        app = App(quick_config(redis_url, mqtt_url=mqtt_url, consumer="ends-app"))
+        await app.start(connect_timeout_s=5)
+        run_id = app.presence.started_at
+        await app.aclose()
+        try:
+            assert await other.client.get(run_taken("ends-app", run_id)) == b"ends-app"
+            await asyncio.sleep(0.5)           # its "offline" has reached the other
+            assert other.taken == 0
+        finally:
+            await other.aclose()
     run(main())

@@ -505,9 +505,11 @@ class MqttLink:
         if self.problem:
             raise MqttUnsupported(f"the broker at {self.host}:{self.port}: {self.problem}")
 
-    async def close_subscriptions(self, timeout: float = 2.0) -> None:
+    async def close_subscriptions(self, timeout: float = 2.0) -> bool:
         """Take no more messages: every filter unsubscribed (a stopping host, so that
-        what comes next goes to the other hosts); no reconnect subscribes again."""
+        what comes next goes to the other hosts); no reconnect subscribes again. True
+        once the broker acknowledged it: every message it sent us before is in our
+        socket by then (a connection keeps its order)."""
         self.subscribing = False
         self._acked = False
         if self._resubscribing is not None:
@@ -515,13 +517,15 @@ class MqttLink:
         conn = self._live
         filters = tuple(dict.fromkeys(s[1] for s in self._subs))
         if conn is None or not filters:
-            return
+            return conn is not None
         mid = self._next_mid()
         try:
             await asyncio.wait_for(conn.request(
                 mid, encode_unsubscribe(mid, filters, self.v5), self.keepalive_s), timeout)
         except (MqttError, TimeoutError) as e:
             log.debug("MQTT unsubscribe on stopping not answered: %s", e)
+            return False
+        return True
 
     async def wait_connected(self, timeout: float = 10.0) -> None:
         """Until connected; ``MqttRefused`` at once when the broker refuses the

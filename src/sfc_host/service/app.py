@@ -182,9 +182,9 @@ class App:
 
     async def aclose(self) -> None:
         self._closing = True
-        # what comes next goes to the other hosts; the "offline" said below tells them to
-        # have again what came here and was not applied
-        await self.link.close_subscriptions()
+        # what comes next goes to the other hosts; what came here is settled below, and
+        # only then is the end recorded as needing no take-over
+        unsubscribed = await self.link.close_subscriptions()
         await self.ends.aclose()
         if self.http is not None:
             await self.http.aclose()
@@ -200,6 +200,8 @@ class App:
                 log.exception("the script engine did not stop cleanly")
         if self.script_link is not None:
             await self.script_link.aclose()
+        if unsubscribed and self.recovered and not self.host.backlog:
+            await self.ends.ended_cleanly()      # nothing taken is left unapplied
         await self.host.aclose()
         await self.mes.aclose()
         if self.link.connected.is_set():

@@ -12,7 +12,9 @@ Every run's end is taken over once, by the first host to set its key
 (``keys.run_taken``): that host sends the open push attempts of every scope again
 (``execution.handover``). A retained status seen on subscribing counts as well as a
 live one: a survivor that was away when the Will came still takes the death, and one
-taken already costs one ``SET NX``.
+taken already costs one ``SET NX``. A host that stops cleanly unsubscribes first and
+settles what it had taken; it then records its own end as taken, so a clean stop costs
+no resend.
 """
 
 from __future__ import annotations
@@ -62,6 +64,19 @@ class RunEnds:
         for end in self._early:
             self._later(*end)
         self._early.clear()
+
+    async def ended_cleanly(self) -> None:
+        """This run stopped with nothing taken and not applied (unsubscribed first,
+        then every answer it had settled): its end needs no take-over, by the other
+        hosts (its "offline" comes next) or by its next run."""
+        if not self._ready:
+            return
+        try:
+            await self.client.set(run_taken(self.consumer, self.run), self.consumer,
+                                  nx=True, ex=TAKEN_TTL_S)
+        except Exception as e:        # the others then send its open commands again
+            log.warning("could not record the clean stop in Redis (%s): another host "
+                        "sends the open commands again", e)
 
     async def aclose(self) -> None:
         for t in list(self._tasks):
