@@ -84,6 +84,26 @@ def test_opcua_cost_times_the_lists_and_an_event() -> None:
     assert _number(event.group(1)) > 0 and _number(event.group(2)) > 0
 
 
+def test_opcua_calls_measures_the_host_against_the_bare_server() -> None:
+    out = _run("opcua_calls.py", "--calls", "40", "--sessions", "2", "--rounds", "1",
+               timeout=240)
+    rows = re.findall(r"^(Store|Start|RequestJobResponseByJobOrderID) +(\d) +([\d,]+) +"
+                      r"([\d,]+) +([\d.]+)x", out, re.MULTILINE)
+    assert len(rows) == 6, out
+    assert all(_number(r[2]) > 0 and _number(r[3]) > 0 for r in rows), out
+
+
+def test_opcua_events_measures_saturation_with_subscribers_and_counts_them() -> None:
+    out = _run("opcua_events.py", "--jobs", "150", "--rounds", "1", timeout=300)
+    rates = re.findall(r"^(off|on, \d+ clients?) +([\d,]+) jobs/s", out, re.MULTILINE)
+    assert [r[0] for r in rates] == ["off", "on, 0 clients", "on, 1 client",
+                                     "on, 10 clients"], out
+    assert all(_number(r[1]) > 0 for r in rates), out
+    got = re.findall(r"([\d,]+) events raised, each client received ([\d,]+)–([\d,]+)", out)
+    assert len(got) == 2 and "MISSING" not in out, out
+    assert all(_number(n) == _number(lo) == _number(hi) > 0 for n, lo, hi in got), out
+
+
 def test_otel_cost_compares_spans_off_and_on() -> None:
     out = _run("otel_cost.py", "--quick")
     m = re.search(r"round 1: off ([\d,]+) jobs/s, ([\d.]+) µs an action; on ([\d,]+) jobs/s, "

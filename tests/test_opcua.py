@@ -13,8 +13,10 @@ NodeSet here, after every client test).
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import subprocess
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -42,7 +44,7 @@ def _free_port() -> int:
 
 
 def start_host(tmp_path: Path, redis_url: str, mqtt_url: str, port: int,
-               name: str = "opcua-e2e") -> subprocess.Popen[str]:
+               name: str = "opcua-e2e", more: str = "") -> subprocess.Popen[str]:
     conf = tmp_path / f"{name}.toml"
     conf.write_text(f'redis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\n'
                     f'consumer = "{name}"\nsweep_interval_ms = 50\n'
@@ -51,7 +53,7 @@ def start_host(tmp_path: Path, redis_url: str, mqtt_url: str, port: int,
                     "opcua_list_interval_ms = 200\n"
                     # the MES of these tests: on loopback, no security, calls allowed
                     # (tests/test_opcua_security.py runs the secure endpoints)
-                    'opcua_security = ["None"]\nopcua_anonymous = "call"\n')
+                    'opcua_security = ["None"]\nopcua_anonymous = "call"\n' + more)
     return start_sfc_host(["run", "--config", str(conf)], {}, f"host {name} running")
 
 
@@ -154,12 +156,13 @@ class Running:
 
 @asynccontextmanager
 async def running(tmp_path: Path, redis_url: str, mqtt_url: str,
-                  scopes: tuple[str, ...] = (SCOPE,)) -> AsyncIterator[Running]:
+                  scopes: tuple[str, ...] = (SCOPE,), more: str = "") -> AsyncIterator[Running]:
     """An emptied Redis, ``sfc-host run`` with the face, the reference's Work Master and
     catalogs in ``scopes`` (over MQTT), and their objects made; stopped on the way out."""
     await flush(redis_url)
     port = _free_port()
-    r = Running(port, Mes(mqtt_url), start_host(tmp_path, redis_url, mqtt_url, port))
+    r = Running(port, Mes(mqtt_url), start_host(tmp_path, redis_url, mqtt_url, port,
+                                                 more=more))
     try:
         async with r.mqtt_mes:
             for scope in scopes:
@@ -422,6 +425,42 @@ def test_a_filter_on_the_abstract_event_type_receives_the_events(
             assert _rs(await mes.store("Store", order("F1"))) == NO_ERROR
             await wait_until(lambda: got, 10, "an event through the OfType filter")
             assert got[0].JobOrder.JobOrderID == "F1"
+    run(main(), 60)
+
+
+def test_events_are_built_only_for_a_subscriber(redis_url: str, mqtt_url: str,
+                                                tmp_path: Path) -> None:
+    """The face raises a scope's status events only while a client takes them (it asks
+    asyncua's subscriptions, a private map the [opcua] extra's pin keeps); the lists
+    follow every change either way."""
+    async def main() -> None:
+        metrics = _free_port()
+        async with running(tmp_path, redis_url, mqtt_url,
+                           more=f"metrics_port = {metrics}\n") as h:
+            async def raised() -> float:
+                def get() -> str:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics") as r:
+                        return r.read().decode()
+                text = await asyncio.to_thread(get)
+                m = re.search(r"^sfc_opcua_events_total(?:\{[^}]*\})? ([\d.e+]+)$", text,
+                              re.MULTILINE)
+                return float(m.group(1)) if m else 0.0
+            client = Client(f"opc.tcp://127.0.0.1:{h.port}/sfc-host/")
+            async with client:
+                await client.load_data_type_definitions()
+                mes = Mes95(client)
+                await mes.find(SCOPE)
+                sub = await client.create_subscription(50, mes)
+                assert mes.receiver is not None
+                await sub.subscribe_data_change(
+                    await mes.receiver.get_child(f"{mes.jc}:JobOrderList"))
+                assert _rs(await mes.store("Store", order("Q1"))) == NO_ERROR
+                await wait_until(lambda: "Q1" in mes.listed(), 10, "Q1 listed")
+                assert await raised() == 0
+            async with connected(h.port) as mes:
+                assert _rs(await mes.store("Store", order("Q2"))) == NO_ERROR
+                await wait_until(lambda: mes.states("Q2"), 10, "Q2's event")
+                assert mes.states("Q1") == [] and await raised() >= 1
     run(main(), 60)
 
 

@@ -14,6 +14,7 @@ trip.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sfc_host import isa95 as model
@@ -50,11 +51,15 @@ def max_orders(data: Any) -> int:
     return cfg.max_downloadable_job_orders
 
 
+# reads several Redis commands in one round trip: their replies in order
+Reads = Callable[[list[tuple[Any, ...]]], Awaitable[list[Any]]]
+
+
 class Acceptance:
     """The checks of one order against one scope's configuration."""
 
-    def __init__(self, client: Any, checks: list[str], default_max: int) -> None:
-        self.client = client
+    def __init__(self, reads: Reads, checks: list[str], default_max: int) -> None:
+        self.reads = reads
         self.checks = frozenset(checks)
         self.default_max = default_max
 
@@ -64,11 +69,10 @@ class Acceptance:
         when none is), or ``Invalid`` (UNABLE_TO_ACCEPT_JOB_ORDER) naming what is not
         accepted."""
         c = self.checks
-        asks: list[tuple[str, str]] = []     # (what, id) per command of the pipeline
-        pipe = self.client.pipeline(transaction=False)
+        asks: list[tuple[str, str]] = []     # (what, id) per command read
+        cmds: list[tuple[Any, ...]] = []
         if new and "max_job_orders" in c:
-            pipe.get(k.acceptance)
-            pipe.scard(k.live)
+            cmds += [("GET", k.acceptance), ("SCARD", k.live)]
         for field, kind, check, items in (
                 ("ID", "equipment", "equipment", order.EquipmentRequirements),
                 ("MaterialClassID", "materialclass", "material_class",
@@ -83,13 +87,12 @@ class Acceptance:
                 value = getattr(item, field)
                 if value:
                     asks.append((kind, value))
-                    pipe.sismember(k.catalog(kind), value)
+                    cmds.append(("SISMEMBER", k.catalog(kind), value))
         wms = [w.ID for w in order.WorkMasterID or () if w.ID]
-        for wm in wms:
-            pipe.exists(k.work_master(wm))
-        if not len(pipe):
+        cmds += [("EXISTS", k.work_master(wm)) for wm in wms]
+        if not cmds:
             return None
-        got = await pipe.execute()
+        got = await self.reads(cmds)
         i = 0
         if new and "max_job_orders" in c:
             scoped, live = got[0], int(got[1])

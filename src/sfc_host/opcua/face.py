@@ -34,6 +34,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from asyncua import Node, Server, ua
 from asyncua.common.callback import CallbackType, ServerItemCallback
 from asyncua.common.ua_utils import get_node_subtypes
@@ -44,7 +45,7 @@ from sfc_host.aio import reap
 from sfc_host.config import HostConfig
 from sfc_host.mqtt import Message, MqttLink
 from sfc_host.mqtt.cloudevents import CloudEventError, decode
-from sfc_host.opcua.convert import ConvertError, from_json, states
+from sfc_host.opcua.convert import ConvertError, from_json, states, ua_class
 from sfc_host.opcua.methods import ID_METHODS, ORDER_METHODS, QUERIES, JobControlCalls
 from sfc_host.opcua.server import (
     PROVIDER_TYPE,
@@ -67,10 +68,19 @@ LIST_CHUNK = 200            # list entries built between two turns of the event 
 EVENT_QUEUE = 20_000        # changes waiting for their OPC UA event; more are dropped
 EVENT_BATCH = 256           # events raised from one round trip
 CATALOG_EVERY_S = 2.0       # how often the scopes' Work Masters and catalogs are read
+# how often a scope's lists are read afresh from Redis: between, they follow the status
+# events (a full read of 10,000 orders takes most of a second; an event the MQTT side
+# dropped under overload is made good here)
+LIST_RELOAD_S = 60.0
 # the receiver's variables of the config messages, by the catalog kind they list
 CATALOG_VARIABLES = {"equipment": "EquipmentID", "materialclass": "MaterialClassID",
                      "materialdefinition": "MaterialDefinitionID",
                      "personnel": "PersonnelID", "physicalasset": "PhysicalAssetID"}
+
+
+# an order's change: its new state and its JobOrder's JSON (as the status event had it)
+Change = tuple[str, bytes | None]
+_ENCODE = msgspec.json.Encoder()
 
 
 class ScopeObjects:
@@ -88,10 +98,18 @@ class ScopeObjects:
         self.config_nodes = config_nodes
         self.config_values: dict[str, Any] = {}
         self.list_due = asyncio.Event()
+        # the lists' entries by job, encoded; the changes not yet in them, by job
+        self.listed: dict[str, tuple[ua.ExtensionObject, ua.ExtensionObject]] = {}
+        self.changed: dict[str, Change] = {}
+        # changes whose entries their event built, until the lists take them
+        self.prebuilt: dict[str, tuple[Change, tuple[bytes, ua.ExtensionObject]]] = {}
+        self.loaded_at = -LIST_RELOAD_S
         self.list_task: asyncio.Task[None] | None = None
 
 
 class OpcUaFace:
+    _types: EncodedTypes        # made once the NodeSet is loaded (start)
+
     def __init__(self, config: HostConfig, host: Host, control: MesControl,
                  link: MqttLink) -> None:
         self.config = config
@@ -106,7 +124,7 @@ class OpcUaFace:
         self._folder: Node | None = None
         self._event_type: Node | None = None
         # the changes to raise events for; None: the face is closing
-        self._changes: asyncio.Queue[tuple[str, str, str, bytes | None] | None] = \
+        self._changes: asyncio.Queue[tuple[str, str, Change] | None] = \
             asyncio.Queue(EVENT_QUEUE)
         self._closing = False
         self._closed = asyncio.Event()      # set on close: the loops' sleeps end
@@ -121,6 +139,7 @@ class OpcUaFace:
     async def start(self) -> None:
         """Build the address space of the scopes served now, then listen."""
         self.server, self.ns, self._event_type = await make_server(self.config)
+        self._types = EncodedTypes()
         for kind in (CallbackType.ItemSubscriptionCreated,
                      CallbackType.ItemSubscriptionModified):
             self.server.subscribe_server_callback(kind, self._widen_of_type)
@@ -341,8 +360,9 @@ class OpcUaFace:
     # ---- status events
 
     def _status_event(self, message: Message) -> None:
-        """An MQTT status event of any host: queued for its OPC UA event, and the
-        scope's order list due."""
+        """An MQTT status event of any host: the scope's lists due, and queued for its
+        OPC UA event when a client takes the scope's events (none is built for
+        nobody)."""
         try:
             ev = decode(message.payload, message.properties,
                         max_bytes=self.config.mqtt_max_payload)
@@ -362,9 +382,13 @@ class OpcUaFace:
         job = order.get("JobOrderID") if isinstance(order, dict) else None
         if not isinstance(job, str):
             return
+        change = (state, _ENCODE.encode(order))
+        objects.changed[job] = change
         objects.list_due.set()
+        if not self._watched(objects.provider.nodeid):
+            return
         try:
-            self._changes.put_nowait((scope, job, state, json.dumps(order).encode()))
+            self._changes.put_nowait((scope, job, change))
         except asyncio.QueueFull:
             # the face cannot keep up: the MES side and the lists still follow
             self.metrics.inc("opcua_events_dropped")
@@ -372,6 +396,18 @@ class OpcUaFace:
                 self._dropped_logged = time.monotonic()
                 log.warning("OPC UA status events dropped: %d changes wait to be raised",
                             EVENT_QUEUE)
+
+    def _watched(self, node: ua.NodeId) -> bool:
+        """Whether a monitored item takes events from ``node``. asyncua keeps them in a
+        private map of each subscription (``_monitored_events``): the ``[opcua]`` extra
+        pins asyncua to 2.1, and tests/test_opcua.py checks both ways; without the map
+        every event is raised, as before."""
+        assert self.server is not None
+        for sub in self.server.iserver.subscription_service.subscriptions.values():
+            watched = getattr(sub.monitored_item_srv, "_monitored_events", None)
+            if watched is None or watched.get(node):
+                return True
+        return False
 
     async def _raise_events(self) -> None:
         """One event per change, in the order the changes were made; what the queue
@@ -392,44 +428,67 @@ class OpcUaFace:
             if len(changes) < len(batch):
                 return          # None: the face is closing
 
-    async def _raise_batch(self, changes: list[tuple[str, str, str, bytes | None]]) -> None:
-        store, pipe = self.host.store, self.host.client.pipeline(transaction=False)
-        for scope, job, _, _ in changes:
-            k = store.keys(scope)
-            pipe.get(k.response(job))
-            pipe.hmget(k.order(job), "started", "ended")
-        got = await pipe.execute() if changes else []
-        for i, (scope, job, state, order) in enumerate(changes):
+    async def _raise_batch(self, changes: list[tuple[str, str, Change]]) -> None:
+        """Each change's event, its structures encoded once (asyncua then copies bytes
+        for each subscriber instead of encoding the structures again); what is built
+        is kept for the scope's lists."""
+        built = await self._build(changes)
+        for (scope, job, change), entry in zip(changes, built, strict=True):
             objects = self.scopes.get(scope)
-            if objects is None:
+            if objects is None or entry is None:
                 continue
-            stored, (started, ended) = got[2 * i], got[2 * i + 1]
+            order, response = entry
+            if objects.changed.get(job) is change:
+                objects.prebuilt[job] = (change, entry)
             try:
-                await self._raise(objects, job, state, order,
-                                  _response_doc(job, state, stored, started, ended))
+                ev = objects.events.event
+                ev.JobOrder = ua.ExtensionObject(TypeId=self._types.order, Body=order)
+                ev.JobState = self._types.state_list(change[0])
+                ev.JobResponse = response
+                await objects.events.trigger(message=f"{job} {change[0]}")
+                self.metrics.inc("opcua_events")
             except Exception:
                 if self._closing:
                     raise
                 self.metrics.inc("opcua_events_failed")
                 log.exception("OPC UA status event of %s/%s (%s) not raised", scope, job,
-                              state, extra={"scope": scope, "job": job})
+                              change[0], extra={"scope": scope, "job": job})
 
-    async def _raise(self, objects: ScopeObjects, job: str, state: str, order: bytes | None,
-                     response: dict[str, Any]) -> None:
-        ev = objects.events.event
-        ev.JobOrder = _job_order(job, order)
-        ev.JobState = states(state)
-        ev.JobResponse = from_json("JobResponse", response)
-        await objects.events.trigger(message=f"{job} {state}")
-        self.metrics.inc("opcua_events")
+    async def _build(self, changes: list[tuple[str, str, Change]]
+                     ) -> list[tuple[bytes, ua.ExtensionObject] | None]:
+        """Per change the encoded body of its JobOrder and its JobResponse (the stored
+        one with the order's actuals once the job wrote it, else one made from the
+        order's times and state), the responses read in one round trip; None for one
+        that cannot be converted (logged)."""
+        keys = self.host.store.keys
+        got = await self.control.reads([c for scope, job, _ in changes for c in (
+            ("GET", keys(scope).response(job)),
+            ("HMGET", keys(scope).order(job), "started", "ended"))]) if changes else []
+        out: list[tuple[bytes, ua.ExtensionObject] | None] = []
+        for i, (scope, job, (state, order)) in enumerate(changes):
+            if i % LIST_CHUNK == LIST_CHUNK - 1:
+                await asyncio.sleep(0)      # a long batch must not hold the loop
+            stored, (started, ended) = got[2 * i], got[2 * i + 1]
+            if stored is not None:
+                stored = model.with_actuals(bytes(stored), order)
+            try:
+                out.append((struct_to_binary(_job_order(job, order)),
+                            encoded(from_json("JobResponse", _response_doc(
+                                job, state, stored, started, ended)))))
+            except (ConvertError, ValueError, KeyError):
+                log.warning("order %s/%s (%s) not convertible: left out of its event and "
+                            "lists", scope, job, state, extra={"scope": scope, "job": job})
+                out.append(None)
+        return out
 
     # ---- JobOrderList and JobOrderResponseList
 
     async def _keep_list(self, scope: str) -> None:
         """Rewrite the scope's JobOrderList and JobOrderResponseList when an order
         changed: at most every ``opcua_list_interval_ms``, and never more than a tenth
-        of the time (lists of 10,000 orders take a while to build, and asyncua copies a
-        value once for each subscriber)."""
+        of the time. Between full reads from Redis (every ``LIST_RELOAD_S``) the lists
+        follow the status events, each change encoded once (by its OPC UA event when a
+        client takes them), so a rewrite costs a list of the encoded entries."""
         objects = self.scopes[scope]
         interval = self.config.opcua_list_interval_ms / 1000
         while True:
@@ -439,9 +498,10 @@ class OpcUaFace:
             objects.list_due.clear()
             t0 = time.perf_counter()
             try:
-                orders, responses = await self._lists(scope)
-                for node, value in ((objects.order_list, orders),
-                                    (objects.response_list, responses)):
+                await self._follow(scope, objects)
+                entries = [objects.listed[j] for j in sorted(objects.listed)]
+                for node, value in ((objects.order_list, [e[0] for e in entries]),
+                                    (objects.response_list, [e[1] for e in entries])):
                     if node is not None:
                         await node.write_value(
                             ua.Variant(value, ua.VariantType.ExtensionObject, is_array=True))
@@ -455,10 +515,41 @@ class OpcUaFace:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closed.wait(), max(interval, LIST_COST_FACTOR * took))
 
-    async def _lists(self, scope: str) -> tuple[list[Any], list[Any]]:
-        """Every order of the scope not cleared, with its state, by id; and its job
-        response (the stored one once the job wrote it, else one made from the order),
-        as RequestJobResponseByJobOrderState gives them."""
+    async def _follow(self, scope: str, objects: ScopeObjects) -> None:
+        """The lists' entries brought up to date: read afresh, or the changes since."""
+        if time.monotonic() - objects.loaded_at >= LIST_RELOAD_S:
+            objects.changed.clear()         # what is read now is newer
+            objects.prebuilt.clear()
+            objects.loaded_at = time.monotonic()
+            objects.listed = await self._lists(scope)
+            objects.list_due.set()          # a change while reading: written next
+            return
+        pending, objects.changed = objects.changed, {}
+        todo = []
+        for job, change in pending.items():
+            kept = objects.prebuilt.pop(job, None)
+            if change[0] == "EndState":
+                objects.listed.pop(job, None)
+            elif kept is not None and kept[0] is change:
+                objects.listed[job] = self._entry(change[0], kept[1])
+            else:
+                todo.append((scope, job, change))
+        for (_, job, change), entry in zip(todo, await self._build(todo), strict=True):
+            if entry is not None:
+                objects.listed[job] = self._entry(change[0], entry)
+
+    def _entry(self, state: str, built: tuple[bytes, ua.ExtensionObject]
+               ) -> tuple[ua.ExtensionObject, ua.ExtensionObject]:
+        """A list entry: the order with its state, and its job response."""
+        order, response = built
+        return (ua.ExtensionObject(TypeId=self._types.order_and_state,
+                                   Body=order + self._types.state_body(state)), response)
+
+    async def _lists(self, scope: str) -> dict[str, tuple[ua.ExtensionObject,
+                                                          ua.ExtensionObject]]:
+        """Every order of the scope not cleared, with its state and job response (the
+        stored one with the order's actuals once the job wrote it, else one made from
+        the order), as RequestJobResponseByJobOrderState gives them; by id."""
         k = self.host.store.keys(scope)
         client = self.host.client
         index = await client.hgetall(k.index)
@@ -468,27 +559,39 @@ class OpcUaFace:
         for job, _ in jobs:
             pipe.hget(k.order(job), "order")
         bodies = await pipe.execute() if jobs else []
-        responses = await self.control.responses(k, [job for job, _ in jobs])
-        orders = []
-        for i, ((job, state), body) in enumerate(zip(jobs, bodies, strict=True)):
-            if i % LIST_CHUNK == LIST_CHUNK - 1:
-                await asyncio.sleep(0)      # a long list must not hold the loop
-            try:
-                orders.append(encoded(from_json("JobOrderAndState", {
-                    "JobOrder": _order_doc(job, body), "State": model.state_list(state)})))
-            except (ConvertError, ValueError, KeyError):
-                log.warning("order %s/%s left out of JobOrderList: not convertible", scope,
-                            job, extra={"scope": scope, "job": job})
-        out = []
-        for i, raw in enumerate(responses):
-            if i % LIST_CHUNK == LIST_CHUNK - 1:
-                await asyncio.sleep(0)
-            try:
-                out.append(encoded(from_json("JobResponse", json.loads(raw))))
-            except (ConvertError, ValueError):
-                log.warning("a job response of %s left out of JobOrderResponseList: not "
-                            "convertible", scope, extra={"scope": scope})
-        return orders, out
+        changes = [(scope, job, (state, body))
+                   for (job, state), body in zip(jobs, bodies, strict=True)]
+        return {job: self._entry(change[0], entry) for (_, job, change), entry
+                in zip(changes, await self._build(changes), strict=True) if entry is not None}
+
+
+class EncodedTypes:
+    """What the face's encoded structures need, made once the NodeSet is loaded: the
+    type ids, and each state's ``ISA95StateDataType`` array (as an event's JobState,
+    and as the encoded tail of an ``ISA95JobOrderAndStateDataType``)."""
+
+    def __init__(self) -> None:
+        ids = ua.typeid_by_extension_objects
+        self.order = ids[ua_class("JobOrder")]
+        self.order_and_state = ids[ua_class("JobOrderAndState")]
+        self._lists: dict[str, list[ua.ExtensionObject]] = {}
+        self._bodies: dict[str, bytes] = {}
+
+    def state_list(self, state: str) -> list[ua.ExtensionObject]:
+        got = self._lists.get(state)
+        if got is None:
+            got = self._lists[state] = [encoded(s) for s in states(state)]
+        return got
+
+    def state_body(self, state: str) -> bytes:
+        """The encoded ``ISA95StateDataType[]`` of a state (a count, then each body),
+        which follows the JobOrder's body in an ``ISA95JobOrderAndStateDataType``."""
+        got = self._bodies.get(state)
+        if got is None:
+            parts = [struct_to_binary(s) for s in states(state)]
+            got = self._bodies[state] = (len(parts).to_bytes(4, "little", signed=True)
+                                         + b"".join(parts))
+        return got
 
 
 def encoded(value: Any) -> ua.ExtensionObject:

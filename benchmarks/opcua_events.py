@@ -1,0 +1,156 @@
+"""The MQTT face's saturation with the OPC UA face off, and on with 0, 1 and 10 clients
+subscribed to the status events, in turns.
+
+    python benchmarks/opcua_events.py                        # the figures of benchmarks.md
+    python benchmarks/opcua_events.py --jobs 300 --rounds 1  # a smoke run
+
+``mqtt_e2e.py``'s saturation run (one host in this process, a local redis-server and
+mosquitto, the station process answering every command, 5 push actions a job), once
+per setting: ``opcua = false``; ``opcua = true`` (security None on loopback) with no
+client; with one client session; with ten. The clients run in a process of their own
+(``--subscribe``), each session subscribed to the scope's status events, and count the
+events of the measured jobs: none may be missing. Goal: with the face on, 1 and 10
+subscribers, jobs/s within 10 % of the face off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mqtt_e2e import SCOPE, WM, run_jobs, servers_and_station, settled
+
+from sfc_host.config import HostConfig
+from sfc_host.demo.servers import free_port
+from sfc_host.service.app import App
+
+SETTINGS = (("off", None), ("on, 0 clients", 0), ("on, 1 client", 1), ("on, 10 clients", 10))
+
+
+async def subscribe(url: str, sessions: int, prefix: str) -> None:
+    """``--subscribe``: ``sessions`` client sessions on the scope's status events; on
+    a line on stdin, print how many events of jobs named ``prefix…`` each received."""
+    from asyncua import Client, ua
+    logging.getLogger("asyncua").setLevel(logging.ERROR)
+    counts = [0] * sessions
+
+    class Handler:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def event_notification(self, event: Any) -> None:
+            order = event.JobOrder
+            if order is not None and str(order.JobOrderID).startswith(prefix):
+                counts[self.i] += 1
+    clients = []
+    for i in range(sessions):
+        c = Client(url, timeout=30)
+        await c.connect()
+        await c.load_data_type_definitions()
+        own = await c.get_namespace_index("urn:sfc-fast:opcua")
+        sub = await c.create_subscription(100, Handler(i))
+        await sub.subscribe_events(c.get_node(ua.NodeId(f"{SCOPE}.JobOrderResults", own)),
+                                   c.get_node(ua.NodeId("SfcJobOrderStatusEventType", own)))
+        clients.append(c)
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    await asyncio.sleep(1.0)        # the last publish interval's events
+    print(json.dumps(counts), flush=True)
+    for c in clients:
+        await c.disconnect()
+
+
+async def one(redis_url: str, mqtt_url: str, clients: int | None, n: int, r: int
+              ) -> tuple[float, float, list[int], int]:
+    """One saturation run: jobs/s, host CPU µs a job, what each client counted, and
+    the events the face raised for the measured jobs."""
+    port = free_port()
+    url = f"opc.tcp://127.0.0.1:{port}/sfc-host/"
+    cfg = HostConfig(redis_url=redis_url, mqtt_url=mqtt_url, consumer="bench",
+                     sweep_interval_ms=500, opcua=clients is not None,
+                     opcua_endpoint=url, opcua_security=["None"],
+                     max_job_orders=1_000_000)
+    prefix = f"sat{r}x{clients}x"
+    async with App(cfg) as app:
+        await app.host.store.put_work_master(SCOPE, WM)
+        await app.host.add_scope(SCOPE)
+        await asyncio.sleep(1.2 if clients is not None else 0)   # the scope's objects
+        proc = None
+        if clients:
+            proc = subprocess.Popen([sys.executable, __file__, "--subscribe", url,
+                                     str(clients), prefix], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)
+            assert proc.stdout is not None and proc.stdin is not None
+            # the server runs on this loop: wait for the clients off it
+            ready = await asyncio.to_thread(proc.stdout.readline)
+            assert ready.strip() == "ready", ready
+        await run_jobs(app, f"warm{r}x{clients}x", min(n, 200), None)
+        await settled(app)
+        raised0 = app.metrics["opcua_events"]
+        cpu0 = time.process_time()
+        secs = await run_jobs(app, prefix, n, None)
+        cpu = time.process_time() - cpu0
+        await settled(app)
+        await asyncio.sleep(0.5)
+        raised = app.metrics["opcua_events"] - raised0
+        counts: list[int] = []
+        if proc is not None:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            counts = json.loads(await asyncio.to_thread(proc.stdout.readline))
+            await asyncio.to_thread(proc.wait, 30)
+    return n / secs, cpu / n * 1e6, counts, int(raised)
+
+
+async def main(args: argparse.Namespace) -> None:
+    with servers_and_station() as (redis, broker):
+        rows: dict[str, list[tuple[float, float]]] = {}
+        notes: list[str] = []
+        for r in range(args.rounds):
+            order = SETTINGS if r % 2 == 0 else SETTINGS[::-1]
+            for name, clients in order:
+                rate, cpu, counts, raised = await one(redis.url, broker.url, clients,
+                                                      args.jobs, r)
+                rows.setdefault(name, []).append((rate, cpu))
+                if counts:
+                    notes.append(f"round {r + 1}, {name}: {raised:,} events raised, each "
+                                 f"client received {min(counts):,}–{max(counts):,}")
+                    if min(counts) < raised:
+                        notes.append("  EVENTS MISSING")
+    med = statistics.median
+    off = med(x[0] for x in rows["off"])
+    print(f"MQTT face saturation with the OPC UA face, Python {sys.version.split()[0]}; "
+          f"{args.jobs} jobs of 5 push actions a run, {args.rounds} rounds in turns "
+          "(medians)")
+    for name, _ in SETTINGS:
+        rate = med(x[0] for x in rows[name])
+        cpu = med(x[1] for x in rows[name])
+        print(f"{name:<16} {rate:>8,.0f} jobs/s  {rate / off:>5.2f}x of off  "
+              f"host CPU {cpu:>6,.0f} µs a job")
+    for line in notes:
+        print(line)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--subscribe", nargs=3, metavar=("URL", "SESSIONS", "PREFIX"),
+                   help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.subscribe:
+        asyncio.run(subscribe(a.subscribe[0], int(a.subscribe[1]), a.subscribe[2]))
+    else:
+        import uvloop
+        uvloop.run(main(a))
