@@ -27,7 +27,7 @@ from servers import free_port
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import MqttLink, MqttUnsupported
-from sfc_host.mqtt import link as link_module
+from sfc_host.mqtt import subscriber as subscriber_module
 from sfc_host.mqtt.topics import topic_matches
 from sfc_host.service.app import App
 
@@ -91,7 +91,7 @@ class LoopBroker:
 
 def test_readyz_is_never_200_while_the_shared_check_runs_at_start(
         redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(link_module, "PROBE_S", 1.5)
+    monkeypatch.setattr(subscriber_module, "PROBE_S", 1.5)
     http = free_port()
 
     async def main() -> None:
@@ -117,7 +117,7 @@ def test_readyz_is_never_200_while_the_shared_check_runs_at_start(
 
 def test_readyz_is_never_200_after_a_reconnect_until_the_check_passes(
         redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(link_module, "PROBE_S", 1.5)
+    monkeypatch.setattr(subscriber_module, "PROBE_S", 1.5)
     http = free_port()
     broker = LoopBroker(deliver=lambda n: n == 1)     # only the first connection hears
 

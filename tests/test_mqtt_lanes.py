@@ -15,7 +15,7 @@ import asyncio
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import Message, MqttLink
-from sfc_host.mqtt.link import IN_FLIGHT, STATUS_EVERY, status_share
+from sfc_host.mqtt.outbox import IN_FLIGHT, STATUS_EVERY, status_share
 
 
 async def _received(mqtt_url: str, send: object, total: int,

@@ -34,7 +34,7 @@ from servers import MosquittoServer, ServerMissing, in_ci
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import MqttLink, MqttUnsupported
-from sfc_host.mqtt import link as link_module
+from sfc_host.mqtt import subscriber as subscriber_module
 
 pytestmark = pytest.mark.servers
 
@@ -221,7 +221,7 @@ def test_a_subscription_the_acl_refuses_means_not_listening_without_a_loop(
     takes the commands."""
     if not DYNSEC.is_file():
         pytest.skip(f"mosquitto's dynamic security plugin is not at {DYNSEC}")
-    monkeypatch.setattr(link_module, "RESUBSCRIBE_S", (0.2,))
+    monkeypatch.setattr(subscriber_module, "RESUBSCRIBE_S", (0.2,))
     conf = tmp_path / "dynsec.json"
     dynsec_config(conf)
     broker = make_broker(AS_STARTED, f"plugin {DYNSEC}", f"plugin_opt_config_file {conf}")
@@ -271,7 +271,7 @@ def test_an_acl_file_that_denies_the_host_keeps_it_from_ready(
     read or write, so the SUBACK says nothing: the message of our own that must come
     back through the shared subscription does not, and the host is not ready (no
     reconnect either)."""
-    monkeypatch.setattr(link_module, "PROBE_S", 0.5)
+    monkeypatch.setattr(subscriber_module, "PROBE_S", 0.5)
     acl = tmp_path / "acl"
     acl.write_text("topic readwrite equipment/#\n")
     broker = make_broker(AS_STARTED, f"acl_file {acl}")

@@ -34,7 +34,8 @@ from scripted_broker import (
 from sfc_host.config import ConfigError, HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import Message, MqttLink, MqttUnsupported
-from sfc_host.mqtt import link as link_module
+from sfc_host.mqtt import subscriber as subscriber_module
+from sfc_host.mqtt.subscriber import Subscriber
 from sfc_host.mqtt.topics import topic_matches
 
 
@@ -383,7 +384,7 @@ def test_a_broker_that_delays_its_acknowledgements_is_not_left() -> None:
 
 def test_a_refused_subscription_means_not_ready_until_it_is_granted(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(link_module, "RESUBSCRIBE_S", (0.3,))
+    monkeypatch.setattr(subscriber_module, "RESUBSCRIBE_S", (0.3,))
     asked: list[str] = []
 
     async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -417,7 +418,7 @@ def test_shared_subscriptions_that_deliver_nothing_stop_the_start_with_one_line(
     async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await grant_all(n, r, w, v5=False)     # acknowledges, delivers nothing
 
-    monkeypatch.setattr(link_module, "PROBE_S", 0.5)
+    monkeypatch.setattr(subscriber_module, "PROBE_S", 0.5)
 
     async def main() -> None:
         async with ScriptedBroker(script, connack(v5=False)) as b, host_link(
@@ -633,16 +634,16 @@ def test_the_link_task_survives_a_fault_of_its_own(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Any exception in the link's task is logged and the link connects again."""
     calls = 0
-    real = MqttLink._subscribe_all
+    real = Subscriber.subscribe_all
 
-    async def broken(self: MqttLink, conn: Any) -> None:
+    async def broken(self: Subscriber, conn: Any) -> None:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("a bug")
         await real(self, conn)
 
-    monkeypatch.setattr(MqttLink, "_subscribe_all", broken)
+    monkeypatch.setattr(Subscriber, "subscribe_all", broken)
 
     async def script(n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await grant_all(n, r, w)

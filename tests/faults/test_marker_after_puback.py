@@ -34,7 +34,7 @@ from sfc_host.execution.host import Host
 from sfc_host.execution.settle import Fresh
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import Message, MqttLink
-from sfc_host.mqtt import link as mqtt_link
+from sfc_host.mqtt import outbox as mqtt_outbox
 from sfc_host.mqtt.cloudevents import decode
 
 
@@ -104,7 +104,7 @@ def test_a_command_this_host_is_sending_is_not_sent_again_when_its_entry_comes_b
     station). With one message in flight at a time, the first command is acknowledged
     while the second still waits: its entry dispatched then adds no copy, and the send
     under way writes its marker."""
-    monkeypatch.setattr(mqtt_link, "IN_FLIGHT", 1)
+    monkeypatch.setattr(mqtt_outbox, "IN_FLIGHT", 1)
     ids = [f"J{n}:load_part#1" for n in (1, 2)]
 
     async def main() -> None:
