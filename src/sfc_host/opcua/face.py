@@ -218,6 +218,7 @@ class OpcUaFace:
         for f in EVENT_FIELDS:
             # typed, or asyncua sends the structures as Null
             events.event.data_types[f] = ua.VariantType.ExtensionObject
+        share_fields(events.event)
         order_list = await self._child(receiver, "JobOrderList")
         config_nodes = {}
         for name in ("WorkMaster", "MaxDownloadableJobOrders", *CATALOG_VARIABLES.values()):
@@ -445,6 +446,7 @@ class OpcUaFace:
                 ev.JobOrder = ua.ExtensionObject(TypeId=self._types.order, Body=order)
                 ev.JobState = self._types.state_list(change[0])
                 ev.JobResponse = response
+                ev.shared_fields.clear()
                 await objects.events.trigger(message=f"{job} {change[0]}")
                 self.metrics.inc("opcua_events")
             except Exception:
@@ -563,6 +565,38 @@ class OpcUaFace:
                    for (job, state), body in zip(jobs, bodies, strict=True)]
         return {job: self._entry(change[0], entry) for (_, job, change), entry
                 in zip(changes, await self._build(changes), strict=True) if entry is not None}
+
+
+def share_fields(event: Any) -> None:
+    """Make ``event`` give every monitored item with the same select clauses the same
+    event fields, made once per event. asyncua's ``Event.to_event_fields`` deep-copies
+    every field for every subscriber (most of an event's cost with ten subscribers);
+    the face never changes a value it handed over (each event gets new objects), so
+    sharing them is safe. A subclass of the event's own class, overriding that method:
+    the ``[opcua]`` extra pins asyncua to 2.1, and the events tests of
+    tests/test_opcua.py check what subscribers receive. The owner clears
+    ``shared_fields`` before each trigger."""
+    base = type(event)
+    event.__class__ = type(f"Shared{base.__name__}", (base,), {
+        "to_event_fields": _shared_event_fields})
+    event.shared_fields = {}
+    event.internal_properties.append("shared_fields")
+
+
+def _shared_event_fields(self: Any, select_clauses: list[ua.SimpleAttributeOperand]
+                         ) -> list[ua.Variant]:
+    key = tuple((c.AttributeId, tuple(q.Name for q in c.BrowsePath)) for c in select_clauses)
+    fields: list[ua.Variant] | None = self.shared_fields.get(key)
+    if fields is None:
+        fields = []
+        for c in select_clauses:
+            name = ua.AttributeIds(c.AttributeId).name if not c.BrowsePath else \
+                self.browse_path_to_attribute_name(c.BrowsePath)
+            val = getattr(self, name, None)
+            fields.append(ua.Variant(None) if val is None
+                          else ua.Variant(val, self.data_types[name]))
+        self.shared_fields[key] = fields
+    return fields
 
 
 class EncodedTypes:
