@@ -51,8 +51,10 @@ ALLOWED: dict[str, set[str]] = {
     "mqtt": {"aio", "wire", "metrics", "times", "tls"},
     # running jobs: the host, settle, work entries, dispatch, recovery, sweeps, wake-ups
     "execution": {"aio", "core", "store", "config", "isa95", "metrics", "names", "tracing"},
-    # station equipment over MQTT: commands out, answers and events in, capabilities
-    "equipment": {"core", "execution", "store", "mqtt", "metrics", "names", "tracing"},
+    # station equipment over MQTT and over OPC UA: commands out, answers and events in,
+    # capabilities
+    "equipment": {"aio", "core", "execution", "store", "mqtt", "config", "metrics", "names",
+                  "tracing"},
     # the MES face: ISA-95 job control over MQTT, and the MES client of the CLI
     "mes": {"aio", "execution", "equipment", "store", "mqtt", "wire", "isa95", "config", "metrics",
             "names", "sfc_host", "times", "tracing"},

@@ -123,6 +123,9 @@ class HostConfig:
     # job acceptance checks (each switchable): every one of MES_ACCEPTANCE_CHECKS
     mes_acceptance: list[str] = field(default_factory=lambda: list(MES_ACCEPTANCE_CHECKS))
     equipment_prefix: str = "equipment"
+    # stations reached over OPC UA (docs/equipment-opcua.md): a TOML file of servers and
+    # the units and methods that serve action types; "" = every station speaks MQTT
+    equipment_opcua: str = ""
     max_job_orders: int = 10_000         # live job orders a scope accepts
     # an order cleared or cancelled (EndState) is deleted with its job state and job
     # response this long after (seconds); 0 keeps them until the id is stored again
@@ -288,6 +291,12 @@ class HostConfig:
                 raise ConfigError(f"setting {name}: {v!r} is not a file")
         if self.web_token_file:
             self.web_access_token()     # readable and not empty
+        if self.equipment_opcua and not _installed("asyncua"):
+            raise ConfigError("setting equipment_opcua: the OPC UA stack is not installed: "
+                              "pip install 'sfc-fast[opcua]'")
+        if self.equipment_opcua and not Path(self.equipment_opcua).is_file():
+            raise ConfigError(f"setting equipment_opcua: {self.equipment_opcua!r} is not a "
+                              "file")
         if self.opcua and not _installed("asyncua"):
             raise ConfigError("setting opcua: the OPC UA stack is not installed: "
                               "pip install 'sfc-fast[opcua]'")

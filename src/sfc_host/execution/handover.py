@@ -16,8 +16,9 @@ docs/host.md, "A host dies".
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from sfc_fast import Graph, open_command, sent_markers
+from sfc_fast import Command, Graph, open_command, sent_markers
 from sfc_host.execution.dispatch import Dispatcher
 from sfc_host.execution.settle import Fresh
 from sfc_host.metrics import Metrics
@@ -29,9 +30,10 @@ CHUNK = 256
 
 
 async def resend_open(store: Store, dispatcher: Dispatcher, metrics: Metrics,
-                      scopes: list[str]) -> int:
-    """Send every open push attempt of the running jobs of ``scopes`` again; how many
-    commands went to the sink."""
+                      scopes: list[str], keep: Callable[[Command], bool] | None = None
+                      ) -> int:
+    """Send every open push attempt of the running jobs of ``scopes`` again (those
+    ``keep`` says yes to); how many commands went to the sink."""
     sent = 0
     for scope in scopes:
         active = store.keys(scope).active
@@ -40,14 +42,15 @@ async def resend_open(store: Store, dispatcher: Dispatcher, metrics: Metrics,
             cursor, members = await store.client.sscan(active, cursor, count=CHUNK)
             jobs = [m.decode() for m in members]
             if jobs:
-                sent += await _resend(store, dispatcher, scope, jobs)
+                sent += await _resend(store, dispatcher, scope, jobs, keep)
             if cursor == 0:
                 break
     metrics.inc("commands_resent", sent)
     return sent
 
 
-async def _resend(store: Store, dispatcher: Dispatcher, scope: str, jobs: list[str]) -> int:
+async def _resend(store: Store, dispatcher: Dispatcher, scope: str, jobs: list[str],
+                  keep: Callable[[Command], bool] | None) -> int:
     rows = (await store.load({scope: jobs}))[scope][1]
     items: list[Fresh] = []
     for job in jobs:
@@ -62,6 +65,8 @@ async def _resend(store: Store, dispatcher: Dispatcher, scope: str, jobs: list[s
         except ValueError as e:
             log.error("job %s/%s cannot be read to send its open commands again: %s",
                       scope, job, e, extra={"scope": scope, "job": job})
+    if keep is not None:
+        items = [f for f in items if keep(f.command)]
     return await dispatcher.resend(items)
 
 

@@ -460,11 +460,12 @@ class Host:
 
     # ---- time
 
-    async def resend_open(self) -> int:
+    async def resend_open(self, keep: Callable[[Any], bool] | None = None) -> int:
         """Send every open push attempt of the served scopes again (another host ended
-        with answers it had taken: ``handover``); how many commands went out."""
+        with answers it had taken: ``handover``), those ``keep`` says yes to (all when
+        None); how many commands went out."""
         return await resend_open(self.store, self.dispatcher, self.metrics,
-                                 list(self.streams.scopes))
+                                 list(self.streams.scopes), keep)
 
     async def sweep_once(self) -> int:
         """Sweep every served scope now (a pass sweeps only the due ones)."""

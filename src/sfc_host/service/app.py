@@ -38,8 +38,10 @@ from sfc_host.service.preflight import (
     build_problems,
     check_missions,
     listen_error,
+    opcua_equipment,
     opcua_face,
     opcua_listen_error,
+    opcua_routing,
     span_recorder,
 )
 from sfc_host.service.script_bridge import ScriptJobs, ScriptLink
@@ -64,9 +66,12 @@ class App:
         self.sink = MqttSink(self.link)
         # The host's loops run as built-in Tasks of the script engine, so the engine's
         # Stop stops the host's work too (docs/design.md#script-engine).
-        self.host = Host(config, self.sink, metrics=self.metrics, loops=False)
+        # stations over OPC UA beside MQTT: one sink routes each command to its binding
+        routing = opcua_routing(config, self.sink)
+        self.host = Host(config, routing or self.sink, metrics=self.metrics, loops=False)
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
         self.mes = MesControl(self.host, self.link)
+        self.opcua_equipment: Any = opcua_equipment(config, self.host, routing)
         self.spans = span_recorder(config, span_processor, self.metrics)
         self.opcua: Any = opcua_face(config, self.host, self.mes, self.link)
         if self.spans is not None:
@@ -77,7 +82,7 @@ class App:
                                  lambda: self.host.streams.scopes.keys())
         # another host's end (or this host's previous run's): its answers are had again
         self.ends = RunEnds(self.link, self.host.client, self.metrics, config.consumer_name,
-                            self.presence.started_at, self.host.resend_open)
+                            self.presence.started_at, self._take_over)
         # a message of our own must come back through a shared subscription before the
         # host says it is ready: a broker may grant $share/… and deliver nothing
         self.link.probe_topic = f"{presence_topic(config.mes_prefix, config.consumer_name)}/probe"
@@ -129,6 +134,8 @@ class App:
             await link.start(subscribe=False)    # commands may go out; nothing comes in
         for link in links:
             await link.wait_connected(connect_timeout_s)
+        if self.opcua_equipment is not None:
+            self.opcua_equipment.start()         # sessions to the PLCs, in the background
         await self.host.start()                  # discovery and recovery
         self.recovered = True
         await self.mes.start()
@@ -149,6 +156,12 @@ class App:
         await self.ends.start()
         self.mes.capabilities.ask(self.host.streams.scopes)
         return self
+
+    async def _take_over(self) -> int:
+        """Another host's end: its open commands again, but never a method call that
+        cannot tell a repeat (``equipment.opcua``)."""
+        eq = self.opcua_equipment
+        return await self.host.resend_open(None if eq is None else eq.resendable)
 
     def _web(self) -> Extension | None:
         """The web view's routes on the HTTP endpoint (``web = true``); its buttons
@@ -174,6 +187,8 @@ class App:
             if link is None:
                 continue
             missing.extend(f"{name}: {why}" for why in link.not_listening())
+        if self.opcua_equipment is not None:
+            missing.extend(self.opcua_equipment.not_ready())
         if self.engine.state != "Running":
             missing.append(f"engine: {self.engine.state}")
         if not self.recovered:
@@ -203,6 +218,8 @@ class App:
         if unsubscribed and self.recovered and not self.host.backlog:
             await self.ends.ended_cleanly()      # nothing taken is left unapplied
         await self.host.aclose()
+        if self.opcua_equipment is not None:
+            await self.opcua_equipment.aclose()
         await self.mes.aclose()
         if self.link.connected.is_set():
             await self.presence.stop()

@@ -108,6 +108,37 @@ def opcua_face(config: HostConfig, host: Any, mes: Any, link: Any) -> Any:
     return OpcUaFace(config, host, mes, link)
 
 
+def opcua_routing(config: HostConfig, mqtt_sink: Any) -> Any:
+    """The command sink that sends OPC UA stations' commands to their bindings
+    (``equipment_opcua``; None when every station speaks MQTT)."""
+    if not config.equipment_opcua:
+        return None
+    try:
+        from sfc_host.equipment.opcua import RoutingSink
+    except ImportError:
+        raise _extra_missing("opcua", "the OPC UA stack") from None
+    return RoutingSink(mqtt_sink)
+
+
+def opcua_equipment(config: HostConfig, host: Any, routing: Any) -> Any:
+    """The OPC UA stations of ``equipment_opcua``, their file read and checked (a
+    ``ConfigError`` in one line); wired to ``routing`` and to the jobs' ends."""
+    if routing is None:
+        return None
+    from sfc_host.equipment.opcua import OpcuaEquipment, load
+
+    eq = OpcuaEquipment(host, load(config.equipment_opcua))
+    routing.opcua = eq
+    prev_end = host.settler.on_end
+
+    def on_end(scope: str, job: str, decision: Any) -> None:
+        eq.job_ended(scope, job, decision)
+        if prev_end is not None:
+            prev_end(scope, job, decision)
+    host.settler.on_end = on_end
+    return eq
+
+
 def span_recorder(config: HostConfig, processor: Any = None, metrics: Any = None) -> Any:
     """The span recorder of ``otel = true`` (``tracing.spans``; None when off or when
     ``OTEL_TRACES_EXPORTER=none``); a ``ConfigError`` for a missing extra or an

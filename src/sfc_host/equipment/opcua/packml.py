@@ -1,0 +1,330 @@
+"""A PackML unit (OPC 30050) as the equipment of an action: parameters written, the
+command id written, then ``Start``; the unit's ``CurrentState`` by subscription settles
+the action (Complete: completed, its result variables read, then ``Reset``; Aborted or
+Stopped: failed with the unit's stop reason). The job's hold is ``Hold`` and the unit's
+Held; the restart is ``Unhold``; a job that ends while its command runs stops the unit
+(``Stop`` or ``Abort``).
+
+**Never twice.** A PLC's Start is not idempotent, so the host never sends one blind:
+before any Start it reads the unit's state and the command id the unit last took (a
+String variable the binding names, written by the host just before each Start). The
+same id there means the command went out already, from this host or one that died:
+the attempt is followed from the unit's state, not started again. Details: docs/
+equipment-opcua.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asyncua import Node, ua
+
+from sfc_fast import Command, job_of_command
+from sfc_fast.events import BaseEvent, Completed, Failed, Held, NotHeld
+from sfc_host.equipment.opcua.session import ServerLink, node_of, status_name
+from sfc_host.equipment.opcua.settings import UnitSettings
+from sfc_host.equipment.opcua.values import builtin, to_json, to_variant
+
+log = logging.getLogger("sfc_host.equipment.opcua")
+
+PACKML_URI = "http://opcfoundation.org/UA/PackML/"
+RUNNING = frozenset(("Starting", "Execute", "Completing", "Unholding", "Unsuspending",
+                     "Suspending", "Suspended", "Holding", "Held"))
+# on their way to a resting state by themselves
+ACTING = frozenset(("Resetting", "Clearing", "Stopping", "Aborting", "Completing"))
+SETTLE_S = 30.0          # how long the unit may take to reach a resting state on a Stop
+Answer = Callable[[str, BaseEvent], None]
+
+
+@dataclass
+class Attempt:
+    scope: str
+    command_id: str
+    hold_id: str = ""         # a hold asked for and not answered yet
+
+
+class PackMLUnit:
+    """One unit: its nodes, found after each connect, and the attempt it runs."""
+
+    def __init__(self, settings: UnitSettings, link: ServerLink, answer: Answer) -> None:
+        self.settings = settings
+        self.name = settings.equipment
+        self.link = link
+        self.answer = answer
+        self.state = ""                       # the unit's CurrentState, as last seen
+        self.current: Attempt | None = None
+        self._changed = asyncio.Condition()
+        self._lock = asyncio.Lock()           # one command at a time on a unit
+        self._nodes: dict[str, Node] = {}
+        self._param_types: dict[str, ua.VariantType | None] = {}
+        self._sub: Any = None
+        self.problem = "not bound yet"
+        self._tasks: set[asyncio.Task[None]] = set()
+        link.on_connect.append(self.bind)
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # ---- binding
+
+    async def bind(self) -> None:
+        """Find the unit's nodes and subscribe to its state (after every connect)."""
+        client = self.link.client
+        assert client is not None
+        try:
+            ns = await client.get_namespace_index(PACKML_URI)
+            unit = await node_of(client, self.settings.node)
+            sm = await unit.get_child(f"{ns}:BaseStateMachine")
+            nodes = {"unit": unit, "sm": sm, "state": await sm.get_child("0:CurrentState"),
+                     "command_id": await node_of(client, self.settings.command_id)}
+            for m in ("Start", "Stop", "Abort", "Hold", "Unhold", "Reset", "Clear"):
+                nodes[m] = await _child(sm, ns, m)
+            nodes["SetParameter"] = await _child(unit, ns, "SetParameter")
+            admin = await _child(unit, ns, "Admin")
+            nodes["StopReason"] = await _child(admin, ns, "StopReason") if admin else None
+            for name, nid in self.settings.results.items():
+                nodes[f"result:{name}"] = await node_of(client, nid)
+            for name, nid in self.settings.parameters.items():
+                node = await node_of(client, nid)
+                nodes[f"param:{name}"] = node
+                self._param_types[name] = builtin(await node.read_data_type())
+            missing = [m for m in ("Start", "Stop", "Hold", "Unhold", "Reset")
+                       if nodes.get(m) is None]
+            if missing:
+                raise ValueError(f"no {', '.join(missing)} method on its BaseStateMachine")
+            self._nodes = {k: v for k, v in nodes.items() if v is not None}
+            self._sub = await client.create_subscription(50, self)
+            await self._sub.subscribe_data_change(self._nodes["state"])
+            self.problem = ""
+        except Exception as e:
+            self.problem = f"unit {self.name} ({self.settings.node}): {_why(e)}"
+            log.error("OPC UA %s", self.problem)
+
+    def datachange_notification(self, node: Node, val: Any, data: Any) -> None:
+        """asyncua's subscription handler: the unit's state changed (or, on a new
+        subscription, is what it is)."""
+        state = val.Text if isinstance(val, ua.LocalizedText) else str(val or "")
+        self._spawn(self._on_state(state))
+
+    async def _on_state(self, state: str) -> None:
+        self.state = state
+        async with self._changed:
+            self._changed.notify_all()
+        await self._settle()
+
+    # ---- the attempt's outcome, from the state
+
+    async def _settle(self) -> None:
+        a = self.current
+        if a is None:
+            return
+        state = self.state
+        if state == "Complete":
+            self.current = None
+            self.answer(a.scope, Completed(a.command_id, await self._results()))
+            await self._call("Reset", quiet=True)
+        elif state in ("Aborted", "Stopped"):
+            self.current = None
+            self.answer(a.scope, Failed(a.command_id, await self._stop_reason(state)))
+            if a.hold_id:
+                self.answer(a.scope, NotHeld(a.hold_id))
+        elif state == "Held" and a.hold_id:
+            self.answer(a.scope, Held(a.hold_id))
+            a.hold_id = ""
+
+    async def _results(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, node in self._nodes.items():
+            if key.startswith("result:"):
+                try:
+                    out[key[7:]] = to_json(await node.read_value())
+                except Exception as e:
+                    log.warning("unit %s: result %s not read: %s", self.name, key[7:], e)
+        return out
+
+    async def _stop_reason(self, state: str) -> str:
+        node = self._nodes.get("StopReason")
+        text = ""
+        if node is not None:
+            try:
+                v = await node.read_value()
+                text = getattr(v, "Message", "") or ""
+                text = getattr(text, "Text", text) or ""
+            except Exception:
+                text = ""
+        return f"unit {self.name} went {state}" + (f": {text}" if text else "")
+
+    # ---- commands
+
+    async def run(self, cmd: Command, handed: asyncio.Future[None]) -> None:
+        """Carry a command out; ``handed`` is done once it is with the unit (its sent
+        marker), cancelled when it never reached it."""
+        async with self._lock:
+            try:
+                if self.problem:
+                    raise _Refused(self.problem)
+                if cmd.hold:
+                    await self._hold(cmd)
+                elif cmd.restart and self.state == "Held":
+                    await self._unhold(cmd)
+                else:
+                    await self._start(cmd)
+                _done(handed)
+            except _Refused as e:
+                _done(handed)
+                self.answer(cmd.scope, Failed(cmd.command_id, str(e)))
+            except Exception as e:
+                # the server away or a request timed out: not handed over, so the deadline
+                # (or the dispatch entry) sends the same id again, read before any Start
+                handed.cancel()
+                log.warning("unit %s: %s not carried out: %s", self.name, cmd.command_id,
+                            _why(e))
+
+    async def _start(self, cmd: Command) -> None:
+        cid = cmd.command_id
+        last = await self._nodes["command_id"].read_value()
+        if last == cid:
+            self._adopt(cmd)
+            return
+        await self._to_idle(cid)
+        await self._write_parameters(cmd.parameters or {})
+        await self._nodes["command_id"].write_value(ua.Variant(cid, ua.VariantType.String))
+        self.current = Attempt(cmd.scope, cid)
+        await self._call("Start", _descriptor(cid))
+
+    def _adopt(self, cmd: Command) -> None:
+        """The unit took this command already (a resend, or another host's send)."""
+        self.current = Attempt(cmd.scope, cmd.command_id)
+        if self.state == "Idle":
+            # reset after it completed: the answer may not have been applied
+            self.current = None
+            self._spawn(self._answer_done(cmd))
+        else:
+            self._spawn(self._settle())
+
+    async def _answer_done(self, cmd: Command) -> None:
+        self.answer(cmd.scope, Completed(cmd.command_id, await self._results()))
+
+    async def _to_idle(self, cid: str) -> None:
+        """Bring a unit left in a resting state to Idle; a unit running another command
+        of the same job (an attempt timed out) is stopped first; any other work on it
+        refuses the command."""
+        for _ in range(6):
+            state = self.state
+            if state == "Idle":
+                return
+            if state in ACTING:
+                pass                    # on its way to a resting state: wait for it
+            elif state in ("Complete", "Stopped"):
+                await self._call("Reset", quiet=True)   # the settle may have reset it
+            elif state == "Aborted":
+                await self._call("Clear", quiet=True)
+            elif state in RUNNING and self.current is not None and \
+                    job_of_command(self.current.command_id) == job_of_command(cid):
+                self.current = None
+                await self._call(self.settings.cancel)
+            else:
+                last = await self._nodes["command_id"].read_value()
+                raise _Refused(f"unit {self.name} is {state or 'in no state'} with "
+                               f"command {last or 'none'}, not Idle")
+            await self._wait(lambda s, was=state: s != was)
+        raise _Refused(f"unit {self.name} did not come to Idle (it is {self.state})")
+
+    async def _write_parameters(self, params: dict[str, Any]) -> None:
+        for name, value in params.items():
+            node = self._nodes.get(f"param:{name}")
+            if node is not None:
+                try:
+                    v = to_variant(value, self._param_types.get(name))
+                except ValueError as e:
+                    raise _Refused(f"parameter {name!r}: {e}") from None
+                await node.write_value(v)
+                continue
+            if "SetParameter" not in self._nodes:
+                raise _Refused(f"parameter {name!r}: unit {self.name} has no variable "
+                               "for it and no SetParameter method")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise _Refused(f"parameter {name!r}: SetParameter takes numbers, not "
+                               f"{type(value).__name__}")
+            await self._call("SetParameter", _descriptor(name, float(value)), on="unit")
+
+    async def _hold(self, cmd: Command) -> None:
+        a = self.current
+        base = cmd.command_id.removesuffix(":hold")
+        if a is None or a.command_id != base or self.state not in RUNNING:
+            self.answer(cmd.scope, NotHeld(cmd.command_id))
+            return
+        if self.state == "Held":
+            self.answer(cmd.scope, Held(cmd.command_id))
+            return
+        a.hold_id = cmd.command_id
+        await self._call("Hold")
+
+    async def _unhold(self, cmd: Command) -> None:
+        await self._nodes["command_id"].write_value(
+            ua.Variant(cmd.command_id, ua.VariantType.String))
+        self.current = Attempt(cmd.scope, cmd.command_id)
+        await self._call("Unhold")
+
+    def job_ended(self, job: str) -> None:
+        """The job of the running command ended (cancelled, aborted): stop the unit."""
+        a = self.current
+        if a is None or job_of_command(a.command_id) != job:
+            return
+        self.current = None
+        self._spawn(self._call(self.settings.cancel, quiet=True))
+
+    async def _call(self, method: str, *args: Any, on: str = "sm", quiet: bool = False) -> None:
+        node = self._nodes.get(method)
+        if node is None:
+            raise _Refused(f"unit {self.name} has no {method} method")
+        parent = self._nodes["unit"] if on == "unit" else self._nodes["sm"]
+        try:
+            await parent.call_method(node, *args)
+        except ua.UaStatusCodeError as e:
+            why = f"unit {self.name}: {method} refused ({status_name(e.code)})"
+            if quiet:
+                log.warning("%s", why)
+                return
+            raise _Refused(why) from None
+
+    async def _wait(self, done: Callable[[str], bool], timeout: float = SETTLE_S) -> None:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: done(self.state)),
+                                   timeout)
+
+
+class _Refused(Exception):
+    """The command reached the unit (or needs not) and fails: an answer, not a resend."""
+
+
+def _done(f: asyncio.Future[None]) -> None:
+    if not f.done():
+        f.set_result(None)
+
+
+def _descriptor(name: str, value: float = 0.0) -> Any:
+    """A PackMLDescriptorDataType (the type generated from the server's definitions)."""
+    cls = getattr(ua, "PackMLDescriptorDataType", None)
+    if cls is None:
+        raise _Refused("the server's PackML structures are not loaded")
+    return cls(ID=0, Name=name, Unit=ua.EUInformation(), Value=value)
+
+
+async def _child(node: Node, ns: int, name: str) -> Node | None:
+    try:
+        return await node.get_child(f"{ns}:{name}")
+    except ua.UaStatusCodeError:
+        return None
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, ua.UaStatusCodeError):
+        return status_name(e.code)
+    return str(e) or type(e).__name__

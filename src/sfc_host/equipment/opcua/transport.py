@@ -1,0 +1,189 @@
+"""Equipment over OPC UA beside MQTT: the host's command sink sends each command either
+to the OPC UA unit or method that serves its (scope, type), or on to the MQTT sink; the
+bindings' outcomes come back as answers, the variables' data changes as pull events.
+A recipe does not change: where its actions go is the equipment file's business."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from asyncua import Node
+
+from sfc_fast import Command
+from sfc_fast.events import BaseEvent
+from sfc_host.aio import reap
+from sfc_host.equipment.mqtt_transport import MqttSink
+from sfc_host.equipment.opcua.method import MethodBinding
+from sfc_host.equipment.opcua.packml import PackMLUnit
+from sfc_host.equipment.opcua.session import ServerLink, node_of
+from sfc_host.equipment.opcua.settings import EquipmentFile, EventSettings
+from sfc_host.equipment.opcua.values import to_json
+from sfc_host.execution.host import Host
+
+log = logging.getLogger("sfc_host.equipment.opcua")
+
+
+class OpcuaEquipment:
+    """The servers, their units, methods and event sources, for one host."""
+
+    def __init__(self, host: Host, equipment: EquipmentFile) -> None:
+        self.host = host
+        self.metrics = host.metrics
+        self.links = {name: ServerLink(s) for name, s in equipment.servers.items()}
+        for link in self.links.values():
+            link.on_connect.append(_loader(link))
+        self.bindings: dict[str, PackMLUnit | MethodBinding] = {}
+        for u in equipment.units:
+            self.bindings[u.equipment] = PackMLUnit(u, self.links[u.server], self._answer)
+        for m in equipment.methods:
+            self.bindings[m.equipment] = MethodBinding(m, self.links[m.server], self._answer)
+        self.routes: dict[tuple[str, str], PackMLUnit | MethodBinding] = {
+            key: self.bindings[b.equipment] for key, b in equipment.routes().items()}
+        self.events = [EventSource(e, self.links[e.server], host) for e in equipment.events]
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def serves(self, scope: str, type_id: str) -> bool:
+        return (scope, type_id) in self.routes
+
+    def binding(self, scope: str, type_id: str) -> PackMLUnit | MethodBinding | None:
+        return self.routes.get((scope, type_id))
+
+    def start(self) -> None:
+        for link in self.links.values():
+            link.start()
+
+    async def aclose(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            await reap(t)
+        for link in self.links.values():
+            await link.aclose()
+
+    def not_ready(self) -> list[str]:
+        """Each server not connected and each binding not found, one line each."""
+        out = [f"opcua equipment: {link.status()}" for link in self.links.values()
+               if link.status()]
+        out += [f"opcua equipment: {b.problem}" for b in self.bindings.values()
+                if b.problem and b.link.connected.is_set()]
+        return out
+
+    def links_view(self) -> list[dict[str, Any]]:
+        """Each server's link, for the web view and ``/readyz``."""
+        return [{"server": name, "endpoint": link.settings.endpoint,
+                 "connected": link.connected.is_set(), "problem": link.status()}
+                for name, link in self.links.items()]
+
+    def send(self, cmd: Command) -> asyncio.Future[None]:
+        """Carry the command out on its binding; the future is done once it is with
+        the equipment, cancelled when it never got there."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        b = self.routes[(cmd.scope, cmd.type_id)]
+        t = asyncio.get_running_loop().create_task(b.run(cmd, fut))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        self.metrics.inc("opcua_commands")
+        return fut
+
+    def resendable(self, cmd: Command) -> bool:
+        """Whether a command may be sent again without the equipment doing it twice:
+        a unit reads the command id it took first; a method only with a CommandId."""
+        b = self.routes.get((cmd.scope, cmd.type_id))
+        return b is None or isinstance(b, PackMLUnit) or b.takes_command_id
+
+    def job_ended(self, scope: str, job: str, decision: Any) -> None:
+        for b in self.bindings.values():
+            if isinstance(b, PackMLUnit) and scope in b.settings.scopes:
+                b.job_ended(job)
+
+    def _answer(self, scope: str, event: BaseEvent) -> None:
+        self.metrics.inc("opcua_answers")
+        self.host.answer(scope, event)
+
+
+class EventSource:
+    """A variable whose data changes are pull events of a type (the first value a new
+    subscription delivers is the state, not an event, and is passed over)."""
+
+    def __init__(self, settings: EventSettings, link: ServerLink, host: Host) -> None:
+        self.settings = settings
+        self.link = link
+        self.host = host
+        self._fresh = True
+        self._tasks: set[asyncio.Task[None]] = set()
+        link.on_connect.append(self.bind)
+
+    async def bind(self) -> None:
+        client = self.link.client
+        assert client is not None
+        self._fresh = True
+        try:
+            sub = await client.create_subscription(50, self)
+            await sub.subscribe_data_change(await node_of(client, self.settings.node))
+        except Exception as e:
+            log.error("OPC UA event %s on %s: %s", self.settings.type, self.settings.node, e)
+
+    def datachange_notification(self, node: Node, val: Any, data: Any) -> None:
+        if self._fresh:
+            self._fresh = False
+            return
+        s = self.settings
+        t = asyncio.get_running_loop().create_task(self.host.queue_event(
+            s.scope, s.type, s.scope, None, {s.field: to_json(val)}))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+
+class RoutingSink:
+    """The host's command sink: OPC UA commands to their bindings, the rest to MQTT."""
+
+    def __init__(self, mqtt: MqttSink) -> None:
+        self.mqtt = mqtt
+        self.opcua: OpcuaEquipment | None = None
+        self.arrived = mqtt.arrived
+
+    @property
+    def ack_wait_s(self) -> float:
+        return self.mqtt.ack_wait_s
+
+    def unacked(self, n: int) -> None:
+        self.mqtt.unacked(n)
+
+    def publish(self, commands: Sequence[Command],
+                traces: Sequence[str] = ()) -> list[asyncio.Future[None] | None]:
+        eq = self.opcua
+        if eq is None or not any(eq.serves(c.scope, c.type_id) for c in commands):
+            return self.mqtt.publish(commands, traces)
+        out: list[asyncio.Future[None] | None] = [None] * len(commands)
+        rest = [i for i, c in enumerate(commands) if not eq.serves(c.scope, c.type_id)]
+        for i, c in enumerate(commands):
+            if eq.serves(c.scope, c.type_id):
+                out[i] = eq.send(c)
+        if rest:
+            sent = self.mqtt.publish([commands[i] for i in rest],
+                                     [traces[i] for i in rest] if traces else ())
+            for i, f in zip(rest, sent, strict=True):
+                out[i] = f
+        return out
+
+    async def send(self, commands: Sequence[Command]) -> list[bool]:
+        acks = self.publish(commands)
+        waiting = [f for f in acks if f is not None and not f.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=self.ack_wait_s)
+        return [f is not None and f.done() and not f.cancelled() for f in acks]
+
+
+def _loader(link: ServerLink) -> Any:
+    async def load() -> None:
+        # the server's structures (PackML's descriptor among them) as Python classes
+        assert link.client is not None
+        try:
+            await link.client.load_data_type_definitions()
+        except Exception as e:
+            log.warning("OPC UA server %s: its structures not loaded: %s", link.name, e)
+    return load
+

@@ -1,0 +1,303 @@
+"""Equipment over OPC UA: recipes run against PackML units and OPC UA methods on a real
+asyncua server (the example units of ``sfc_host.examples.packml_unit``), with a real
+Redis and broker and a whole host (``App``). The unit is the PLC: the host drives its
+state machine, never sends a Start twice, holds it on the job's hold, stops it on the
+job's end, and reads a failed action's stop reason."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asyncua import Server, ua
+from hosts import V110, flush, quick_config, wait_until
+from servers import free_port
+
+from sfc_host.config import ConfigError
+from sfc_host.equipment.opcua.settings import load
+from sfc_host.examples.packml_unit import URI, build
+from sfc_host.service.app import App
+
+S = "pk1"
+
+
+def run(coro: Any, timeout: float = 60) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def recipe(actions: list[tuple[str, str, dict[str, Any]]], hold: bool = False,
+           wm_id: str = "wm") -> dict[str, Any]:
+    """One step per action, in a row; each action of ``(name, type, parameters)``."""
+    steps = [{"Name": f"S{i}", "Initial": i == 0} for i in range(len(actions))]
+    trans = [{"Source": f"S{i}", "Target": f"S{i + 1}", "Condition": "always"}
+             for i in range(len(actions) - 1)]
+    acts = []
+    for i, (name, type_id, params) in enumerate(actions):
+        a: dict[str, Any] = {"Name": name, "Step": f"S{i}", "Qualifier": "N",
+                             "Interaction": "push_command", "TypeId": type_id,
+                             "TimeoutSeconds": 20, "Parameters": params}
+        if hold:
+            a["HoldTypeId"] = type_id + ".hold"
+            a["RestartTypeId"] = type_id + ".restart"
+        acts.append(a)
+    return {"ID": wm_id, "dataschema": V110,
+            "data": {"Steps": steps, "Transitions": trans, "Actions": acts}}
+
+
+def equipment_file(path: Path, port: int, *, method: bool = False) -> Path:
+    text = f"""
+[[server]]
+name = "plc1"
+endpoint = "opc.tcp://127.0.0.1:{port}/units/"
+
+[[unit]]
+equipment = "filler1"
+server = "plc1"
+scopes = ["{S}"]
+node = "nsu=urn:sfc-fast:example-units;s=Filler1"
+types = ["com.example.fill.v1"]
+hold_types = ["com.example.fill.v1.hold"]
+restart_types = ["com.example.fill.v1.restart"]
+command_id = "nsu=urn:sfc-fast:example-units;s=Filler1.CommandId"
+parameters = {{ setpoint = "nsu=urn:sfc-fast:example-units;s=Filler1.Setpoint" }}
+results = {{ filled = "nsu=urn:sfc-fast:example-units;s=Filler1.Result" }}
+
+[[unit]]
+equipment = "capper1"
+server = "plc1"
+scopes = ["{S}"]
+node = "nsu=urn:sfc-fast:example-units;s=Capper1"
+types = ["com.example.cap.v1"]
+command_id = "nsu=urn:sfc-fast:example-units;s=Capper1.CommandId"
+results = {{ torque = "nsu=urn:sfc-fast:example-units;s=Capper1.Result" }}
+"""
+    if method:
+        text += f"""
+[[method]]
+equipment = "scale1"
+server = "plc1"
+scopes = ["{S}"]
+types = ["com.example.weigh.v1"]
+object = "nsu=urn:sfc-fast:example-units;s=Scale1"
+method = "nsu=urn:sfc-fast:example-units;s=Scale1.Weigh"
+"""
+    f = path / "equipment.toml"
+    f.write_text(text)
+    return f
+
+
+async def add_scale(server: Server) -> None:
+    """A method beside the units: Weigh(Tare: Double, Count: UInt16) -> (Net: Double)."""
+    ns = await server.get_namespace_index(URI)
+    obj = await server.nodes.objects.add_object(ua.NodeId("Scale1", ns),
+                                                ua.QualifiedName("Scale1", ns))
+
+    async def weigh(parent: Any, tare: ua.Variant, count: ua.Variant) -> list[ua.Variant]:
+        if count.Value == 0:
+            return ua.StatusCode(ua.StatusCodes.BadOutOfRange)     # type: ignore[return-value]
+        return [ua.Variant(10.0 * count.Value - tare.Value, ua.VariantType.Double)]
+    tare = ua.Argument(Name="Tare", DataType=ua.NodeId(ua.ObjectIds.Double), ValueRank=-1)
+    count = ua.Argument(Name="Count", DataType=ua.NodeId(ua.ObjectIds.UInt16), ValueRank=-1)
+    net = ua.Argument(Name="Net", DataType=ua.NodeId(ua.ObjectIds.Double), ValueRank=-1)
+    await obj.add_method(ua.NodeId("Scale1.Weigh", ns), ua.QualifiedName("Weigh", ns),
+                         weigh, [tare, count], [net])
+
+
+class Plant:
+    """The units' server, a host on it, and the helpers the tests share."""
+
+    def __init__(self, redis_url: str, mqtt_url: str, tmp_path: Path, *,
+                 work_s: float = 0.05, method: bool = False) -> None:
+        self.redis_url, self.mqtt_url, self.tmp = redis_url, mqtt_url, tmp_path
+        self.port = free_port()
+        self.work_s = work_s
+        self.method = method
+        self.server: Server | None = None
+        self.units: dict[str, Any] = {}
+        self.app: App | None = None
+
+    async def __aenter__(self) -> Plant:
+        await flush(self.redis_url)
+        self.server, self.units = await build(self.port, ["Filler1", "Capper1"], self.work_s)
+        if self.method:
+            await add_scale(self.server)
+        await self.server.start()
+        cfg = quick_config(self.redis_url, mqtt_url=self.mqtt_url, scopes=[S],
+                           consumer="opcua-eq",
+                           equipment_opcua=str(equipment_file(self.tmp, self.port,
+                                                              method=self.method)))
+        self.app = App(cfg)
+        await self.app.start(connect_timeout_s=5)
+        eq = self.app.opcua_equipment
+        await wait_until(lambda: not eq.not_ready(), 15, "the units bound")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.app is not None:
+            await self.app.aclose()
+        if self.server is not None:
+            await self.server.stop()
+
+    async def run_job(self, wm: dict[str, Any], job: str) -> None:
+        assert self.app is not None
+        await self.app.host.store.put_work_master(S, wm)
+        await self.app.host.orders.store_order(
+            S, {"JobOrderID": job, "WorkMasterID": [{"ID": wm["ID"]}]}, start=True)
+
+    async def order_state(self, job: str) -> str:
+        assert self.app is not None
+        raw = await self.app.host.client.hget(f"sfc:{{{S}}}:order:{job}", "state")
+        return raw.decode() if raw else ""
+
+    async def wait_state(self, job: str, prefix: str, timeout: float = 20) -> None:
+        async def reached() -> bool:
+            return (await self.order_state(job)).startswith(prefix)
+        await wait_until(reached, timeout, f"job {job} {prefix}")
+
+    async def response(self, job: str) -> dict[str, Any]:
+        assert self.app is not None
+        raw = await self.app.host.client.get(f"sfc:{{{S}}}:response:{job}")
+        return json.loads(raw) if raw else {}
+
+    async def starts(self, unit: str) -> int:
+        return int(await self.units[unit].nodes["starts"].read_value())
+
+
+def response_data(resp: dict[str, Any]) -> dict[str, Any]:
+    return {d["ID"]: d["Value"] for d in resp.get("JobResponseData", [])}
+
+
+THREE = recipe([("fill", "com.example.fill.v1", {"setpoint": 2.5}),
+                ("cap", "com.example.cap.v1", {}),
+                ("fill_again", "com.example.fill.v1", {"setpoint": 4.0})])
+
+
+def test_a_recipe_of_three_actions_on_two_units_runs_to_the_end(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path) as p:
+            await p.run_job(THREE, "J1")
+            await p.wait_state("J1", "Ended_Completed")
+            data = response_data(await p.response("J1"))
+            assert data["fill.filled"] == 2.5 and data["fill_again.filled"] == 4.0
+            assert await p.starts("Filler1") == 2 and await p.starts("Capper1") == 1
+            # each unit reset after its work: Idle for the next job
+            await wait_until(lambda: p.units["Filler1"].state == "Idle"
+                             and p.units["Capper1"].state == "Idle", 5, "the units reset")
+            await p.run_job(THREE, "J2")
+            await p.wait_state("J2", "Ended_Completed")
+            assert await p.starts("Filler1") == 4
+    run(main())
+
+
+def test_a_unit_that_aborts_fails_its_action_with_the_stop_reason(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path) as p:
+            await p.units["Capper1"].nodes["fault"].write_value(True)
+            await p.run_job(THREE, "J3")
+            await p.wait_state("J3", "Aborted")
+            assert p.app is not None
+            reason = await p.app.host.client.hget(f"sfc:{{{S}}}:order:J3", "reason")
+            assert b"unit capper1 went Aborted" in reason
+            assert b"fault injected: jam in the infeed" in reason
+            assert await p.starts("Filler1") == 1    # the job went no further
+    run(main())
+
+
+def test_mes_pause_holds_the_unit_and_resume_brings_it_back(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path, work_s=1.0) as p:
+            assert p.app is not None
+            wm = recipe([("fill", "com.example.fill.v1", {"setpoint": 1.0})], hold=True)
+            await p.run_job(wm, "J4")
+            filler = p.units["Filler1"]
+            await wait_until(lambda: filler.state == "Execute", 10, "the unit executing")
+            # once the command is marked sent (a hold of work not known to be out is
+            # answered "not held" by the host itself, and the work goes on)
+            await wait_until(lambda: p.app.host.client.hexists(f"sfc:{{{S}}}:job:J4",
+                                                               "sent:fill"), 10, "the marker")
+            await p.app.host.orders.trigger(S, "J4", "Pause")
+            await wait_until(lambda: filler.state == "Held", 10, "the unit held")
+            await p.wait_state("J4", "Interrupted")
+            await asyncio.sleep(0.3)
+            assert filler.state == "Held"
+            await p.app.host.orders.trigger(S, "J4", "Resume")
+            await wait_until(lambda: filler.state in ("Execute", "Complete", "Idle"), 10,
+                             "the unit executing again")
+            await p.wait_state("J4", "Ended_Completed")
+            assert await p.starts("Filler1") == 1     # Unhold, not a second Start
+    run(main())
+
+
+def test_an_aborted_job_stops_its_unit(redis_url: str, mqtt_url: str,
+                                       tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path, work_s=5.0) as p:
+            assert p.app is not None
+            await p.run_job(THREE, "J5")
+            filler = p.units["Filler1"]
+            await wait_until(lambda: filler.state == "Execute", 10, "the unit executing")
+            await p.app.host.orders.trigger(S, "J5", "Abort")
+            await wait_until(lambda: filler.state == "Stopped", 10, "the unit stopped")
+            await p.wait_state("J5", "Aborted")
+    run(main())
+
+
+def test_a_command_sent_again_is_not_started_twice(redis_url: str, mqtt_url: str,
+                                                   tmp_path: Path) -> None:
+    """Another host's death has every open command sent again: the unit's command id
+    says it took this one, so the host follows it instead of starting it again."""
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path, work_s=1.0) as p:
+            assert p.app is not None
+            await p.run_job(THREE, "J6")
+            filler = p.units["Filler1"]
+            await wait_until(lambda: filler.state == "Execute", 10, "the unit executing")
+            assert await p.app.host.resend_open() == 1
+            await p.wait_state("J6", "Ended_Completed")
+            assert await p.starts("Filler1") == 2 and await p.starts("Capper1") == 1
+    run(main())
+
+
+def test_a_method_call_action_and_its_bad_status(redis_url: str, mqtt_url: str,
+                                                 tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path, method=True) as p:
+            wm = recipe([("weigh", "com.example.weigh.v1", {"Tare": 1.5, "Count": 3})],
+                        wm_id="wm-weigh")
+            await p.run_job(wm, "J7")
+            await p.wait_state("J7", "Ended_Completed")
+            assert response_data(await p.response("J7"))["weigh.Net"] == 28.5
+            bad = recipe([("weigh", "com.example.weigh.v1", {"Tare": 0.0, "Count": 0})],
+                         wm_id="wm-zero")
+            await p.run_job(bad, "J8")
+            await p.wait_state("J8", "Aborted")
+            assert p.app is not None
+            reason = await p.app.host.client.hget(f"sfc:{{{S}}}:order:J8", "reason")
+            assert b"BadOutOfRange" in reason
+    run(main())
+
+
+def test_the_equipment_file_mistakes_are_one_line(tmp_path: Path) -> None:
+    f = tmp_path / "eq.toml"
+    cases = [
+        ("[[server]]\nname='a'\nendpoint='http://x'\n", "use opc.tcp://"),
+        ("[[server]]\nname='a'\nendpoint='opc.tcp://h:1'\n[[unit]]\nequipment='u'\n"
+         "server='b'\nscopes=['s']\nnode='n'\ntypes=['t']\ncommand_id='c'\n",
+         "server 'b' is not a [[server]]"),
+        ("[[server]]\nname='a'\nendpoint='opc.tcp://h:1'\n[[unit]]\nequipment='u'\n"
+         "server='a'\nscopes=['s']\nnode='n'\ntypes=['t']\n", "command_id is a non-empty"),
+        ("[[server]]\nname='a'\nendpoint='opc.tcp://h:1'\nsecurity='SignAndEncrypt'\n",
+         "certificate and private_key"),
+        ("[[thing]]\n", "unknown section 'thing'"),
+    ]
+    for text, want in cases:
+        f.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load(f)
+        assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
