@@ -301,3 +301,64 @@ def test_the_equipment_file_mistakes_are_one_line(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as e:
             load(f)
         assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_work_master_put_is_checked_against_the_bindings(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """Over the MES wire, as an MES of the original sends it: a Work Master whose
+    method parameters do not match the method's arguments by name and type, or whose
+    action type no binding (and no announced station) serves, is refused with the
+    compiler's kind of codes; a matching one is stored."""
+    from test_mes import WM, Mes
+
+    from sfc_host.store.orders import INVALID_REQUEST, NO_ERROR
+
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path, method=True) as p, \
+                Mes(mqtt_url, scope=S) as mes:
+            good = recipe([("weigh", "com.example.weigh.v1", {"Tare": 1.5, "Count": 3})],
+                          wm_id="wm-good")
+            rep = await mes.call(WM, good, scope=S)
+            assert rep["data"]["ReturnStatus"] == NO_ERROR, rep
+            wrong = recipe([("weigh", "com.example.weigh.v1", {"Tare": "heavy", "Count": 3.5,
+                                                              "Extra": 1})], wm_id="wm-wrong")
+            rep = await mes.call(WM, wrong, scope=S)
+            assert rep["data"]["ReturnStatus"] == INVALID_REQUEST, rep
+            text = rep["data"]["Message"]
+            assert "SFC026 Actions[0].Parameters: parameter 'Tare': expected a number for " \
+                   "Double (method scale1, action 'weigh')" in text
+            assert "parameter 'Count': expected a whole number for UInt16" in text
+            assert "parameter 'Extra' is no input argument of the method" in text
+            unbound = recipe([("paint", "com.example.paint.v1", {})], wm_id="wm-unbound")
+            rep = await mes.call(WM, unbound, scope=S)
+            assert rep["data"]["ReturnStatus"] == INVALID_REQUEST, rep
+            assert "SFC025" in rep["data"]["Message"] and "com.example.paint.v1" in \
+                rep["data"]["Message"]
+            assert p.app is not None
+            assert await p.app.host.client.sismember(f"sfc:{{{S}}}:wms", "wm-good")
+            assert not await p.app.host.client.sismember(f"sfc:{{{S}}}:wms", "wm-wrong")
+    run(main())
+
+
+def test_a_server_away_mid_action_is_read_from_the_units_state(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """The server goes away while its unit works (its network, a restart of the OPC UA
+    stack) and the unit completes meanwhile: the host's session comes back, the unit's
+    state says Complete, and the action completes, with no second Start."""
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path, work_s=1.5) as p:
+            assert p.app is not None and p.server is not None
+            one = recipe([("fill", "com.example.fill.v1", {"setpoint": 7.0})], wm_id="wm-1")
+            await p.run_job(one, "J9")
+            filler = p.units["Filler1"]
+            await wait_until(lambda: filler.state == "Execute", 10, "the unit executing")
+            await p.server.stop()
+            eq = p.app.opcua_equipment
+            await wait_until(lambda: eq.not_ready(), 10, "the link seen down")
+            assert any("plc1" in line for line in eq.not_ready())
+            await wait_until(lambda: filler.state == "Complete", 10, "the unit done")
+            await p.server.start()
+            await p.wait_state("J9", "Ended_Completed", timeout=30)
+            assert response_data(await p.response("J9"))["fill.filled"] == 7.0
+            assert await p.starts("Filler1") == 1
+    run(main())

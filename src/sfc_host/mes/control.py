@@ -140,6 +140,9 @@ class MesControl:
         for f in codec.request_filters(self.prefix, c.mes_topic_levels):
             link.subscribe(f, self.on_request)
         self.capabilities = Capabilities(host.client, host.store.keys, link, host.metrics)
+        # stations bound over OPC UA (``equipment.opcua``): ``types(scope)`` and
+        # ``problems(scope, graph)`` for a Work Master PUT; None when there are none
+        self.bound_equipment: Any = None
         # the spans of requests and calls (setting otel; None: the context still flows)
         self.spans: RequestSpans | None = None
         host.orders.on_change = self.publisher.on_change
@@ -471,11 +474,20 @@ class MesControl:
         if isinstance(compiled, Unusable):
             raise Invalid(f"the Work Master cannot be used: {compiled}")
         served = await self.capabilities.served(scope)
+        problems = []
+        bound = self.bound_equipment
+        if bound is not None:
+            # the OPC UA bindings are the scope's announced capabilities too, and their
+            # methods' and units' declared types check the action's parameters
+            types = bound.types(scope)
+            if types:
+                served = (served or set()) | types
+            problems = bound.problems(scope, compiled)
         if served is not None:
-            problems = unserved(compiled, served)
-            if problems:
-                raise Invalid("the Work Master cannot be used: " + "; ".join(
-                    f"{p.code} {p.path}: {p.message}" for p in problems))
+            problems = unserved(compiled, served) + problems
+        if problems:
+            raise Invalid("the Work Master cannot be used: " + "; ".join(
+                f"{p.code} {p.path}: {p.message}" for p in problems))
         await store.put_work_master(scope, data)
 
     # ---- replies

@@ -71,7 +71,7 @@ class App:
         self.host = Host(config, routing or self.sink, metrics=self.metrics, loops=False)
         self.equipment = EquipmentIn(self.host, self.link, self.sink)
         self.mes = MesControl(self.host, self.link)
-        self.opcua_equipment: Any = opcua_equipment(config, self.host, routing)
+        self.opcua_equipment: Any = opcua_equipment(config, self.host, routing, self.mes)
         self.spans = span_recorder(config, span_processor, self.metrics)
         self.opcua: Any = opcua_face(config, self.host, self.mes, self.link)
         if self.spans is not None:

@@ -120,15 +120,17 @@ def opcua_routing(config: HostConfig, mqtt_sink: Any) -> Any:
     return RoutingSink(mqtt_sink)
 
 
-def opcua_equipment(config: HostConfig, host: Any, routing: Any) -> Any:
+def opcua_equipment(config: HostConfig, host: Any, routing: Any, mes: Any) -> Any:
     """The OPC UA stations of ``equipment_opcua``, their file read and checked (a
-    ``ConfigError`` in one line); wired to ``routing`` and to the jobs' ends."""
+    ``ConfigError`` in one line); wired to ``routing``, to the Work Master check and to
+    the jobs' ends."""
     if routing is None:
         return None
     from sfc_host.equipment.opcua import OpcuaEquipment, load
 
     eq = OpcuaEquipment(host, load(config.equipment_opcua))
     routing.opcua = eq
+    mes.bound_equipment = eq
     prev_end = host.settler.on_end
 
     def on_end(scope: str, job: str, decision: Any) -> None:

@@ -27,7 +27,7 @@ from sfc_fast import Command, job_of_command
 from sfc_fast.events import BaseEvent, Completed, Failed, Held, NotHeld
 from sfc_host.equipment.opcua.session import ServerLink, node_of, status_name
 from sfc_host.equipment.opcua.settings import UnitSettings
-from sfc_host.equipment.opcua.values import builtin, to_json, to_variant
+from sfc_host.equipment.opcua.values import builtin, problem, to_json, to_variant
 
 log = logging.getLogger("sfc_host.equipment.opcua")
 
@@ -253,6 +253,21 @@ class PackMLUnit:
                 raise _Refused(f"parameter {name!r}: SetParameter takes numbers, not "
                                f"{type(value).__name__}")
             await self._call("SetParameter", _descriptor(name, float(value)), on="unit")
+
+    def check(self, params: dict[str, Any]) -> list[str]:
+        """What of an action's parameters the unit cannot take, one line each."""
+        out = []
+        for name, value in params.items():
+            if f"param:{name}" in self._nodes:
+                why = problem(value, self._param_types.get(name))
+                if why:
+                    out.append(f"parameter {name!r}: {why}")
+            elif "SetParameter" not in self._nodes:
+                out.append(f"parameter {name!r}: the unit has no variable for it and no "
+                           "SetParameter method")
+            elif isinstance(value, bool) or not isinstance(value, int | float):
+                out.append(f"parameter {name!r}: SetParameter takes numbers")
+        return out
 
     async def _hold(self, cmd: Command) -> None:
         a = self.current

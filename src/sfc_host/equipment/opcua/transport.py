@@ -12,7 +12,7 @@ from typing import Any
 
 from asyncua import Node
 
-from sfc_fast import Command
+from sfc_fast import Command, Graph, Problem
 from sfc_fast.events import BaseEvent
 from sfc_host.aio import reap
 from sfc_host.equipment.mqtt_transport import MqttSink
@@ -24,6 +24,8 @@ from sfc_host.equipment.opcua.values import to_json
 from sfc_host.execution.host import Host
 
 log = logging.getLogger("sfc_host.equipment.opcua")
+
+BINDING_CODE = "SFC026"     # an action's parameters its OPC UA binding cannot take
 
 
 class OpcuaEquipment:
@@ -93,6 +95,32 @@ class OpcuaEquipment:
         a unit reads the command id it took first; a method only with a CommandId."""
         b = self.routes.get((cmd.scope, cmd.type_id))
         return b is None or isinstance(b, PackMLUnit) or b.takes_command_id
+
+    def types(self, scope: str) -> set[str]:
+        """The action types bound for a scope: its announced capabilities."""
+        return {t for s, t in self.routes if s == scope}
+
+    def problems(self, scope: str, graph: Graph) -> list[Problem]:
+        """``SFC026`` for each parameter of a Work Master's action that its binding
+        cannot take (a method's input arguments by name and declared type; a unit's
+        parameter variables or SetParameter). A binding whose server was not reached yet
+        is checked when it runs instead (logged)."""
+        out: list[Problem] = []
+        for i in range(len(graph.actions)):
+            info = graph.action_info(i)
+            b = self.routes.get((scope, info["type_id"] or ""))
+            if b is None or info["interaction"] != "push_command":
+                continue
+            if b.problem:
+                log.warning("action %r of a Work Master in %s: %s is not bound (%s); its "
+                            "parameters are checked when it runs", info["name"], scope,
+                            b.name, b.problem)
+                continue
+            kind = "unit" if isinstance(b, PackMLUnit) else "method"
+            out += [Problem(BINDING_CODE, f"Actions[{i}].Parameters",
+                            f"{why} ({kind} {b.name}, action {info['name']!r})")
+                    for why in b.check(info["parameters"] or {})]
+        return out
 
     def job_ended(self, scope: str, job: str, decision: Any) -> None:
         for b in self.bindings.values():
