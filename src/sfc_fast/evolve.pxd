@@ -5,7 +5,7 @@ cimport cython
 from libc.stdint cimport int32_t, int64_t
 
 from sfc_fast.events cimport BaseEvent
-from sfc_fast.recipe cimport Graph
+from sfc_fast.graph cimport Graph
 
 cdef enum:
     EF_HOLD = 1

@@ -2,7 +2,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sfc_fast.events import BaseEvent
-from sfc_fast.recipe import Graph
+from sfc_fast.graph import Graph
 
 MAX_ENTRIES_PER_CALL: int
 

@@ -24,8 +24,9 @@ from sfc_fast._text cimport (
     PyUnicode_READ, ascii_only, utf8_view,
 )
 
-from sfc_fast.recipe cimport (
-    Graph, _flat_canonical, _put_int, Q_N, Q_P, Q_P1, Q_P0, Q_S, Q_R, Q_L, Q_D, I_PUSH, I_PULL,
+from sfc_fast.canonical cimport flat_canonical, put_int
+from sfc_fast.graph cimport (
+    Graph, Q_N, Q_P, Q_P1, Q_P0, Q_S, Q_R, Q_L, Q_D, I_PUSH, I_PULL,
     B_SELECTION, B_SIMULTANEOUS, TK_ENTRY, TK_EXIT, TK_IMPLICIT, TK_PATH_END,
 )
 from sfc_fast.conditions cimport (
@@ -183,7 +184,7 @@ cdef str _cid(Graph g, const char* job, Py_ssize_t lj, bint job_ascii, int a, in
         digits[0] = <char>(48 + n)
         nd = 1
     else:
-        nd = _put_int(digits, n)
+        nd = put_int(digits, n)
     cdef Py_ssize_t size = lj + ln + 2 + nd + (5 if hold else 0)
     cdef str out
     cdef char* q
@@ -564,7 +565,7 @@ cdef void _clear_filled(list slots, Filled* f) noexcept:
 
 cdef str _canonical(dict fields):
     """canonical_dumps of a result or params object: flat ones without the encoder."""
-    text = _flat_canonical(fields)
+    text = flat_canonical(fields)
     return canonical_dumps(fields) if text is None else text
 
 

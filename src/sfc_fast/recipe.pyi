@@ -1,89 +1,29 @@
 from typing import Any
 
-SCHEMA_V100: str
-SCHEMA_V110: str
-SCHEMAS: dict[str, int]
-MAX_RECIPE_BYTES: int
+from sfc_fast.canonical import canonical_json as canonical_json
+from sfc_fast.checks import MAX_FIELD_CHARS as MAX_FIELD_CHARS
+from sfc_fast.checks import MAX_SECONDS as MAX_SECONDS
+from sfc_fast.checks import PLACEHOLDERS as PLACEHOLDERS
+from sfc_fast.checks import V110_FIELDS as V110_FIELDS
+from sfc_fast.compiler import MAX_PARAMS_CHARS as MAX_PARAMS_CHARS
+from sfc_fast.compiler import MAX_RECIPE_BYTES as MAX_RECIPE_BYTES
+from sfc_fast.graph import BRANCH_TYPE_NAMES as BRANCH_TYPE_NAMES
+from sfc_fast.graph import BRANCH_TYPES as BRANCH_TYPES
+from sfc_fast.graph import INTERACTION_NAMES as INTERACTION_NAMES
+from sfc_fast.graph import INTERACTIONS as INTERACTIONS
+from sfc_fast.graph import QUALIFIER_NAMES as QUALIFIER_NAMES
+from sfc_fast.graph import QUALIFIERS as QUALIFIERS
+from sfc_fast.graph import SCHEMA_V100 as SCHEMA_V100
+from sfc_fast.graph import SCHEMA_V110 as SCHEMA_V110
+from sfc_fast.graph import SCHEMAS as SCHEMAS
+from sfc_fast.graph import TRANSITION_KINDS as TRANSITION_KINDS
+from sfc_fast.graph import Graph as Graph
+from sfc_fast.graph import GraphFormatError as GraphFormatError
+from sfc_fast.problems import CODES as CODES
+from sfc_fast.problems import Problem as Problem
+from sfc_fast.problems import RecipeError as RecipeError
+
 MAX_ELEMENTS: int
-MAX_SECONDS: int
-QUALIFIERS: dict[str, int]
-INTERACTIONS: dict[str, int]
-BRANCH_TYPES: dict[str, int]
-TRANSITION_KINDS: dict[int, str]
-V110_FIELDS: tuple[str, ...]
-PLACEHOLDERS: frozenset[str]
-CODES: dict[str, str]
-
-class Problem:
-    code: str
-    path: str
-    message: str
-    def __init__(self, code: str, path: str, message: str) -> None: ...
-    def to_dict(self) -> dict[str, str]: ...
-
-class RecipeError(ValueError):
-    problems: list[Problem]
-    def __init__(self, problems: list[Problem]) -> None: ...
-    @property
-    def codes(self) -> list[str]: ...
-
-class GraphFormatError(ValueError): ...
-
-class Graph:
-    n_steps: int
-    n_branches: int
-    n_paths: int
-    n_path_steps: int
-    n_transitions: int
-    n_actions: int
-    n_conds: int
-    n_code: int
-    n_refs: int
-    n_ref_segs: int
-    n_consts: int
-    n_strings: int
-    schema_minor: int
-    initial_step: int
-    @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Graph: ...
-    def to_bytes(self) -> bytes: ...
-    @property
-    def fingerprint(self) -> str: ...
-    @property
-    def dataschema(self) -> str: ...
-    @property
-    def version(self) -> str: ...
-    @property
-    def n_nodes(self) -> int: ...
-    @property
-    def steps(self) -> tuple[str, ...]: ...
-    @property
-    def actions(self) -> tuple[str, ...]: ...
-    @property
-    def branches(self) -> tuple[str, ...]: ...
-    def node_name(self, node: int) -> str: ...
-    def step_index(self, name: str) -> int: ...
-    def action_index(self, name: str) -> int: ...
-    def branch_index(self, name: str) -> int: ...
-    def step_actions(self, step: int) -> list[int]: ...
-    def outgoing(self, node: int) -> list[int]: ...
-    def step_info(self, i: int) -> dict[str, Any]: ...
-    def action_info(self, i: int) -> dict[str, Any]: ...
-    def transition_info(self, i: int) -> dict[str, Any]: ...
-    def branch_info(self, i: int) -> dict[str, Any]: ...
-    def summary(self) -> dict[str, Any]: ...
-    def evaluate(
-        self,
-        transition: int,
-        *,
-        results: dict[str, Any] | None = ...,
-        rounds: dict[str, int] | None = ...,
-        outcomes: dict[str, str] | None = ...,
-        params: dict[str, Any] | None = ...,
-        bare: list[dict[str, Any]] | None = ...,
-    ) -> bool: ...
-    def arrays(self) -> dict[str, Any]: ...
 
 def schema_minor(dataschema: object) -> int: ...
-def canonical_json(obj: Any) -> bytes: ...
 def compile_recipe(data: dict[str, Any] | str | bytes, dataschema: str) -> Graph: ...

@@ -2,7 +2,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sfc_fast.evolve import Command, Decision
-from sfc_fast.recipe import Graph
+from sfc_fast.graph import Graph
 
 class Runner:
     absorbed: int

@@ -19,7 +19,7 @@ from sfc_fast.state cimport NO_TIME
 from sfc_fast.events import (
     Cancel, Completed, Event, Failed, Held, Hold, NotHeld, Release, Start, Tick,
 )
-from sfc_fast.recipe cimport Graph
+from sfc_fast.graph cimport Graph
 from sfc_fast.state import state_to_json
 
 

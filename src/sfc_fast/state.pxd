@@ -9,7 +9,7 @@
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
-from sfc_fast.recipe cimport Graph
+from sfc_fast.graph cimport Graph
 
 cdef enum:
     STATE_FORMAT_MAJOR = 2

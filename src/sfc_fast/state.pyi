@@ -1,6 +1,6 @@
 from typing import Any
 
-from sfc_fast.recipe import Graph
+from sfc_fast.graph import Graph
 
 MAX_STATE_BYTES: int
 STATUS_NAMES: tuple[str, ...]

@@ -37,7 +37,7 @@ cdef extern from "Python.h":
     int _list_set_slice "PyList_SetSlice" (object lst, Py_ssize_t lo, Py_ssize_t hi,
                                            PyObject* items) except -1
 
-from sfc_fast.recipe cimport (
+from sfc_fast.graph cimport (
     Graph, Q_D, Q_L, Q_P0, Q_R, I_PUSH, B_SIMULTANEOUS, TK_PATH_END,
 )
 from sfc_fast.conditions cimport (

@@ -1,0 +1,3 @@
+from typing import Any
+
+def canonical_json(obj: Any) -> bytes: ...
