@@ -9,9 +9,11 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from sfc_fast.wire.mqtt5 import Message, encode_connect
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import MqttLink
+from sfc_host.mqtt.connection import Connection
 
 Script = Callable[[int, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -255,3 +257,23 @@ async def host_link(config: HostConfig, metrics: Metrics | None = None,
         yield link
     finally:
         await link.aclose()
+
+
+async def open_connection(url: str, metrics: Metrics | None = None, *, v5: bool = True,
+                          on_message: Callable[[Message], bool] = lambda m: False,
+                          on_ack: Callable[[int, int], None] = lambda mid, code: None,
+                          on_writable: Callable[[], None] = lambda: None,
+                          ) -> tuple[Connection, dict[str, Any]]:
+    """A bare ``Connection`` to a broker at ``url`` past its CONNECT and CONNACK, and
+    the CONNACK's properties: one of the link's parts tested on the wire without the
+    link (the test wires the callbacks to it)."""
+    host, _, port = url.removeprefix("mqtt://").rpartition(":")
+    conn = Connection(v5=v5, max_packet=1 << 20,
+                      metrics=metrics if metrics is not None else Metrics(),
+                      on_message=on_message, on_ack=on_ack, on_writable=on_writable,
+                      on_dropped=lambda topic, reason, why: None)
+    await asyncio.get_running_loop().create_connection(lambda: conn, host, int(port))
+    conn.write(encode_connect("part", 60, v5))
+    _, code, properties = await asyncio.wait_for(conn.connack, 5)
+    assert code == 0, code
+    return conn, properties
