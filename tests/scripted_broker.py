@@ -138,6 +138,15 @@ def publish_parts(packet: bytes, v5: bool = True) -> tuple[int, str, int, bytes]
 
 
 def subscribe_filters(packet: bytes, v5: bool = True) -> list[str]:
+    return _filters(packet, v5, options=1)
+
+
+def unsubscribe_filters(packet: bytes, v5: bool = True) -> list[str]:
+    return _filters(packet, v5, options=0)
+
+
+def _filters(packet: bytes, v5: bool, options: int) -> list[str]:
+    """The filters of a SUBSCRIBE (each followed by ``options`` bytes) or UNSUBSCRIBE."""
     body = body_of(packet)[2:]
     if v5:
         body = body[_skip_properties(body, 0):]
@@ -145,7 +154,7 @@ def subscribe_filters(packet: bytes, v5: bool = True) -> list[str]:
     while body:
         n = int.from_bytes(body[:2], "big")
         out.append(body[2:2 + n].decode())
-        body = body[3 + n:]
+        body = body[2 + n + options:]
     return out
 
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from scripted_broker import (
     ScriptedBroker,
-    body_of,
     open_connection,
     publish,
     publish_parts,
@@ -20,6 +19,7 @@ from scripted_broker import (
     suback,
     subscribe_filters,
     unsuback,
+    unsubscribe_filters,
 )
 
 from sfc_host.config import HostConfig
@@ -34,16 +34,6 @@ from sfc_host.mqtt.subscriber import Subscriber
 
 def run(coro: Any) -> None:
     asyncio.run(asyncio.wait_for(coro, 30))
-
-
-def unsubscribe_filters(packet: bytes) -> list[str]:
-    body = body_of(packet)[3:]           # packet id, an empty property section (v5)
-    out = []
-    while body:
-        n = int.from_bytes(body[:2], "big")
-        out.append(body[2:2 + n].decode())
-        body = body[2 + n:]
-    return out
 
 
 class Broker:
