@@ -211,7 +211,7 @@ def test_a_unit_that_aborts_fails_its_action_with_the_stop_reason(
 def test_mes_pause_holds_the_unit_and_resume_brings_it_back(
         redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
     async def main() -> None:
-        async with Plant(redis_url, mqtt_url, tmp_path, work_s=1.0) as p:
+        async with Plant(redis_url, mqtt_url, tmp_path, work_s=3.0) as p:
             assert p.app is not None
             wm = recipe([("fill", "com.example.fill.v1", {"setpoint": 1.0})], hold=True)
             await p.run_job(wm, "J4")
@@ -253,7 +253,7 @@ def test_a_command_sent_again_is_not_started_twice(redis_url: str, mqtt_url: str
     """Another host's death has every open command sent again: the unit's command id
     says it took this one, so the host follows it instead of starting it again."""
     async def main() -> None:
-        async with Plant(redis_url, mqtt_url, tmp_path, work_s=1.0) as p:
+        async with Plant(redis_url, mqtt_url, tmp_path, work_s=3.0) as p:
             assert p.app is not None
             await p.run_job(THREE, "J6")
             filler = p.units["Filler1"]
@@ -361,4 +361,45 @@ def test_a_server_away_mid_action_is_read_from_the_units_state(
             await p.wait_state("J9", "Ended_Completed", timeout=30)
             assert response_data(await p.response("J9"))["fill.filled"] == 7.0
             assert await p.starts("Filler1") == 1
+    run(main())
+
+
+def test_a_variables_data_changes_are_pull_events(redis_url: str, mqtt_url: str,
+                                                  tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path) as p:
+            assert p.app is not None and p.server is not None
+            ns = await p.server.get_namespace_index(URI)
+            camera = await p.server.nodes.objects.add_variable(
+                ua.NodeId("Camera1.Passed", ns), ua.QualifiedName("Passed", ns), False)
+            await p.app.aclose()
+            eq_file = tmp_path / "equipment.toml"
+            eq_file.write_text(eq_file.read_text() + f"""
+[[event]]
+server = "plc1"
+scope = "{S}"
+type = "com.example.qa_result.v1"
+node = "nsu={URI};s=Camera1.Passed"
+field = "passed"
+""")
+            p.app = App(quick_config(redis_url, mqtt_url=mqtt_url, scopes=[S],
+                                     consumer="opcua-eq", equipment_opcua=str(eq_file)))
+            await p.app.start(connect_timeout_s=5)
+            eq = p.app.opcua_equipment
+            await wait_until(lambda: not eq.not_ready(), 15, "the units bound")
+            wm = recipe([("fill", "com.example.fill.v1", {"setpoint": 1.0})], wm_id="wm-qa")
+            wm["data"]["Steps"].append({"Name": "Qa"})
+            wm["data"]["Transitions"].append(
+                {"Source": "S0", "Target": "Qa", "Condition": "always"})
+            wm["data"]["Actions"].append(
+                {"Name": "qa", "Step": "Qa", "Qualifier": "N", "Interaction": "pull_event",
+                 "TypeId": "com.example.qa_result.v1", "TimeoutSeconds": 20})
+            await p.run_job(wm, "J10")
+            value = False
+            while not (await p.order_state("J10")).startswith(("Ended", "Aborted")):
+                value = not value                  # each write is a data change
+                await camera.write_value(value)
+                await asyncio.sleep(0.2)
+            assert (await p.order_state("J10")).startswith("Ended_Completed")
+            assert "qa.passed" in response_data(await p.response("J10"))
     run(main())

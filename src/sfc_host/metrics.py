@@ -27,6 +27,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # What the counters and histograms used by the host mean; other names get a generic text.
 HELP: dict[str, str] = {
     "commands_sent": "Equipment commands published.",
+    "equipment_opcua_commands": "Commands carried out on OPC UA units and methods "
+                                "(equipment_opcua).",
+    "equipment_opcua_answers": "Outcomes of OPC UA units and methods turned into answers.",
     "commands_resent": "Open commands sent again because a host had ended (its answers "
                        "may have ended with it).",
     "host_ends_taken": "Ends of hosts' runs (a death, a stop) this host took over.",

@@ -16,6 +16,7 @@ equipment-opcua.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ class PackMLUnit:
         self._lock = asyncio.Lock()           # one command at a time on a unit
         self._nodes: dict[str, Node] = {}
         self._param_types: dict[str, ua.VariantType | None] = {}
+        self._set_parameter_array = False     # SetParameter takes a list of descriptors
         self._sub: Any = None
         self.problem = "not bound yet"
         self._tasks: set[asyncio.Task[None]] = set()
@@ -86,6 +88,9 @@ class PackMLUnit:
             for m in ("Start", "Stop", "Abort", "Hold", "Unhold", "Reset", "Clear"):
                 nodes[m] = await _child(sm, ns, m)
             nodes["SetParameter"] = await _child(unit, ns, "SetParameter")
+            # OPC 30050 declares its argument an array of descriptors: a server that checks
+            # the arguments' value rank (node-opcua) refuses a scalar
+            self._set_parameter_array = await _takes_array(nodes["SetParameter"])
             admin = await _child(unit, ns, "Admin")
             nodes["StopReason"] = await _child(admin, ns, "StopReason") if admin else None
             for name, nid in self.settings.results.items():
@@ -120,11 +125,11 @@ class PackMLUnit:
 
     # ---- the attempt's outcome, from the state
 
-    async def _settle(self) -> None:
+    async def _settle(self, state: str | None = None) -> None:
         a = self.current
         if a is None:
             return
-        state = self.state
+        state = self.state if state is None else state
         if state == "Complete":
             self.current = None
             self.answer(a.scope, Completed(a.command_id, await self._results()))
@@ -169,12 +174,13 @@ class PackMLUnit:
             try:
                 if self.problem:
                     raise _Refused(self.problem)
+                state, last = await self._read()
                 if cmd.hold:
-                    await self._hold(cmd)
-                elif cmd.restart and self.state == "Held":
+                    await self._hold(cmd, state)
+                elif cmd.restart and state == "Held":
                     await self._unhold(cmd)
                 else:
-                    await self._start(cmd)
+                    await self._start(cmd, state, last)
                 _done(handed)
             except _Refused as e:
                 _done(handed)
@@ -186,55 +192,66 @@ class PackMLUnit:
                 log.warning("unit %s: %s not carried out: %s", self.name, cmd.command_id,
                             _why(e))
 
-    async def _start(self, cmd: Command) -> None:
+    async def _read(self) -> tuple[str, str]:
+        """The unit's state and the command id it last took, read now: what the
+        subscription has shown may be a publishing interval behind."""
+        client = self.link.client
+        if client is None:
+            raise ConnectionError("not connected")
+        state, last = await client.read_values([self._nodes["state"],
+                                                self._nodes["command_id"]])
+        text = state.Text if isinstance(state, ua.LocalizedText) else str(state or "")
+        return text or "", str(last or "")
+
+    async def _start(self, cmd: Command, state: str, last: str) -> None:
         cid = cmd.command_id
-        last = await self._nodes["command_id"].read_value()
         if last == cid:
-            self._adopt(cmd)
+            self._adopt(cmd, state)
             return
-        await self._to_idle(cid)
+        await self._to_idle(cid, state, last)
         await self._write_parameters(cmd.parameters or {})
         await self._nodes["command_id"].write_value(ua.Variant(cid, ua.VariantType.String))
         self.current = Attempt(cmd.scope, cid)
         await self._call("Start", _descriptor(cid))
 
-    def _adopt(self, cmd: Command) -> None:
-        """The unit took this command already (a resend, or another host's send)."""
+    def _adopt(self, cmd: Command, state: str) -> None:
+        """The unit took this command already (a resend, or another host's send): its
+        state now says how far it got."""
         self.current = Attempt(cmd.scope, cmd.command_id)
-        if self.state == "Idle":
+        if state == "Idle":
             # reset after it completed: the answer may not have been applied
             self.current = None
             self._spawn(self._answer_done(cmd))
         else:
-            self._spawn(self._settle())
+            self._spawn(self._settle(state))
 
     async def _answer_done(self, cmd: Command) -> None:
         self.answer(cmd.scope, Completed(cmd.command_id, await self._results()))
 
-    async def _to_idle(self, cid: str) -> None:
+    async def _to_idle(self, cid: str, state: str, last: str) -> None:
         """Bring a unit left in a resting state to Idle; a unit running another command
         of the same job (an attempt timed out) is stopped first; any other work on it
         refuses the command."""
-        for _ in range(6):
-            state = self.state
-            if state == "Idle":
-                return
+        loop = asyncio.get_running_loop()
+        end = loop.time() + SETTLE_S
+        while state != "Idle":
+            if loop.time() > end:
+                raise _Refused(f"unit {self.name} did not come to Idle (it is {state})")
             if state in ACTING:
                 pass                    # on its way to a resting state: wait for it
             elif state in ("Complete", "Stopped"):
                 await self._call("Reset", quiet=True)   # the settle may have reset it
             elif state == "Aborted":
                 await self._call("Clear", quiet=True)
-            elif state in RUNNING and self.current is not None and \
-                    job_of_command(self.current.command_id) == job_of_command(cid):
+            elif state in RUNNING and last and \
+                    job_of_command(last) == job_of_command(cid):
                 self.current = None
-                await self._call(self.settings.cancel)
+                await self._call(self.settings.cancel, quiet=True)
             else:
-                last = await self._nodes["command_id"].read_value()
                 raise _Refused(f"unit {self.name} is {state or 'in no state'} with "
                                f"command {last or 'none'}, not Idle")
-            await self._wait(lambda s, was=state: s != was)
-        raise _Refused(f"unit {self.name} did not come to Idle (it is {self.state})")
+            await self._wait(lambda s, was=state: s != was, 0.5)
+            state, last = await self._read()
 
     async def _write_parameters(self, params: dict[str, Any]) -> None:
         for name, value in params.items():
@@ -252,7 +269,9 @@ class PackMLUnit:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise _Refused(f"parameter {name!r}: SetParameter takes numbers, not "
                                f"{type(value).__name__}")
-            await self._call("SetParameter", _descriptor(name, float(value)), on="unit")
+            d = _descriptor(name, float(value))
+            await self._call("SetParameter", [d] if self._set_parameter_array else d,
+                             on="unit")
 
     def check(self, params: dict[str, Any]) -> list[str]:
         """What of an action's parameters the unit cannot take, one line each."""
@@ -269,13 +288,13 @@ class PackMLUnit:
                 out.append(f"parameter {name!r}: SetParameter takes numbers")
         return out
 
-    async def _hold(self, cmd: Command) -> None:
+    async def _hold(self, cmd: Command, state: str) -> None:
         a = self.current
         base = cmd.command_id.removesuffix(":hold")
-        if a is None or a.command_id != base or self.state not in RUNNING:
+        if a is None or a.command_id != base or state not in RUNNING:
             self.answer(cmd.scope, NotHeld(cmd.command_id))
             return
-        if self.state == "Held":
+        if state == "Held":
             self.answer(cmd.scope, Held(cmd.command_id))
             return
         a.hold_id = cmd.command_id
@@ -309,10 +328,12 @@ class PackMLUnit:
                 return
             raise _Refused(why) from None
 
-    async def _wait(self, done: Callable[[str], bool], timeout: float = SETTLE_S) -> None:
+    async def _wait(self, done: Callable[[str], bool], timeout: float) -> None:
+        """Until the subscription shows a state ``done`` accepts, or ``timeout``."""
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: done(self.state)),
-                                   timeout)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait_for(lambda: done(self.state)),
+                                       timeout)
 
 
 class _Refused(Exception):
@@ -330,6 +351,17 @@ def _descriptor(name: str, value: float = 0.0) -> Any:
     if cls is None:
         raise _Refused("the server's PackML structures are not loaded")
     return cls(ID=0, Name=name, Unit=ua.EUInformation(), Value=value)
+
+
+async def _takes_array(method: Node | None) -> bool:
+    """The method's first input argument is an array (its ValueRank 0 or more)."""
+    if method is None:
+        return False
+    try:
+        args = await (await method.get_child("0:InputArguments")).read_value()
+    except ua.UaStatusCodeError:
+        return False
+    return bool(args) and args[0].ValueRank >= 0
 
 
 async def _child(node: Node, ns: int, name: str) -> Node | None:

@@ -87,7 +87,7 @@ class OpcuaEquipment:
         t = asyncio.get_running_loop().create_task(b.run(cmd, fut))
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
-        self.metrics.inc("opcua_commands")
+        self.metrics.inc("equipment_opcua_commands")
         return fut
 
     def resendable(self, cmd: Command) -> bool:
@@ -128,7 +128,7 @@ class OpcuaEquipment:
                 b.job_ended(job)
 
     def _answer(self, scope: str, event: BaseEvent) -> None:
-        self.metrics.inc("opcua_answers")
+        self.metrics.inc("equipment_opcua_answers")
         self.host.answer(scope, event)
 
 
