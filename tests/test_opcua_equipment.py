@@ -403,3 +403,63 @@ field = "passed"
             assert (await p.order_state("J10")).startswith("Ended_Completed")
             assert "qa.passed" in response_data(await p.response("J10"))
     run(main())
+
+
+def test_a_host_killed_mid_action_is_finished_by_another_with_no_second_start(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """Two ``sfc-host run`` processes share the units; the one that started a unit is
+    killed (SIGKILL) while the unit works. The other takes over the death, sends the
+    open command again, reads from the unit that it took that command already, follows
+    it to Complete, and runs the job to its end: each unit started once per action."""
+    import re
+    import signal
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "faults"))
+    from fault_harness import HostProcess, scrape
+
+    from sfc_host.config import HostConfig
+    from sfc_host.execution.host import Host
+
+    async def main() -> None:
+        await flush(redis_url)
+        port = free_port()
+        server, units = await build(port, ["Filler1", "Capper1"], 3.0)
+        await server.start()
+        eq_file = equipment_file(tmp_path, port)
+        settings = {"redis_url": redis_url, "mqtt_url": mqtt_url, "scopes": [S],
+                    "equipment_opcua": str(eq_file), "claim_min_idle_ms": 300,
+                    "claim_interval_ms": 100, "log_level": "WARNING"}
+        hosts = {n: HostProcess(n, tmp_path, settings) for n in ("kh1", "kh2")}
+        orders = Host(HostConfig(redis_url=redis_url, consumer="kill-orders"), loops=False)
+        try:
+            for h in hosts.values():
+                await h.ready()
+            await orders.store.put_work_master(S, THREE)
+            await orders.orders.store_order(
+                S, {"JobOrderID": "K1", "WorkMasterID": [{"ID": THREE["ID"]}]}, start=True)
+            filler = units["Filler1"]
+            await wait_until(lambda: filler.state == "Execute", 15, "the unit executing")
+
+            def sent(h: HostProcess) -> int:
+                m = re.search(r"^sfc_equipment_opcua_commands_total\{[^}]*\} (\d+)",
+                              scrape(h.metrics_port) or "", re.M)
+                return int(m.group(1)) if m else 0
+            await wait_until(lambda: any(sent(h) for h in hosts.values()), 10, "a sender")
+            victim = next(h for h in hosts.values() if sent(h))
+            victim.signal(signal.SIGKILL)
+
+            async def ended() -> bool:
+                st = await orders.client.hget(f"sfc:{{{S}}}:order:K1", "state")
+                return bool(st) and st.startswith(b"Ended")
+            await wait_until(ended, 30, "the job's end on the other host")
+            st = await orders.client.hget(f"sfc:{{{S}}}:order:K1", "state")
+            assert st == b"Ended_Completed", st
+            assert int(await filler.nodes["starts"].read_value()) == 2   # fill, fill_again
+            assert int(await units["Capper1"].nodes["starts"].read_value()) == 1
+        finally:
+            for h in hosts.values():
+                h.stop()
+            await orders.aclose()
+            await server.stop()
+    run(main(), timeout=120)
