@@ -463,3 +463,66 @@ def test_a_host_killed_mid_action_is_finished_by_another_with_no_second_start(
             await orders.aclose()
             await server.stop()
     run(main(), timeout=120)
+
+
+def test_sign_and_encrypt_with_a_user_and_a_server_certificate_trusted_later(
+        redis_url: str, mqtt_url: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PLC that takes only Basic256Sha256 SignAndEncrypt and a user: the host refuses
+    its certificate until an administrator trusts it (kept in rejected/, named in
+    /readyz), then connects without a restart and runs a job to its end."""
+    from asyncua.crypto.cert_gen import setup_self_signed_certificate
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    async def main() -> None:
+        await flush(redis_url)
+        pki = tmp_path / "pki"
+        trust = pki / "plc1"
+        trust.mkdir(parents=True)
+        await setup_self_signed_certificate(
+            pki / "host.pem", pki / "host.der", "urn:sfc-fast:equipment-client", "localhost",
+            [ExtendedKeyUsageOID.CLIENT_AUTH], {"commonName": "sfc-host"})
+        await setup_self_signed_certificate(
+            pki / "plc.pem", pki / "plc.der", "urn:test:plc1", "localhost",
+            [ExtendedKeyUsageOID.SERVER_AUTH], {"commonName": "plc1"})
+        port = free_port()
+        server, units = await build(port, ["Filler1", "Capper1"], 0.05,
+                                    certificate=str(pki / "plc.der"),
+                                    private_key=str(pki / "plc.pem"),
+                                    users={"sfc": "plc-secret-1"})
+        await server.start()
+        monkeypatch.setenv("PLC1_PASSWORD", "plc-secret-1")
+        eq_file = equipment_file(tmp_path, port)
+        eq_file.write_text(eq_file.read_text().replace(
+            'endpoint = "opc.tcp://', f'security = "SignAndEncrypt"\n'
+            f'certificate = "{pki / "host.der"}"\nprivate_key = "{pki / "host.pem"}"\n'
+            f'trust_dir = "{trust}"\nusername = "sfc"\npassword_env = "PLC1_PASSWORD"\n'
+            'endpoint = "opc.tcp://'))
+        app = App(quick_config(redis_url, mqtt_url=mqtt_url, scopes=[S], consumer="secure",
+                               equipment_opcua=str(eq_file)))
+        await app.start(connect_timeout_s=5)
+        try:
+            eq = app.opcua_equipment
+            await wait_until(lambda: any("not in" in line for line in eq.not_ready()), 15,
+                             "the untrusted certificate named")
+            line = next(line for line in eq.not_ready() if "not in" in line)
+            assert "refused and kept in" in line and "\n" not in line
+            rejected = list((trust / "rejected").iterdir())
+            assert len(rejected) == 1
+            rejected[0].rename(trust / rejected[0].name)       # the administrator's step
+            await wait_until(lambda: not eq.not_ready(), 30, "the secure session")
+            await app.host.store.put_work_master(S, THREE)
+            await app.host.orders.store_order(
+                S, {"JobOrderID": "SE1", "WorkMasterID": [{"ID": THREE["ID"]}]}, start=True)
+
+            async def ended() -> bool:
+                st = await app.host.client.hget(f"sfc:{{{S}}}:order:SE1", "state")
+                return bool(st) and st.startswith(b"Ended")
+            await wait_until(ended, 20, "the job's end")
+            assert await app.host.client.hget(f"sfc:{{{S}}}:order:SE1", "state") == \
+                b"Ended_Completed"
+            assert int(await units["Filler1"].nodes["starts"].read_value()) == 2
+        finally:
+            await app.aclose()
+            await server.stop()
+    run(main(), timeout=90)

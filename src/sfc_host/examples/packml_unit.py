@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncua import Server, ua
+from asyncua.crypto.permission_rules import User, UserRole
+from asyncua.server.user_managers import UserManager
 
 NODESET = Path(__file__).resolve().parents[1] / "equipment" / "opcua" / "nodeset" / \
     "Opc.Ua.PackML.NodeSet2.xml"
@@ -133,9 +135,11 @@ class Unit:
         self._spawn(self._acting("Resetting", "Idle"))
         return []
 
-    async def set_parameter(self, parent: Any, descriptor: Any) -> list[ua.Variant]:
-        d = descriptor.Value if isinstance(descriptor, ua.Variant) else descriptor
-        self.params[str(d.Name)] = float(d.Value)
+    async def set_parameter(self, parent: Any, descriptors: Any) -> list[ua.Variant]:
+        v = descriptors.Value if isinstance(descriptors, ua.Variant) else descriptors
+        # the model declares an array of descriptors; a client sending one alone is let be
+        for d in v if isinstance(v, list) else [v]:
+            self.params[str(d.Name)] = float(d.Value)
         return []
 
     # ---- work
@@ -168,14 +172,37 @@ class Unit:
             self._work.cancel()
 
 
+class Users(UserManager):
+    """User names and passwords (a secured example server): a session must name one."""
+
+    def __init__(self, users: dict[str, str]) -> None:
+        self.users = users
+
+    def get_user(self, iserver: Any, username: str | None = None,
+                 password: str | None = None, certificate: Any = None) -> User | None:
+        if username is not None and self.users.get(username) == password:
+            return User(role=UserRole.User, name=username)
+        return None
+
+
 async def build(port: int, names: list[str], work_s: float = 0.05,
-                host: str = "127.0.0.1") -> tuple[Server, dict[str, Unit]]:
-    """A server with the units, not started yet (``async with server:`` runs it)."""
-    server = Server()
+                host: str = "127.0.0.1", *, certificate: str = "", private_key: str = "",
+                users: dict[str, str] | None = None) -> tuple[Server, dict[str, Unit]]:
+    """A server with the units, not started yet (``async with server:`` runs it).
+    With ``certificate`` and ``private_key`` it offers Basic256Sha256 SignAndEncrypt
+    only, and with ``users`` it takes no anonymous session."""
+    server = Server(user_manager=Users(users) if users else None)
     await server.init()
     server.set_endpoint(f"opc.tcp://{host}:{port}/units/")
     server.set_server_name("sfc-fast example PackML units")
-    server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+    if certificate:
+        await server.load_certificate(certificate)
+        await server.load_private_key(private_key)
+        server.set_security_policy([ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt])
+    else:
+        server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+    if users:
+        server.set_security_IDs(["Username"])
     await server.import_xml(str(NODESET))
     await server.load_data_type_definitions()
     packml = await server.get_namespace_index(PACKML_URI)

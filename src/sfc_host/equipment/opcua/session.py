@@ -6,6 +6,7 @@ again, so an outcome missed while away is read from the unit's state)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -14,7 +15,9 @@ from typing import Any
 
 from asyncua import Client, Node, ua
 from asyncua.client.ua_client import UaClientState
-from asyncua.crypto import security_policies
+from asyncua.crypto import security_policies, uacrypto
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from sfc_host.aio import reap
 from sfc_host.equipment.opcua.settings import ServerSettings
@@ -71,12 +74,36 @@ class ServerLink:
             client.set_user(s.username)
             client.set_password(s.password)
         if s.security != "None":
-            server_cert = _server_certificate(s.trust_dir)
+            own = await uacrypto.load_certificate(s.certificate)
+            client.application_uri = _uri_of(own) or APPLICATION_URI
+            server_cert = await self._trusted_server_certificate()
             await client.set_security(security_policies.SecurityPolicyBasic256Sha256,
                                       s.certificate, s.private_key,
-                                      server_certificate=server_cert,
+                                      server_certificate=uacrypto.CertProperties(
+                                          server_cert, "der"),
                                       mode=_MODES[s.security])
         return client
+
+    async def _trusted_server_certificate(self) -> bytes:
+        """The server's certificate, from its endpoints, if ``trust_dir`` holds it. An
+        untrusted one is refused and kept in ``trust_dir/rejected/`` for an
+        administrator, who trusts it by moving it into ``trust_dir`` (taken at the next
+        attempt, no restart)."""
+        s = self.settings
+        probe = Client(s.endpoint, timeout=s.timeout_s)
+        endpoints = await probe.connect_and_get_server_endpoints()
+        ep = Client.find_endpoint(endpoints, _MODES[s.security],
+                                  security_policies.SecurityPolicyBasic256Sha256.URI)
+        der = _first_certificate(ep.ServerCertificate)
+        trusted = _trusted(Path(s.trust_dir))
+        if der in trusted:
+            return der
+        thumb = hashlib.sha1(der).hexdigest()
+        rejected = Path(s.trust_dir) / "rejected"
+        rejected.mkdir(exist_ok=True)
+        (rejected / f"{thumb}.der").write_bytes(der)
+        raise Untrusted(f"its certificate (SHA-1 {thumb}) is not in {s.trust_dir}: refused "
+                        f"and kept in {rejected}; move it into {s.trust_dir} to trust it")
 
     async def _run(self) -> None:
         fails = 0
@@ -143,16 +170,53 @@ async def node_of(client: Client, text: str) -> Node:
     return client.get_node(text)
 
 
-def _server_certificate(trust_dir: str) -> str | None:
-    """The one certificate of the trust folder, for a secure channel's server check."""
-    if not trust_dir:
-        return None
-    certs = sorted(p for p in Path(trust_dir).iterdir()
-                   if p.suffix.lower() in (".der", ".pem", ".crt"))
-    return str(certs[0]) if certs else None
+class Untrusted(Exception):
+    """The server's certificate is not in the trust folder."""
+
+
+def _trusted(folder: Path) -> set[bytes]:
+    """The DER bytes of every certificate file in the folder (DER or PEM)."""
+    out: set[bytes] = set()
+    for p in folder.iterdir():
+        if not p.is_file() or p.suffix.lower() not in (".der", ".pem", ".crt", ".cer"):
+            continue
+        data = p.read_bytes()
+        try:
+            cert = x509.load_pem_x509_certificate(data) if b"-----BEGIN" in data \
+                else x509.load_der_x509_certificate(data)
+        except ValueError:
+            log.warning("%s in the OPC UA trust folder is no certificate", p)
+            continue
+        out.add(cert.public_bytes(Encoding.DER))
+    return out
+
+
+def _first_certificate(chain: bytes) -> bytes:
+    """The leaf of a DER chain (a server may send its chain in one field)."""
+    cert = x509.load_der_x509_certificate(chain[:_der_length(chain)])
+    return cert.public_bytes(Encoding.DER)
+
+
+def _der_length(data: bytes) -> int:
+    """The length of the first DER element (a SEQUENCE) of ``data``."""
+    if len(data) < 2 or data[1] < 0x80:
+        return 2 + (data[1] if len(data) > 1 else 0)
+    n = data[1] & 0x7F
+    return 2 + n + int.from_bytes(data[2:2 + n], "big")
+
+
+def _uri_of(cert: Any) -> str:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return ""
+    uris = san.value.get_values_for_type(x509.UniformResourceIdentifier)
+    return uris[0] if uris else ""
 
 
 def _why(e: BaseException) -> str:
+    if isinstance(e, Untrusted):
+        return str(e)
     if isinstance(e, ua.UaStatusCodeError):
         return f"{type(e).__name__} ({e})"
     return str(e) or type(e).__name__

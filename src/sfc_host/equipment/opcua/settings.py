@@ -249,6 +249,9 @@ def _server(raw: dict[str, Any], where: str, entry: str, env: Any) -> ServerSett
         if v and not Path(v).is_file():
             raise _err(where, entry, f"{k} {v!r} is not a file")
     trust = e.text("trust_dir", "")
+    if security != "None" and not trust:
+        raise _err(where, entry, f"security {security}: trust_dir (the folder of the "
+                                 "server certificates the host trusts)")
     if trust and not Path(trust).is_dir():
         raise _err(where, entry, f"trust_dir {trust!r} is not a folder")
     password = ""
