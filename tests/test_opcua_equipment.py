@@ -526,3 +526,25 @@ def test_sign_and_encrypt_with_a_user_and_a_server_certificate_trusted_later(
             await app.aclose()
             await server.stop()
     run(main(), timeout=90)
+
+
+def test_a_unit_in_execute_past_the_deadline_is_stopped(redis_url: str, mqtt_url: str,
+                                                        tmp_path: Path) -> None:
+    """The action's deadline passes while the unit still works: with a retry left the
+    unit is stopped and started again for the new attempt; with none the job aborts and
+    the unit is stopped."""
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path, work_s=2.5) as p:
+            wm = recipe([("fill", "com.example.fill.v1", {"setpoint": 1.0})], wm_id="wm-slow")
+            wm["data"]["Actions"][0].update(TimeoutSeconds=1, Retries=1)
+            await p.run_job(wm, "J11")
+            filler = p.units["Filler1"]
+            await wait_until(lambda: filler.state == "Execute", 10, "the unit executing")
+            # each attempt times out after 1 s: the unit is stopped, then started anew
+            await p.wait_state("J11", "Aborted", timeout=20)
+            assert p.app is not None
+            reason = await p.app.host.client.hget(f"sfc:{{{S}}}:order:J11", "reason")
+            assert b"timed out" in reason and b"attempt 2" in reason, reason
+            assert await p.starts("Filler1") == 2
+            await wait_until(lambda: filler.state == "Stopped", 10, "the unit stopped")
+    run(main())
