@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +35,15 @@ NODE_ENV = {"NODE_NO_WARNINGS": "1"}    # node-opcua declares Node 22; it runs o
 
 @pytest.fixture
 def node() -> str:
-    """The ``node`` binary, with node-opcua installed in tests/peers."""
+    """The ``node`` binary (20 or newer), with node-opcua installed in tests/peers."""
     path = shutil.which("node")
     try:
         if path is None:
             raise ServerMissing("node not found on PATH")
+        version = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                 timeout=10).stdout.strip()
+        if int(version.lstrip("v").split(".")[0] or 0) < 20:
+            raise ServerMissing(f"node {version} is too old (20 or newer)")
         if not (PEERS / "node_modules" / "node-opcua" / "package.json").is_file():
             raise ServerMissing("node-opcua is not installed in tests/peers")
     except ServerMissing as e:
