@@ -47,6 +47,153 @@ class InvalidTransition(ValueError):
 _STATE_KEYS = frozenset(("name", "number", "children", "initial"))
 
 
+cdef class _Tree:
+    """The states as declared, by id in declaration order (a parent before its
+    sub-states): full and local names, parent, OPC UA number, sub-states, initial
+    sub-state."""
+    cdef str machine
+    cdef list names, local, parents, numbers, children, initial_child
+    cdef dict ids
+
+    def __init__(self, str machine, states):
+        self.machine = machine
+        self.names = []
+        self.local = []
+        self.parents = []
+        self.numbers = []
+        self.children = []
+        self.initial_child = []
+        for spec in states:
+            self._walk(spec, -1, "")
+        if not self.names:
+            raise ValueError(f"{machine}: a machine needs at least one state")
+        self.ids = {s: i for i, s in enumerate(self.names)}
+
+    cdef int _walk(self, object spec, int parent_id, str parent_full) except -1:
+        cdef str name = self.machine
+        if isinstance(spec, str):
+            spec = {"name": spec}
+        if not isinstance(spec, dict):
+            raise TypeError(f"{name}: a state is a name or a dict, not {spec!r}")
+        unknown = set(spec) - _STATE_KEYS
+        if unknown:
+            raise ValueError(f"{name}: unknown state keys {sorted(unknown)}")
+        sname = spec.get("name")
+        if not isinstance(sname, str) or not sname:
+            raise ValueError(f"{name}: a state needs a non-empty name")
+        full = sname if parent_id < 0 else parent_full + SEPARATOR + sname
+        if full in self.names:
+            raise ValueError(f"{name}: state {full} declared twice")
+        number = spec.get("number", -1)
+        if not isinstance(number, int) or number < -1:
+            raise ValueError(f"{name}: state {full}: number must be an int >= 0")
+        cdef int sid = len(self.names)
+        self.names.append(full)
+        self.local.append(sname)
+        self.parents.append(parent_id)
+        self.numbers.append(number)
+        self.children.append([])
+        self.initial_child.append(-1)
+        if parent_id >= 0:
+            self.children[parent_id].append(sid)
+        for c in spec.get("children", ()):
+            self._walk(c, sid, full)
+        self._initial(spec, sid, full)
+        return 0
+
+    cdef int _initial(self, dict spec, int sid, str full) except -1:
+        """A composite's initial sub-state: the one named, else the first."""
+        kids = self.children[sid]
+        if not kids:
+            if "initial" in spec:
+                raise ValueError(f"{self.machine}: state {full} has no sub-states but an "
+                                 f"initial")
+            return 0
+        first = spec.get("initial")
+        if first is None:
+            self.initial_child[sid] = kids[0]
+            return 0
+        matches = [c for c in kids if self.local[c] == first]
+        if not matches:
+            raise ValueError(f"{self.machine}: state {full}: initial sub-state "
+                             f"{first!r} is not one of its sub-states")
+        self.initial_child[sid] = matches[0]
+        return 0
+
+    cdef int sid_of(self, object s, str what) except -1:
+        try:
+            return self.ids[s]
+        except (KeyError, TypeError):
+            raise ValueError(f"{self.machine}: {what} names unknown state {s!r}") from None
+
+    cdef int leaf_of(self, int s) except -1:
+        while self.initial_child[s] >= 0:
+            s = self.initial_child[s]
+        return s
+
+    cdef int enter(self, int target, int source) except -1:
+        """The leaf a transition from source into target rests in."""
+        # Entering a composite: keep the source's sub-state name if the target has
+        # a sub-state of that name, else take the target's initial sub-state.
+        while self.initial_child[target] >= 0:
+            nxt = self.initial_child[target]
+            if self.parents[source] >= 0:
+                for c in self.children[target]:
+                    if self.local[c] == self.local[source]:
+                        nxt = c
+                        break
+            target = nxt
+        return target
+
+
+cdef class _Declared:
+    """The transitions as declared: trigger names by id, (source, trigger) -> target
+    ids, and the declarations as written (for the diagram)."""
+    cdef list triggers
+    cdef dict tids
+    cdef dict decl
+    cdef list declared
+
+    def __init__(self, _Tree tree, transitions):
+        cdef str name = tree.machine
+        self.triggers = []
+        self.tids = {}
+        self.decl = {}
+        self.declared = []
+        for tr in transitions:
+            if len(tr) == 3:
+                src, trig, dst = tr
+                note = None
+            elif len(tr) == 4:
+                src, trig, dst, note = tr
+            else:
+                raise ValueError(f"{name}: a transition is (source, trigger, target[, note])")
+            if not isinstance(trig, str) or not trig:
+                raise ValueError(f"{name}: a trigger needs a non-empty name")
+            s = tree.sid_of(src, f"transition {src} --{trig}-->")
+            d = tree.sid_of(dst, f"transition {src} --{trig}-->")
+            if trig not in self.tids:
+                self.tids[trig] = len(self.triggers)
+                self.triggers.append(trig)
+            key = (s, self.tids[trig])
+            if key in self.decl:
+                raise ValueError(f"{name}: {trig} declared twice on {src} (a machine "
+                                 "is deterministic)")
+            self.decl[key] = d
+            self.declared.append((src, trig, dst, note))
+
+    cdef int target(self, _Tree tree, int s, int t) except -2:
+        """Where trigger t leads from leaf s: the nearest declaration on s or an
+        ancestor, -1 when none."""
+        cdef int a = s
+        while a >= 0:
+            d = self.decl.get((a, t))
+            if d is not None:
+                return d
+            a = tree.parents[a]
+        return -1
+
+
 cdef class Machine:
     """A deterministic state machine over int ids, with names at the edge.
 
@@ -75,167 +222,28 @@ cdef class Machine:
 
     def __init__(self, str name, states, transitions, *, str initial, final=(),
                  notes=None):
-        cdef int n, nt, i, t, a, found
         if self.table != NULL:
             raise RuntimeError("Machine is already initialised")
         self.name = name
-        names: list = []
-        local: list = []
-        parents: list = []
-        numbers: list = []
-        children: list = []
-        initial_child: list = []
-
-        def walk(spec, int parent_id, str parent_full):
-            if isinstance(spec, str):
-                spec = {"name": spec}
-            if not isinstance(spec, dict):
-                raise TypeError(f"{name}: a state is a name or a dict, not {spec!r}")
-            unknown = set(spec) - _STATE_KEYS
-            if unknown:
-                raise ValueError(f"{name}: unknown state keys {sorted(unknown)}")
-            sname = spec.get("name")
-            if not isinstance(sname, str) or not sname:
-                raise ValueError(f"{name}: a state needs a non-empty name")
-            full = sname if parent_id < 0 else parent_full + SEPARATOR + sname
-            if full in names:
-                raise ValueError(f"{name}: state {full} declared twice")
-            number = spec.get("number", -1)
-            if not isinstance(number, int) or number < -1:
-                raise ValueError(f"{name}: state {full}: number must be an int >= 0")
-            sid = len(names)
-            names.append(full)
-            local.append(sname)
-            parents.append(parent_id)
-            numbers.append(number)
-            children.append([])
-            initial_child.append(-1)
-            if parent_id >= 0:
-                children[parent_id].append(sid)
-            for c in spec.get("children", ()):
-                walk(c, sid, full)
-            if children[sid]:
-                first = spec.get("initial")
-                if first is None:
-                    initial_child[sid] = children[sid][0]
-                else:
-                    matches = [c for c in children[sid] if local[c] == first]
-                    if not matches:
-                        raise ValueError(f"{name}: state {full}: initial sub-state "
-                                         f"{first!r} is not one of its sub-states")
-                    initial_child[sid] = matches[0]
-            elif "initial" in spec:
-                raise ValueError(f"{name}: state {full} has no sub-states but an initial")
-
-        for spec in states:
-            walk(spec, -1, "")
-        n = len(names)
-        if n == 0:
-            raise ValueError(f"{name}: a machine needs at least one state")
-        ids = {s: i for i, s in enumerate(names)}
-
-        def sid_of(s, what):
-            try:
-                return ids[s]
-            except (KeyError, TypeError):
-                raise ValueError(f"{name}: {what} names unknown state {s!r}") from None
-
-        triggers: list = []
-        tids: dict = {}
-        declared: list = []
-        decl: dict = {}
-        for tr in transitions:
-            if len(tr) == 3:
-                src, trig, dst = tr
-                note = None
-            elif len(tr) == 4:
-                src, trig, dst, note = tr
-            else:
-                raise ValueError(f"{name}: a transition is (source, trigger, target[, note])")
-            if not isinstance(trig, str) or not trig:
-                raise ValueError(f"{name}: a trigger needs a non-empty name")
-            s = sid_of(src, f"transition {src} --{trig}-->")
-            d = sid_of(dst, f"transition {src} --{trig}-->")
-            if trig not in tids:
-                tids[trig] = len(triggers)
-                triggers.append(trig)
-            key = (s, tids[trig])
-            if key in decl:
-                raise ValueError(f"{name}: {trig} declared twice on {src} (a machine "
-                                 "is deterministic)")
-            decl[key] = d
-            declared.append((src, trig, dst, note))
-        nt = len(triggers)
-
-        def leaf_of(int s):
-            while initial_child[s] >= 0:
-                s = initial_child[s]
-            return s
-
-        def enter(int target, int source):
-            # Entering a composite: keep the source's sub-state name if the target has
-            # a sub-state of that name, else take the target's initial sub-state.
-            while initial_child[target] >= 0:
-                nxt = initial_child[target]
-                if parents[source] >= 0:
-                    for c in children[target]:
-                        if local[c] == local[source]:
-                            nxt = c
-                            break
-                target = nxt
-            return target
-
-        self.table = <int32_t*>malloc(max(1, n * nt) * sizeof(int32_t))
-        self.parent = <int32_t*>malloc(n * sizeof(int32_t))
-        self.number = <int32_t*>malloc(n * sizeof(int32_t))
-        self.flags = <uint8_t*>malloc(n * sizeof(uint8_t))
-        if (self.table == NULL or self.parent == NULL or self.number == NULL
-                or self.flags == NULL):
-            raise MemoryError()
-        memset(self.flags, 0, n * sizeof(uint8_t))
-        self.n_states = n
-        self.n_triggers = nt
-        for i in range(n):
-            self.parent[i] = parents[i]
-            self.number[i] = numbers[i]
-            if not children[i]:
-                self.flags[i] |= MF_LEAF
-            src = leaf_of(i)   # a composite behaves as its initial sub-state
-            for t in range(nt):
-                a = src
-                found = -1
-                while a >= 0:
-                    d = decl.get((a, t))
-                    if d is not None:
-                        found = d
-                        break
-                    a = parents[a]
-                self.table[i * nt + t] = NO_TRANSITION if found < 0 else enter(found, src)
-
-        init_id = sid_of(initial, "initial")
+        cdef _Tree tree = _Tree(name, states)
+        cdef _Declared dec = _Declared(tree, transitions)
+        _build(self, tree, dec)
+        init_id = tree.sid_of(initial, "initial")
         self.flags[init_id] |= MF_INITIAL
-        self.initial = leaf_of(init_id)
+        self.initial = tree.leaf_of(init_id)
         for f in final:
-            fid = sid_of(f, "final")
-            if children[fid]:
-                raise ValueError(f"{name}: final state {f} has sub-states")
-            for t in range(nt):
-                if self.table[fid * nt + t] >= 0:
-                    raise ValueError(f"{name}: final state {f} has a transition "
-                                     f"({triggers[t]})")
-            self.flags[fid] |= MF_FINAL
-
-        self._state_names = tuple(names)
-        self._local_names = tuple(local)
-        self._trigger_names = tuple(triggers)
-        self._state_ids = ids
-        self._trigger_ids = tids
-        self._declared = tuple(declared)
-        self._children = tuple(tuple(c) for c in children)
-        self._initial_child = tuple(initial_child)
+            _final(self, tree.sid_of(f, "final"), f, tree, dec)
+        self._state_names = tuple(tree.names)
+        self._local_names = tuple(tree.local)
+        self._trigger_names = tuple(dec.triggers)
+        self._state_ids = tree.ids
+        self._trigger_ids = dec.tids
+        self._declared = tuple(dec.declared)
+        self._children = tuple(tuple(c) for c in tree.children)
+        self._initial_child = tuple(tree.initial_child)
         self._state_notes = {}
         for k, v in (notes or {}).items():
-            sid_of(k, "note")
+            tree.sid_of(k, "note")
             self._state_notes[k] = tuple(v.splitlines() if isinstance(v, str) else v)
 
     # ---- names <-> ids ------------------------------------------------------------
@@ -457,6 +465,43 @@ cdef class Machine:
             lines.extend(f"        {line}" for line in text)
             lines.append("    end note")
         return "\n".join(lines) + "\n"
+
+
+cdef int _build(Machine m, _Tree tree, _Declared dec) except -1:
+    """The C arrays: the table of every (leaf, trigger), parents, numbers, flags."""
+    cdef int n = len(tree.names), nt = len(dec.triggers), i, t, src, found
+    m.table = <int32_t*>malloc(max(1, n * nt) * sizeof(int32_t))
+    m.parent = <int32_t*>malloc(n * sizeof(int32_t))
+    m.number = <int32_t*>malloc(n * sizeof(int32_t))
+    m.flags = <uint8_t*>malloc(n * sizeof(uint8_t))
+    if m.table == NULL or m.parent == NULL or m.number == NULL or m.flags == NULL:
+        raise MemoryError()
+    memset(m.flags, 0, n * sizeof(uint8_t))
+    m.n_states = n
+    m.n_triggers = nt
+    for i in range(n):
+        m.parent[i] = tree.parents[i]
+        m.number[i] = tree.numbers[i]
+        if not tree.children[i]:
+            m.flags[i] |= MF_LEAF
+        src = tree.leaf_of(i)   # a composite behaves as its initial sub-state
+        for t in range(nt):
+            found = dec.target(tree, src, t)
+            m.table[i * nt + t] = NO_TRANSITION if found < 0 else tree.enter(found, src)
+    return 0
+
+
+cdef int _final(Machine m, int fid, object f, _Tree tree, _Declared dec) except -1:
+    """Mark a final state: a leaf that no trigger leaves."""
+    cdef int t, nt = m.n_triggers
+    if tree.children[fid]:
+        raise ValueError(f"{m.name}: final state {f} has sub-states")
+    for t in range(nt):
+        if m.table[fid * nt + t] >= 0:
+            raise ValueError(f"{m.name}: final state {f} has a transition "
+                             f"({dec.triggers[t]})")
+    m.flags[fid] |= MF_FINAL
+    return 0
 
 
 def _label(str trigger, note) -> str:

@@ -765,6 +765,32 @@ cdef State decode_state(Graph g, object data, bint full=False):
     cdef bytes raw = <bytes>data
     cdef Py_ssize_t size = PyBytes_GET_SIZE(raw)
     cdef const char* p = PyBytes_AS_STRING(raw)
+    cdef int major = _check_header(g, p, size)
+    cdef State s = acquire_state(g)
+    s.status = <uint8_t>p[5]
+    s.flags = <uint8_t>p[6]
+    s.src = raw
+    # The reader is a local whose address goes only to inline functions, so that it
+    # stays in registers (see _get_u).
+    cdef Rd r
+    r.p = p
+    r.n = size
+    r.i = 16
+    r.bad = False
+    _read_head(&r, s, g, major)
+    if r.bad:
+        s.release()
+        raise StateFormatError("state document is truncated or corrupt (header fields)")
+    _read_steps(&r, s, g)
+    s.arch_read = _read_records(&r, s, g, major, full)
+    if r.bad or r.i != r.n or s.arch_read > s.arch_n:
+        s.release()
+        raise StateFormatError("state document is truncated or corrupt")
+    return s
+
+
+cdef inline int _check_header(Graph g, const char* p, Py_ssize_t size) except -1:
+    """The format major of a document of g's; StateFormatError for anything else."""
     if size < 16 or p[0] != b'S' or p[1] != b'F' or p[2] != b'S':
         raise StateFormatError("not a job state document (bad magic)")
     if size > _MAX_BYTES:
@@ -775,90 +801,89 @@ cdef State decode_state(Graph g, object data, bint full=False):
             f"state format {major}.{<uint8_t>p[4]} is not readable by this version, which "
             f"reads {STATE_FORMAT_MAJOR}.x; upgrade sfc-fast" if major > STATE_FORMAT_MAJOR
             else f"state format {major}.x is too old for this version")
-    cdef int status = <uint8_t>p[5]
-    cdef int flags = <uint8_t>p[6]
-    if status > ST_STOPPED or flags > 3:
+    if <uint8_t>p[5] > ST_STOPPED or <uint8_t>p[6] > 3:
         raise StateFormatError("state header has an unknown status or flag")
     if memcmp8(p + 8, PyBytes_AS_STRING(g._blob) + 12) != 0:
         raise StateFormatError("state belongs to another recipe graph (fingerprint differs)")
-    cdef State s = acquire_state(g)
-    s.status = status
-    s.flags = flags
-    s.src = raw
-    cdef Rd r
-    r.p = p
-    r.n = size
-    r.i = 16
-    r.bad = False
-    cdef int64_t base = <int64_t>_get_count(&r, (<int64_t>1) << 53)
+    return major
+
+
+cdef inline int _read_head(Rd* r, State s, Graph g, int major) except -1:
+    """The job's fields after the fixed header: times, counters and texts."""
+    cdef int64_t base = <int64_t>_get_count(r, (<int64_t>1) << 53)
     s.started_at = base
-    s.held_at = _get_time(&r, base)
-    s.cmd_counter = _get_count(&r, (<int64_t>1) << 40)
-    s.last_exit = <int32_t>_get_count(&r, g.n_steps) - 1
+    s.held_at = _get_time(r, base)
+    s.cmd_counter = _get_count(r, (<int64_t>1) << 40)
+    s.last_exit = <int32_t>_get_count(r, g.n_steps) - 1
     if major >= 2:
-        s.arch_n = _get_count(&r, (<int64_t>1) << 40)
-    _get_txt(&r, &s.t_job)
-    _get_txt(&r, &s.t_scope)
-    _get_txt(&r, &s.t_reason)
-    _get_txt(&r, &s.t_order)
-    _get_txt(&r, &s.t_params)
-    if not r.bad:
-        # texts are checked now (garbage is refused here), made str only when asked for
-        if not _ascii(s.t_job):
-            s.o_job = _check_utf8(s.t_job)
-            r.bad |= s.o_job is None
-        if not _ascii(s.t_scope):
-            s.o_scope = _check_utf8(s.t_scope)
-            r.bad |= s.o_scope is None
-        if not _ascii(s.t_reason):
-            s.o_reason = _check_utf8(s.t_reason)
-            r.bad |= s.o_reason is None
-        if not _ascii(s.t_order):
-            s.o_order = _check_utf8(s.t_order)
-            r.bad |= s.o_order is None
+        s.arch_n = _get_count(r, (<int64_t>1) << 40)
+    _get_txt(r, &s.t_job)
+    _get_txt(r, &s.t_scope)
+    _get_txt(r, &s.t_reason)
+    _get_txt(r, &s.t_order)
+    _get_txt(r, &s.t_params)
     if r.bad:
-        s.release()
-        raise StateFormatError("state document is truncated or corrupt (header fields)")
+        return 0
+    # texts are checked now (garbage is refused here), made str only when asked for
+    if not _ascii(s.t_job):
+        s.o_job = _check_utf8(s.t_job)
+        r.bad |= s.o_job is None
+    if not _ascii(s.t_scope):
+        s.o_scope = _check_utf8(s.t_scope)
+        r.bad |= s.o_scope is None
+    if not _ascii(s.t_reason):
+        s.o_reason = _check_utf8(s.t_reason)
+        r.bad |= s.o_reason is None
+    if not _ascii(s.t_order):
+        s.o_order = _check_utf8(s.t_order)
+        r.bad |= s.o_order is None
+    return 0
+
+
+cdef inline int _read_steps(Rd* r, State s, Graph g) except -1:
+    """The active steps, the steps' rounds (ascending, as encode writes them: each is
+    appended) and the paths ended of each active branch."""
     cdef int64_t i, n, k, v
-    n = _get_count(&r, g.n_steps)
+    n = _get_count(r, g.n_steps)
     for i in range(n):
-        k = _get_count(&r, g.n_steps - 1)
+        k = _get_count(r, g.n_steps - 1)
         if r.bad:
             break
         s.add_active(<int32_t>k)
-    n = _get_count(&r, g.n_steps)
+    n = _get_count(r, g.n_steps)
     for i in range(n):
-        k = _get_count(&r, g.n_steps - 1)
-        v = _get_count(&r, 0x7FFFFFFF)
-        # ascending, as encode writes them: each is appended
+        k = _get_count(r, g.n_steps - 1)
+        v = _get_count(r, 0x7FFFFFFF)
         if r.bad or v == 0 or (s.n_rsteps and s.rsteps[s.n_rsteps - 1] >= k):
             r.bad = True
             break
         s.rsteps[s.n_rsteps] = <int32_t>k
         s.n_rsteps += 1
         s.step_round[k] = <int32_t>v
-    n = _get_count(&r, g.n_branches)
+    n = _get_count(r, g.n_branches)
     for i in range(n):
-        k = _get_count(&r, g.n_branches - 1 if g.n_branches else 0)
-        v = _get_count(&r, 0x7FFFFFFF)
+        k = _get_count(r, g.n_branches - 1 if g.n_branches else 0)
+        v = _get_count(r, 0x7FFFFFFF)
         if r.bad or g.n_branches == 0:
             r.bad = True
             break
         s.br_ended[k] = <int32_t>v
-    # The live records (counted, ascending: each appended to the live list), then for
-    # format 2 the archive records to the end: one loop, so that the record is parsed
-    # by one piece of inline code and the reader stays in registers.
-    n = _get_count(&r, g.n_actions)
+    return 0
+
+
+cdef inline int64_t _read_records(Rd* r, State s, Graph g, int major,
+                                  bint full) except -1:
+    """The live records (counted, ascending: each appended to the live list), then for
+    format 2 the archive records to the end; returns how many archive records it read.
+    One loop, so that a record is parsed by one piece of inline code (_read_record)."""
+    cdef int64_t n = _get_count(r, g.n_actions), i = 0, k, v, count = 0
+    cdef int64_t base = s.started_at
     cdef bint archive = False
     cdef bint load = False
-    cdef int64_t count = 0
     cdef uint64_t tag
     cdef ActSt scratch
     cdef ActSt* a
-    cdef uint8_t b1, b2
-    cdef Py_ssize_t rl
     cdef set live_steps = None
-    i = 0
     while not r.bad:
         if not archive:
             if i == n:
@@ -871,7 +896,7 @@ cdef State decode_state(Graph g, object data, bint full=False):
                     live_steps = {s.rsteps[j] for j in range(s.n_rsteps)}
                 continue
             i += 1
-            k = _get_count(&r, g.n_actions - 1 if g.n_actions else 0)
+            k = _get_count(r, g.n_actions - 1 if g.n_actions else 0)
             if r.bad or g.n_actions == 0 or (s.n_live and s.live[s.n_live - 1] >= k):
                 r.bad = True
                 break
@@ -882,11 +907,12 @@ cdef State decode_state(Graph g, object data, bint full=False):
         else:
             if r.i >= r.n:
                 break
-            tag = _get_u(&r)
+            tag = _get_u(r)
             k = <int64_t>(tag >> 1)
             count += 1
             if tag & 1:
-                v = _get_count(&r, 0x7FFFFFFF)
+                # a step's round
+                v = _get_count(r, 0x7FFFFFFF)
                 if r.bad or k >= g.n_steps or v == 0:
                     r.bad = True
                     break
@@ -903,49 +929,53 @@ cdef State decode_state(Graph g, object data, bint full=False):
             else:
                 a = s.act(<int>k)
                 s.amark[k] |= AM_ARCH
-        # the record after its index
-        if r.i + 2 > r.n:
-            r.bad = True
-            break
-        b1 = <uint8_t>p[r.i]
-        b2 = <uint8_t>p[r.i + 1]
-        r.i += 2
-        a.phase = b1 & 0x0F
-        a.hold = b1 >> 4
-        a.outcome = b2 & 0x0F
-        a.flags = b2 >> 4
-        if a.phase == PH_IDLE or a.phase > PH_WAIT_EXIT or a.hold > HP_NOT_HELD \
-                or a.outcome > OC_LIMITED:
-            r.bad = True
-            break
-        a.attempt = <int32_t>_get_count(&r, 0x7FFFFFFF)
-        a.round = <int32_t>_get_count(&r, 0x7FFFFFFF)
-        a.cmd_n = _get_count(&r, (<int64_t>1) << 40)
-        a.hold_n = _get_count(&r, (<int64_t>1) << 40)
-        a.deadline = _get_time(&r, base)
-        a.hold_deadline = _get_time(&r, base)
-        a.timer = _get_time(&r, base)
-        a.since = _get_time(&r, base)
-        a.done_at = _get_time(&r, base)
-        v = _get_count(&r, size)
-        if r.bad:
-            break
-        if v == 0:
-            a.res = NULL
-            a.res_len = -1
-        else:
-            rl = <Py_ssize_t>(v - 1)
-            if rl > r.n - r.i:
-                r.bad = True
-                break
-            a.res = p + r.i
-            a.res_len = rl
-            r.i += rl
-    s.arch_read = count
-    if r.bad or r.i != r.n or count > s.arch_n:
-        s.release()
-        raise StateFormatError("state document is truncated or corrupt")
-    return s
+        _read_record(r, a, base)
+    return count
+
+
+cdef inline void _read_record(Rd* r, ActSt* a, int64_t base) noexcept:
+    """An action's record after its index (see _w_act); marks the reader bad if it is
+    not one. The result stays a view into the document."""
+    cdef uint8_t b1, b2
+    cdef int64_t v
+    cdef Py_ssize_t rl
+    if r.i + 2 > r.n:
+        r.bad = True
+        return
+    b1 = <uint8_t>r.p[r.i]
+    b2 = <uint8_t>r.p[r.i + 1]
+    r.i += 2
+    a.phase = b1 & 0x0F
+    a.hold = b1 >> 4
+    a.outcome = b2 & 0x0F
+    a.flags = b2 >> 4
+    if a.phase == PH_IDLE or a.phase > PH_WAIT_EXIT or a.hold > HP_NOT_HELD \
+            or a.outcome > OC_LIMITED:
+        r.bad = True
+        return
+    a.attempt = <int32_t>_get_count(r, 0x7FFFFFFF)
+    a.round = <int32_t>_get_count(r, 0x7FFFFFFF)
+    a.cmd_n = _get_count(r, (<int64_t>1) << 40)
+    a.hold_n = _get_count(r, (<int64_t>1) << 40)
+    a.deadline = _get_time(r, base)
+    a.hold_deadline = _get_time(r, base)
+    a.timer = _get_time(r, base)
+    a.since = _get_time(r, base)
+    a.done_at = _get_time(r, base)
+    v = _get_count(r, r.n)
+    if r.bad:
+        return
+    if v == 0:
+        a.res = NULL
+        a.res_len = -1
+        return
+    rl = <Py_ssize_t>(v - 1)
+    if rl > r.n - r.i:
+        r.bad = True
+        return
+    a.res = r.p + r.i
+    a.res_len = rl
+    r.i += rl
 
 
 cdef inline int memcmp8(const char* a, const char* b) noexcept:
