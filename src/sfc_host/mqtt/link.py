@@ -71,6 +71,9 @@ def backoff(fails: int) -> float:
 
 
 class MqttLink:
+    """One client's connection to the broker, kept up for as long as the link runs,
+    and the face the host, the MES side and the script engine use."""
+
     def __init__(self, config: MqttSettings, metrics: Metrics, *, client_id: str = "",
                  fan_out: bool = False, once: bool = False, max_packet: int = 0) -> None:
         self.config = config
@@ -101,7 +104,7 @@ class MqttLink:
         self.on_connect: list[Callable[[], None]] = []   # after each (re)connect
         self._guesses = 0                       # fresh connections ended unasked in a row
 
-    # what the subscriber keeps, where the host and its tests read it
+    # what its parts keep, read where the host and its tests read it
 
     @property
     def keepalive_s(self) -> float:
