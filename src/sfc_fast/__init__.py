@@ -8,6 +8,7 @@ integer milliseconds.
 
 from sfc_fast import events
 from sfc_fast.deadlines import DeadlineIndex
+from sfc_fast.errors import SfcError
 from sfc_fast.evolve import (
     Command,
     Decision,
@@ -21,8 +22,10 @@ from sfc_fast.evolve import (
 )
 from sfc_fast.machines import ENGINE, JOB_ORDER, MISSION, TASK, InvalidTransition, Machine
 from sfc_fast.recipe import (
+    MAX_RECIPE_BYTES,
     SCHEMA_V100,
     SCHEMA_V110,
+    SCHEMAS,
     Graph,
     GraphFormatError,
     Problem,
@@ -35,7 +38,9 @@ from sfc_fast.state import StateFormatError, action_results, join_state, state_t
 __all__ = [
     "ENGINE",
     "JOB_ORDER",
+    "MAX_RECIPE_BYTES",
     "MISSION",
+    "SCHEMAS",
     "SCHEMA_V100",
     "SCHEMA_V110",
     "TASK",
@@ -49,6 +54,7 @@ __all__ = [
     "Problem",
     "RecipeError",
     "Runner",
+    "SfcError",
     "StateFormatError",
     "action_results",
     "compile_recipe",

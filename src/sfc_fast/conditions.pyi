@@ -1,10 +1,12 @@
 from typing import Any
 
+from sfc_fast.errors import SfcError
+
 OPCODES: dict[str, int]
 REF_KINDS: dict[str, int]
 TRIVIALLY_TRUE: frozenset[str]
 
-class ConditionSyntaxError(ValueError):
+class ConditionSyntaxError(SfcError, ValueError):
     message: str
     position: int
     def __init__(self, message: str, position: int) -> None: ...

@@ -21,6 +21,8 @@ from sfc_fast._vec cimport I32Vec, i32_free, i32_push
 
 import json
 
+from sfc_fast.errors import SfcError
+
 # OP codes are exported for tools (disassembly in tests and docs).
 OPCODES = {
     "END": OP_END, "CONST": OP_CONST, "LOAD": OP_LOAD, "EQ": OP_EQ, "NE": OP_NE,
@@ -61,7 +63,7 @@ else:  # pragma: no cover
         return _PY_CANON.encode(obj)
 
 
-class ConditionSyntaxError(ValueError):
+class ConditionSyntaxError(SfcError, ValueError):
     """A condition that does not parse; ``position`` is a 0-based character offset."""
 
     def __init__(self, message: str, position: int) -> None:

@@ -1,5 +1,7 @@
 from typing import Any
 
+from sfc_fast.errors import SfcError
+
 SCHEMA_V100: str
 SCHEMA_V110: str
 SCHEMAS: dict[str, int]
@@ -11,7 +13,7 @@ BRANCH_TYPES: dict[str, int]
 BRANCH_TYPE_NAMES: dict[int, str]
 TRANSITION_KINDS: dict[int, str]
 
-class GraphFormatError(ValueError): ...
+class GraphFormatError(SfcError, ValueError): ...
 
 class Graph:
     n_steps: int

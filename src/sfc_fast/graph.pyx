@@ -18,6 +18,8 @@ from sfc_fast.conditions cimport CondContext, run_condition, verify_code
 
 import json
 
+from sfc_fast.errors import SfcError
+
 SCHEMA_V100 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.0.0/"
 SCHEMA_V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"
 SCHEMAS = {SCHEMA_V100: 0, SCHEMA_V110: 1}
@@ -33,7 +35,7 @@ TRANSITION_KINDS = {TK_STEP: "step", TK_ENTRY: "entry", TK_EXIT: "exit",
                     TK_PATH: "path", TK_IMPLICIT: "implicit", TK_PATH_END: "path_end"}
 
 
-class GraphFormatError(ValueError):
+class GraphFormatError(SfcError, ValueError):
     """Bytes that are not a graph this version can load."""
 
 

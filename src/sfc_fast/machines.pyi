@@ -1,6 +1,8 @@
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NotRequired, TypedDict, overload
 
+from sfc_fast.errors import SfcError
+
 SEPARATOR: str
 
 class StateSpec(TypedDict):
@@ -9,7 +11,7 @@ class StateSpec(TypedDict):
     children: NotRequired[Sequence[str | StateSpec]]
     initial: NotRequired[str]
 
-class InvalidTransition(ValueError):
+class InvalidTransition(SfcError, ValueError):
     machine: str
     state: str
     trigger: str

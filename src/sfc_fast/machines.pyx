@@ -25,10 +25,12 @@ from libc.stdint cimport int32_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
+from sfc_fast.errors import SfcError
+
 SEPARATOR = "_"
 
 
-class InvalidTransition(ValueError):
+class InvalidTransition(SfcError, ValueError):
     """A trigger that the machine does not permit in the state it is in."""
 
     def __init__(self, machine: str, state: str, trigger: str, permitted: tuple):

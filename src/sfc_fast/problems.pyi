@@ -1,3 +1,5 @@
+from sfc_fast.errors import SfcError
+
 CODES: dict[str, str]
 
 class Problem:
@@ -7,7 +9,7 @@ class Problem:
     def __init__(self, code: str, path: str, message: str) -> None: ...
     def to_dict(self) -> dict[str, str]: ...
 
-class RecipeError(ValueError):
+class RecipeError(SfcError, ValueError):
     problems: list[Problem]
     def __init__(self, problems: list[Problem]) -> None: ...
     @property

@@ -2,6 +2,8 @@
 """What can be wrong with a recipe: the stable problem codes, one ``Problem`` each, and
 ``RecipeError``, which carries every problem the compiler found at once."""
 
+from sfc_fast.errors import SfcError
+
 # Problem codes. Stable: tools and tests match on them.
 CODES = {
     "SFC001": "not exactly one initial step",
@@ -58,7 +60,7 @@ class Problem:
         return {"code": self.code, "path": self.path, "message": self.message}
 
 
-class RecipeError(ValueError):
+class RecipeError(SfcError, ValueError):
     """A recipe that cannot run; ``problems`` lists every problem found."""
 
     def __init__(self, problems: list) -> None:

@@ -1,11 +1,12 @@
 from typing import Any
 
+from sfc_fast.errors import SfcError
 from sfc_fast.graph import Graph
 
 MAX_STATE_BYTES: int
 STATUS_NAMES: tuple[str, ...]
 
-class StateFormatError(ValueError): ...
+class StateFormatError(SfcError, ValueError): ...
 
 def state_to_json(graph: Graph, state: bytes) -> dict[str, Any]: ...
 def action_results(graph: Graph, state: bytes) -> tuple[str, int, list[tuple[str, bytes]]]: ...

@@ -46,6 +46,8 @@ from sfc_fast.conditions cimport (
 
 import json
 
+from sfc_fast.errors import SfcError
+
 cdef const int64_t NO_TIME = -(1 << 62)
 
 _MAGIC = b"SFS"
@@ -62,7 +64,7 @@ OUTCOME_NAMES = (None, "completed", "failed", "timeout", "cancelled", "limited")
 HOLD_NAMES = (None, "hold_open", "held", "not_held")
 
 
-class StateFormatError(ValueError):
+class StateFormatError(SfcError, ValueError):
     """Bytes that are not a state document this version can read."""
 
 

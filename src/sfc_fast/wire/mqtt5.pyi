@@ -9,6 +9,8 @@ the reader reads on.
 from collections.abc import Iterable
 from typing import Any
 
+from sfc_fast.errors import SfcError
+
 CONNECT: int
 CONNACK: int
 PUBLISH: int
@@ -34,7 +36,7 @@ PACKET_TOO_LARGE: int
 TOPIC_NAME_INVALID: int
 PINGREQ_PACKET: bytes
 
-class MalformedPacket(ValueError):
+class MalformedPacket(SfcError, ValueError):
     reason: int
     def __init__(self, message: str, reason: int = ...) -> None: ...
 

@@ -26,6 +26,8 @@ from libc.string cimport memchr, memcpy
 
 from sfc_fast._text cimport utf8_view
 
+from sfc_fast.errors import SfcError
+
 # packet types, compared in C by the reader
 cdef enum:
     T_CONNECT = 1
@@ -74,7 +76,7 @@ PACKET_TOO_LARGE = 0x95
 TOPIC_NAME_INVALID = 0x90
 
 
-class MalformedPacket(ValueError):
+class MalformedPacket(SfcError, ValueError):
     """A packet that breaks MQTT's rules; ``reason`` is the MQTT 5 reason code the
     connection is closed with (0x81 malformed, 0x82 protocol error, 0x95 too large)."""
 
