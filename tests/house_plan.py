@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "wire": {"core"},
     # the leaves of the host: names, times as text, logs, TLS, metrics, its version
     "sfc_host": set(),
-    "names": set(),
+    "names": {"errors"},
     "times": set(),
     "logs": set(),
     "tls": set(),
@@ -38,44 +38,58 @@ ALLOWED: dict[str, set[str]] = {
     # waiting for cancelled tasks without swallowing the waiter's own cancel
     "aio": set(),
     "versions": {"core", "sfc_host"},
+    # the root of the host's exceptions (beneath the core's), the settings error and
+    # the unreachable server: every room that raises one of ours imports it
+    "errors": {"core"},
     # W3C trace context; with the otel extra, the spans and their OTLP export (the
     # protobuf encoder is a wire codec)
-    "tracing": {"wire"},
+    "tracing": {"wire", "errors"},
     # the ISA-95 model (job orders, states, return statuses): data every face shares
     "isa95": {"core"},
-    "config": {"names"},
+    "config": {"names", "errors"},
     # Redis: keys, client, channel, scripts, job states, streams, orders, read-only views
     "store": {"aio", "core", "wire", "config", "isa95", "metrics", "names", "times", "tls",
-              "tracing"},
+              "tracing", "errors"},
     # MQTT: the link on the compiled codec, CloudEvents; settings by a Protocol
-    "mqtt": {"aio", "wire", "metrics", "times", "tls"},
+    "mqtt": {"aio", "wire", "metrics", "times", "tls", "errors"},
     # running jobs: the host, settle, work entries, dispatch, recovery, sweeps, wake-ups
-    "execution": {"aio", "core", "store", "config", "isa95", "metrics", "names", "tracing"},
+    "execution": {"aio", "core", "store", "config", "isa95", "metrics", "names", "tracing",
+                  "errors"},
     # station equipment over MQTT and over OPC UA: commands out, answers and events in,
     # capabilities
     "equipment": {"aio", "core", "execution", "store", "mqtt", "config", "metrics", "names",
-                  "tracing"},
+                  "tracing", "errors"},
     # the MES face: ISA-95 job control over MQTT, and the MES client of the CLI
     "mes": {"aio", "execution", "equipment", "store", "mqtt", "wire", "isa95", "config", "metrics",
-            "names", "sfc_host", "times", "tracing"},
+            "names", "sfc_host", "times", "tracing", "errors"},
     # the OPC UA face: ISA-95 Job Control over OPC UA, on the MES side's job control
-    "opcua": {"aio", "mes", "execution", "store", "mqtt", "isa95", "config", "metrics", "sfc_host"},
+    "opcua": {"aio", "mes", "execution", "store", "mqtt", "isa95", "config", "metrics", "sfc_host",
+              "errors"},
     # the script engine: Tasks and Missions under their state machines
-    "engine": {"aio", "core", "mqtt", "tracing"},
+    "engine": {"aio", "core", "mqtt", "tracing", "errors"},
     "examples": {"engine"},
     "charts": {"core"},
     "web": {"aio", "core", "charts", "execution", "store", "mes", "isa95", "config", "metrics",
             "names", "times"},
     # the host process: the app that wires every part, preflight checks, HTTP endpoint
     "service": {"aio", "execution", "equipment", "engine", "mes", "web", "store", "mqtt", "wire",
-                "isa95", "config", "metrics", "names", "logs", "sfc_host", "tracing", "opcua"},
+                "isa95", "config", "metrics", "names", "logs", "sfc_host", "tracing", "opcua",
+                "errors"},
     "demo": {"service", "execution", "mes", "mqtt", "store", "isa95", "config", "metrics",
-             "core", "sfc_host"},
+             "core", "sfc_host", "errors"},
     "cli": {"demo", "service", "web", "charts", "engine", "mes", "execution", "store",
             "isa95", "config", "logs", "names", "times", "versions", "core", "sfc_host",
-            "tracing", "opcua"},
+            "tracing", "opcua", "errors"},
     "__main__": {"cli"},
 }
+# The packages whose ``__init__.py`` is a face: code outside imports their names
+# through it, never from their modules (a module the face names in ``__all__``, like
+# ``sfc_fast.events``, is public as a whole). The core's public API, the host's version,
+# the asyncio helpers, the command's entry point, the script API and our MQTT client.
+# Every other package's ``__init__.py`` is only its map: a docstring saying which module
+# holds what, and the code imports from the modules.
+FACES = {"sfc_fast", "sfc_host", "sfc_host.aio", "sfc_host.cli", "sfc_host.engine",
+         "sfc_host.mqtt"}
 # Beside the standard library, the recipe core imports only these
 CORE_THIRD_PARTY = {"numpy", "cython", "cpython", "libc"}
 
@@ -101,6 +115,41 @@ def modules() -> dict[str, Path]:
         for path in sorted((SRC / pkg).rglob("*.pxd")):
             out.setdefault(module_name(path), path)
     return out
+
+
+def packages() -> dict[str, Path]:
+    """Every package of the two, by dotted name, with its ``__init__.py``."""
+    return {m: p for m, p in modules().items() if p.name == "__init__.py"}
+
+
+def face(path: Path) -> set[str] | None:
+    """The names an ``__init__.py`` puts in ``__all__``; None when it declares none."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return None
+
+
+def around_faces() -> list[str]:
+    """Every import of a module from outside a package with a face that goes around the
+    face (to a module it does not name) or takes a name the face does not export."""
+    pkgs = packages()
+    faces = {p: face(pkgs[p]) or set() for p in FACES}
+    wrong = []
+    for m, path in modules().items():
+        for base, names in _imported_names(path):
+            for p, public in faces.items():
+                if m == p or m.startswith(p + ".") or not (base == p or base.startswith(p + ".")):
+                    continue
+                if base == p:
+                    wrong += [f"{m} takes {n} from {p}, whose face does not name it"
+                              for n in names if n not in public and f"{p}.{n}" not in pkgs]
+                    continue
+                sub = base[len(p) + 1:].split(".")[0]
+                if sub not in public and f"{p}.{sub}" not in pkgs:
+                    wrong.append(f"{m} imports {base}, around the face of {p}")
+    return sorted(wrong)
 
 
 def _imported_names(path: Path) -> Iterable[tuple[str, tuple[str, ...]]]:

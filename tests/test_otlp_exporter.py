@@ -56,18 +56,18 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import TraceState
 
 from sfc_fast.wire.otlp import encode_spans
+from sfc_host.errors import ConfigError
 from sfc_host.tracing import spans
 from sfc_host.tracing.context import TraceContext, job_trace, stored
 from sfc_host.tracing.otlp import (
     DEFAULT_ENDPOINT,
     TRACES_PATH,
     OtlpExporter,
-    OtlpSettingError,
     encode,
     endpoint_from,
     protocol_from,
 )
-from sfc_host.tracing.spans import OtelSettingError, SpanRecorder, exporter_from, resource_from
+from sfc_host.tracing.spans import SpanRecorder, exporter_from, resource_from
 
 # ids with leading zero digits: a hex encoding that drops the padding shows up at once
 TRACE_A = 0x0AF7651916CD43DD8448EB211C80319C
@@ -747,7 +747,7 @@ class TestSettings:
             "protocol-grpc", "protocol-unknown", "headers", "timeout-abc", "timeout-0",
             "compression"])
     def test_refused(self, env: dict[str, str], match: str) -> None:
-        with pytest.raises(OtlpSettingError, match=match):
+        with pytest.raises(ConfigError, match=match):
             OtlpExporter(env=env)
 
     @pytest.mark.parametrize(("kw", "match"), [
@@ -757,7 +757,7 @@ class TestSettings:
     ], ids=["endpoint-port", "endpoint-ftp", "protocol-grpc"])
     def test_refused_arguments(self, kw: dict[str, str], match: str) -> None:
         # the arguments are checked as the variables are
-        with pytest.raises(OtlpSettingError, match=match):
+        with pytest.raises(ConfigError, match=match):
             OtlpExporter(env={}, **kw)
 
     @pytest.mark.parametrize(("env", "protocol"), [
@@ -825,7 +825,7 @@ class TestExporterFrom:
 
     @pytest.mark.parametrize("name", ["jaeger", "otlp,console"])
     def test_unknown_or_several_exporters(self, name: str) -> None:
-        with pytest.raises(OtelSettingError, match="OTEL_TRACES_EXPORTER"):
+        with pytest.raises(ConfigError, match="OTEL_TRACES_EXPORTER"):
             exporter_from({"OTEL_TRACES_EXPORTER": name})
 
     @pytest.mark.usefixtures("no_sdk_http_exporter")
@@ -847,19 +847,19 @@ class TestExporterFrom:
     @pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_PROTOCOL",
                                           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"])
     def test_grpc_is_refused(self, variable: str) -> None:
-        with pytest.raises(OtelSettingError, match="gRPC"):
+        with pytest.raises(ConfigError, match="gRPC"):
             exporter_from({variable: "grpc"})
 
     def test_an_unknown_protocol_is_refused(self) -> None:
-        with pytest.raises(OtelSettingError, match="http/protobuf or http/json"):
+        with pytest.raises(ConfigError, match="http/protobuf or http/json"):
             exporter_from({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/xml"})
 
     def test_a_bad_otlp_variable_is_an_otel_setting_error(self) -> None:
-        with pytest.raises(OtelSettingError, match="timeout"):
+        with pytest.raises(ConfigError, match="timeout"):
             exporter_from({"OTEL_EXPORTER_OTLP_TIMEOUT": "abc"})
 
     def test_a_bad_port_is_an_otel_setting_error(self) -> None:
-        with pytest.raises(OtelSettingError, match="port is not a number"):
+        with pytest.raises(ConfigError, match="port is not a number"):
             exporter_from({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:43l8"})
 
 

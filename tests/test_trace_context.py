@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sfc_host.tracing import (
+from sfc_host.tracing.context import (
     InvalidTraceParent,
     TraceContext,
     new_trace,

@@ -22,16 +22,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from sfc_host.errors import ConfigError
 from sfc_host.names import check_scope
 
 # the job acceptance checks an MES request goes through (``mes_acceptance`` switches
 # each; mes/catalog.py runs them)
 MES_ACCEPTANCE_CHECKS = ("work_master", "equipment", "material_class", "material_definition",
                          "personnel", "physical_asset", "max_job_orders")
-
-
-class ConfigError(ValueError):
-    """A setting that cannot be used (unknown name, wrong type, out of range)."""
 
 
 def without_credentials(url: str) -> str:

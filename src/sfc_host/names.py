@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import re
 
+from sfc_host.errors import SfcHostError
+
 # A scope names a hash tag (braces would end the tag early) and one MQTT topic level
 # (no '/', '+' or '#'), so only these characters are allowed.
 _SCOPE_RE = re.compile(r"^[A-Za-z0-9_.\-@]{1,128}$")
 MAX_JOB_ID = 256
 
 
-class InvalidName(ValueError):
+class InvalidName(SfcHostError, ValueError):
     """A scope or job id that cannot name a key."""
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sfc_host.cli.common import EXIT_OK, EXIT_PROBLEMS, UsageError, error
+from sfc_host.errors import Unreachable
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 STATUS_FILE = ".sfc-engine.json"
@@ -87,7 +88,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from sfc_host.engine.manager import Engine
+    from sfc_host.engine import Engine
 
     scripts = _scripts_dir(args)
     if scripts is None:
@@ -151,16 +152,13 @@ def cmd_start(args: argparse.Namespace) -> int:
         return asyncio.run(_run_engine(scripts, args, missions))
     except UsageError as e:
         return error(str(e))
-    except _Unreachable as e:
+    except Unreachable as e:
         return error(str(e), EXIT_PROBLEMS)
 
 
-class _Unreachable(Exception):
-    """A server that cannot be reached: one line, exit 1."""
-
-
 async def _open_store(args: argparse.Namespace) -> Any:
-    from sfc_host.engine.missions import MemoryMissionStore, RedisMissionStore
+    from sfc_host.engine import MemoryMissionStore, RedisMissionStore
+    from sfc_host.store.client import REDIS_FAILURES
 
     if args.no_redis:
         return MemoryMissionStore()
@@ -172,17 +170,17 @@ async def _open_store(args: argparse.Namespace) -> Any:
         raise UsageError(f"--redis {redact(args.redis)}: {e}") from None
     try:
         await store.client.ping()
-    except Exception as e:
+    except REDIS_FAILURES as e:
         await store.close()
-        raise _Unreachable(f"cannot reach Redis at {redact(args.redis)} ({type(e).__name__}); "
-                     "give --redis URL, or --no-redis to keep mission records in memory") from e
+        raise Unreachable(f"cannot reach Redis at {redact(args.redis)} ({type(e).__name__}); "
+                          "give --redis URL, or --no-redis to keep mission records in memory"
+                          ) from e
     return store
 
 
 async def _run_engine(scripts: Path, args: argparse.Namespace,
                       missions: list[tuple[str, dict[str, Any]]]) -> int:
-    from sfc_host.engine.manager import Engine, EngineFault
-    from sfc_host.engine.script import UnknownMission, check_mission_call
+    from sfc_host.engine import Engine, EngineFault, UnknownMission, check_mission_call
 
     store = await _open_store(args)
     engine = Engine(scripts, store=store, stop_timeout=args.stop_timeout)
@@ -311,7 +309,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_missions_list(args: argparse.Namespace) -> int:
     from sfc_host.config import ConfigError, HostConfig
-    from sfc_host.engine.missions import RedisMissionStore, mission_prefix, summarize
+    from sfc_host.engine import RedisMissionStore, mission_prefix, summarize
     from sfc_host.logs import redact
     from sfc_host.store.client import connect
 
@@ -337,16 +335,15 @@ def cmd_missions_list(args: argparse.Namespace) -> int:
             await store.close()
 
     from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisClusterException, RedisError
 
     try:
         records = asyncio.run(run())
-    except (OSError, ConnectionError, RedisConnectionError) as e:
+    except (OSError, RedisConnectionError) as e:
         return error(f"cannot reach Redis at {where} ({redact(str(e))})", EXIT_PROBLEMS)
-    except Exception as e:
-        if type(e).__module__.startswith("redis"):
-            return error(f"cannot read mission records from {where} ({redact(str(e))})",
-                        EXIT_PROBLEMS)
-        raise
+    except (RedisError, RedisClusterException) as e:
+        return error(f"cannot read mission records from {where} ({redact(str(e))})",
+                     EXIT_PROBLEMS)
     if args.json:
         print(json.dumps(records, indent=2))
     else:

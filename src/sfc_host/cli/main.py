@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from sfc_fast import RecipeError
 from sfc_host.cli import demo, engine, job, opcua, ops, run, web
 from sfc_host.cli.common import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, redis_unreachable
+from sfc_host.errors import SfcHostError
 from sfc_host.execution.workmaster import UsageError, compile_file
 
 # Command groups of their own module, each with ``register(subparsers)``
@@ -67,7 +68,7 @@ def _check_text(r: dict[str, Any]) -> None:
 def cmd_recipe_check(args: argparse.Namespace) -> int:
     """Every file is checked and reported, whatever the ones before gave: the exit
     status is the worst (2 a file that cannot be read, 1 a refused recipe)."""
-    from sfc_fast.recipe import SCHEMAS
+    from sfc_fast import SCHEMAS
     from sfc_host.execution.workmaster import resolve_schema
 
     schema = None if args.dataschema is None else resolve_schema(args.dataschema)
@@ -114,7 +115,7 @@ class _VersionAction(argparse.Action):
         parser.exit(EXIT_OK)
 
 
-class JobNotReadable(Exception):
+class JobNotReadable(SfcHostError):
     """A job that cannot be drawn: unknown, ambiguous, not started, or Redis out of reach
     (one line)."""
 

@@ -49,7 +49,7 @@ def cmd_web(args: argparse.Namespace) -> int:
 
 
 async def serve(cfg: HostConfig, stop: asyncio.Event | None = None) -> int:
-    from sfc_host.store.client import connect
+    from sfc_host.store.client import REDIS_FAILURES, connect
     from sfc_host.web.app import WebView
 
     stop = stop or asyncio.Event()
@@ -60,7 +60,7 @@ async def serve(cfg: HostConfig, stop: asyncio.Event | None = None) -> int:
     try:
         try:
             await asyncio.wait_for(client.ping(), PING_S)
-        except Exception as e:
+        except REDIS_FAILURES as e:
             return error(f"cannot reach Redis at {without_credentials(cfg.redis_url)} "
                           f"({e or type(e).__name__})", EXIT_PROBLEMS)
         app = web.Application()

@@ -53,8 +53,8 @@ from sfc_host.demo.servers import (
     wait_ready,
 )
 from sfc_host.demo.tally import Job, Tally
-from sfc_host.isa95 import comment, state_name
-from sfc_host.mes import BY_ID, JOB_CONTROL, WORK_MASTER
+from sfc_host.errors import SfcHostError
+from sfc_host.isa95 import BY_ID, JOB_CONTROL, WORK_MASTER, comment, state_name
 from sfc_host.mes.codec import levels
 from sfc_host.metrics import Histogram, Metrics
 from sfc_host.mqtt import Message, MqttLink
@@ -78,11 +78,11 @@ WEB_HOST = "127.0.0.1"     # loopback: the view needs no access token there
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-class DemoFailed(RuntimeError):
+class DemoFailed(SfcHostError, RuntimeError):
     """Something stopped the run midway (a host died, no reply); one line for the user."""
 
 
-class WrongOption(ValueError):
+class WrongOption(SfcHostError, ValueError):
     """A flag the demo cannot use as given (exit 2); one line for the user."""
 
 

@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sfc_host.errors import SfcHostError
+
 START_TIMEOUT_S = 10.0
 
 
-class EmbeddedError(RuntimeError):
+class EmbeddedError(SfcHostError, RuntimeError):
     """A server that cannot be found or started; the message is one line for the user."""
 
 

@@ -6,12 +6,15 @@ under the Engine, Task and Mission machines of ``sfc_fast.machines``.
 """
 
 from sfc_host.engine.api import (
+    Handler,
     JobsNotConnected,
     LocalBus,
+    Props,
     ScriptAPI,
     ScriptAPIError,
     VariableStore,
     topic_matches,
+    wants_properties,
 )
 from sfc_host.engine.build import BuildFailed, BuildProblem, build_scripts
 from sfc_host.engine.manager import Engine, EngineFault, EngineStateError
@@ -20,6 +23,8 @@ from sfc_host.engine.missions import (
     MissionInstance,
     MissionStore,
     RedisMissionStore,
+    mission_prefix,
+    summarize,
 )
 from sfc_host.engine.ports import (
     EngineControl,
@@ -29,7 +34,15 @@ from sfc_host.engine.ports import (
     TaskHandle,
     Variables,
 )
-from sfc_host.engine.script import MissionDef, TaskDef, Variable, mission, task
+from sfc_host.engine.script import (
+    MissionDef,
+    TaskDef,
+    UnknownMission,
+    Variable,
+    check_mission_call,
+    mission,
+    task,
+)
 from sfc_host.engine.tasks import TaskDisposed, TaskRunner
 
 __all__ = [
@@ -39,6 +52,7 @@ __all__ = [
     "EngineControl",
     "EngineFault",
     "EngineStateError",
+    "Handler",
     "JobAPI",
     "JobsNotConnected",
     "LocalBus",
@@ -48,6 +62,7 @@ __all__ = [
     "MissionInstance",
     "MissionStore",
     "MqttLink",
+    "Props",
     "RedisMissionStore",
     "ScriptAPI",
     "ScriptAPIError",
@@ -55,11 +70,16 @@ __all__ = [
     "TaskDisposed",
     "TaskHandle",
     "TaskRunner",
+    "UnknownMission",
     "Variable",
     "VariableStore",
     "Variables",
     "build_scripts",
+    "check_mission_call",
     "mission",
+    "mission_prefix",
+    "summarize",
     "task",
     "topic_matches",
+    "wants_properties",
 ]

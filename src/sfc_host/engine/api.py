@@ -27,6 +27,7 @@ from sfc_host.engine.ports import (
     TaskHandle,
     Variables,
 )
+from sfc_host.errors import SfcHostError
 from sfc_host.mqtt import filter_problem, topic_matches
 from sfc_host.tracing.context import InvalidTraceParent, parse_traceparent, valid_tracestate
 
@@ -46,7 +47,7 @@ def describe(e: BaseException, script_file: str | None = None) -> str:
     return text
 
 
-class ScriptAPIError(RuntimeError):
+class ScriptAPIError(SfcHostError, RuntimeError):
     """A script called the API in a way it cannot serve (named in the message)."""
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sfc_host.engine.script import COLLECTING, Declarations, MissionDef, TaskDef
+from sfc_host.errors import SfcHostError
 
 MODULE_PREFIX = "sfc_scripts."
 SCRIPT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\.py$")
@@ -34,7 +35,7 @@ class BuildProblem:
         return {"file": self.file, "line": self.line, "message": self.message}
 
 
-class BuildFailed(Exception):
+class BuildFailed(SfcHostError):
     """The scripts do not build; ``problems`` says where and why."""
 
     def __init__(self, problems: list[BuildProblem]) -> None:

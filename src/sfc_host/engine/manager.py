@@ -32,13 +32,14 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from sfc_fast.machines import ENGINE, InvalidTransition
+from sfc_fast import ENGINE, InvalidTransition
 from sfc_host.engine.api import JobsNotConnected, LocalBus, VariableStore
 from sfc_host.engine.build import SCRIPT_NAME, Build, BuildFailed, BuildProblem, build_scripts
 from sfc_host.engine.missions import MemoryMissionStore, MissionInstance, MissionStore
 from sfc_host.engine.ports import JobAPI, MissionHandle, MqttLink
 from sfc_host.engine.script import MissionDef, TaskDef
 from sfc_host.engine.tasks import TaskRunner
+from sfc_host.errors import SfcHostError
 
 log = logging.getLogger("sfc_host.engine")
 
@@ -47,11 +48,11 @@ T = {name: ENGINE.trigger_id(name) for name in ENGINE.triggers}
 HAS_BUILD = frozenset((S["Ready"], S["Starting"], S["Running"], S["Stopping"]))
 
 
-class EngineStateError(RuntimeError):
+class EngineStateError(SfcHostError, RuntimeError):
     """An operation the engine does not allow in its current state."""
 
 
-class EngineFault(RuntimeError):
+class EngineFault(SfcHostError, RuntimeError):
     """The engine went to Fault; ``reason`` says why. Only Reset leaves Fault."""
 
     def __init__(self, reason: str) -> None:

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sfc_fast.machines import MISSION
+from sfc_fast import MISSION
 from sfc_host.aio import reap
 from sfc_host.engine.api import ScriptAPI, describe
 from sfc_host.engine.ports import EngineControl
@@ -195,7 +195,7 @@ class MissionInstance:
             args = (self.api,) if self.defn.takes_api else ()
             try:
                 agen = self.defn.fn(*args, **self.args)
-            except Exception as e:     # wrong arguments
+            except TypeError as e:     # wrong arguments
                 self._fail(e)
                 return
             await self._run(agen)

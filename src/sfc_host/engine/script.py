@@ -30,6 +30,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
+from sfc_host.errors import SfcHostError
+
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -105,7 +107,7 @@ def check_mission_call(defs: Mapping[str, MissionDef], name: str,
     return defn
 
 
-class UnknownMission(ValueError):
+class UnknownMission(SfcHostError, ValueError):
     """A mission name the build does not have; ``known`` lists the ones it has."""
 
     def __init__(self, name: str, known: str) -> None:

@@ -27,11 +27,12 @@ import logging
 import time
 from typing import Any
 
-from sfc_fast.machines import TASK
+from sfc_fast import TASK
 from sfc_host.aio import reap
 from sfc_host.engine.api import ScriptAPI, describe
 from sfc_host.engine.ports import EngineControl
 from sfc_host.engine.script import TaskDef
+from sfc_host.errors import SfcHostError
 
 log = logging.getLogger("sfc_host.engine")
 
@@ -58,7 +59,7 @@ async def _finished(task: asyncio.Task[Any]) -> None:
         raise
 
 
-class TaskDisposed(RuntimeError):
+class TaskDisposed(SfcHostError, RuntimeError):
     pass
 
 

@@ -28,6 +28,7 @@ from sfc_fast import Command, open_command
 from sfc_fast.events import NotHeld
 from sfc_host.execution.settle import Fresh, Item, Settler
 from sfc_host.metrics import Metrics
+from sfc_host.store.client import REDIS_FAILURES
 from sfc_host.store.states import Mark, Store, started_at
 
 log = logging.getLogger("sfc_host.execution.dispatch")
@@ -166,7 +167,7 @@ class MarkerWriter:
                 try:
                     if marks or acks:
                         await self.store.write_markers(marks, acks, lazy=True)
-                except Exception as e:   # counted; the deadlines send them again
+                except REDIS_FAILURES as e:   # counted; the deadlines send them again
                     self.metrics.inc("marker_errors")
                     log.warning("%d sent markers and %d entry acks not written (%s): "
                                 "those commands count as unsent, those entries stay "

@@ -16,6 +16,7 @@ import msgspec
 from sfc_fast import Graph, RecipeError, compile_recipe
 from sfc_fast.events import Cancel, Event, Hold, Release, Resume, Start
 from sfc_host.config import HostConfig
+from sfc_host.errors import SfcHostError
 from sfc_host.execution.dispatch import Dispatcher
 from sfc_host.execution.settle import APPLIED, CONFLICT, ERROR, Item, Settler, tick_events
 from sfc_host.execution.workmaster import resolve_schema
@@ -38,7 +39,7 @@ Done = dict[str, list[bytes]]                       # per scope: the entries don
 Failed = dict[str, list[tuple[bytes, str]]]         # per scope: the entries failed, why
 
 
-class Unusable(Exception):
+class Unusable(SfcHostError):
     """The job's recipe cannot be used: the job is aborted with this reason."""
 
 
@@ -258,7 +259,7 @@ class WorkHandler:
                 pending = handler(e, b)
                 if pending is not None:
                     await pending
-            except Exception as ex:
+            except Exception as ex:   # one entry's fault, whatever it is, stays with it
                 log.exception("entry %s (%s) of job %s/%s failed", e.id.decode(), e.kind,
                               e.scope, e.job, extra=_fields(e))
                 b.fail(e, f"{type(ex).__name__}: {ex}")

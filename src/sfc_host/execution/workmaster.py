@@ -7,8 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sfc_fast import SCHEMA_V100, SCHEMA_V110, Graph, Problem, RecipeError, compile_recipe
-from sfc_fast.recipe import MAX_RECIPE_BYTES
+from sfc_fast import (
+    MAX_RECIPE_BYTES,
+    SCHEMA_V100,
+    SCHEMA_V110,
+    Graph,
+    Problem,
+    RecipeError,
+    compile_recipe,
+)
+from sfc_host.errors import SfcHostError
 
 SCHEMA_ALIASES = {
     "1.0.0": SCHEMA_V100,
@@ -18,7 +26,7 @@ SCHEMA_ALIASES = {
 }
 
 
-class UsageError(Exception):
+class UsageError(SfcHostError):
     """A user mistake on the command line: reported as one line, exit 2."""
 
 

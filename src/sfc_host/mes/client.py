@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from sfc_fast.wire.mqtt5 import MAX_REMAINING
 from sfc_host import isa95 as model
 from sfc_host.config import HostConfig
+from sfc_host.errors import SfcHostError
 from sfc_host.isa95 import BY_ID, BY_STATE, CONFIG, JOB_CONTROL, METHODS, WORK_MASTER, status_names
 from sfc_host.mes.codec import levels
 from sfc_host.metrics import Metrics
@@ -68,7 +69,7 @@ def job_order(job: str, work_master: str | None = None, params: dict[str, Any] |
     return order
 
 
-class MesError(Exception):
+class MesError(SfcHostError):
     """The broker cannot be reached or the request cannot be sent."""
 
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from sfc_host import isa95 as model
+from sfc_host.errors import SfcHostError
 from sfc_host.mqtt.cloudevents import (
     CloudEvent,
     CloudEventError,
@@ -38,7 +39,7 @@ _ENCODE = msgspec.json.Encoder()
 _MSGPACK = msgspec.msgpack.Decoder()
 
 
-class Invalid(Exception):
+class Invalid(SfcHostError):
     """A request that is a CloudEvent but not a valid job control request: answered
     with INVALID_REQUEST (or the status the original gives for it)."""
 

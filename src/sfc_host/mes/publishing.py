@@ -31,6 +31,7 @@ from sfc_host import isa95 as model
 from sfc_host.aio import cancel_and_reap
 from sfc_host.mes import codec
 from sfc_host.mqtt.cloudevents import CloudEvent, CloudEventError, publish_properties
+from sfc_host.store.client import REDIS_FAILURES
 from sfc_host.store.keys import SCOPES, ScopeKeys
 from sfc_host.store.orders import top_state
 from sfc_host.store.outbox import OrderRow, Outbox
@@ -294,7 +295,7 @@ class Publisher:
             return                       # left in the outbox: the scan sends it again
         try:
             await self.outbox.take(k, stamps)
-        except Exception:
+        except REDIS_FAILURES:
             self.metrics.inc("mes_index_errors")
             log.exception("the MES outbox of %s could not be written", scope,
                           extra={"scope": scope})

@@ -10,6 +10,7 @@ codec's ``Message`` (``topic``, ``payload``, ``qos``, ``retain``, ``properties``
 messages are sent with its ``Properties``."""
 
 from sfc_fast.wire.mqtt5 import Message, Properties
+from sfc_host.mqtt import cloudevents
 from sfc_host.mqtt.connection import MqttError
 from sfc_host.mqtt.endpoint import MqttRefused, MqttUnsupported
 from sfc_host.mqtt.link import MqttLink
@@ -18,4 +19,4 @@ from sfc_host.mqtt.settings import MqttSettings
 from sfc_host.mqtt.topics import filter_problem, topic_matches
 
 __all__ = ["IN_FLIGHT", "Message", "MqttError", "MqttLink", "MqttRefused", "MqttSettings",
-           "MqttUnsupported", "Properties", "filter_problem", "topic_matches"]
+           "MqttUnsupported", "Properties", "cloudevents", "filter_problem", "topic_matches"]

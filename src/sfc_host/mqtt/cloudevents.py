@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from sfc_fast.wire.mqtt5 import Properties, plain_texts
+from sfc_host.errors import SfcHostError
 from sfc_host.times import timestamp
 
 __all__ = ["STRUCTURED_CONTENT_TYPE", "CloudEvent", "CloudEventError", "RawJSON", "decode",
@@ -49,7 +50,7 @@ class RawJSON(bytes):
     side builds its payloads from stored JSON this way."""
 
 
-class CloudEventError(ValueError):
+class CloudEventError(SfcHostError, ValueError):
     """An event that cannot be encoded or decoded; ``code`` is short and stable (for metrics)."""
 
     def __init__(self, code: str, message: str) -> None:

@@ -46,6 +46,7 @@ from sfc_fast.wire.mqtt5 import (
     ack_into,
     encode_disconnect,
 )
+from sfc_host.errors import SfcHostError
 from sfc_host.metrics import Metrics
 
 log = logging.getLogger("sfc_host.mqtt")
@@ -84,7 +85,7 @@ TAKEN_OVER = 0x8E
 REDIRECTS = (0x9C, 0x9D)
 
 
-class MqttError(ConnectionError):
+class MqttError(SfcHostError, ConnectionError):
     """The connection could not be made or ended; ``rc`` is the broker's reason code
     when it gave one."""
 

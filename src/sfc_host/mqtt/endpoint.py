@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sfc_fast.wire.mqtt5 import encode_connect
+from sfc_host.errors import SfcHostError
 from sfc_host.mqtt.connection import REDIRECTS, MqttError, reason_text
 from sfc_host.mqtt.settings import MqttSettings
 from sfc_host.mqtt.will import LastWill
@@ -30,7 +31,7 @@ log = logging.getLogger("sfc_host.mqtt")
 PACKET_HEADROOM = 1 << 16
 
 
-class MqttRefused(ConnectionError):
+class MqttRefused(SfcHostError, ConnectionError):
     """The broker refused the credentials before the link was ever connected."""
 
 

@@ -8,7 +8,3 @@ extra (asyncua); the host imports it only with ``opcua = true``.
 - ``convert``: ISA-95 values between the MQTT face's JSON and OPC UA structures;
 - ``server``: asyncua's server with the Job Control NodeSet (``nodeset/``) loaded.
 """
-
-from sfc_host.opcua.face import OpcUaFace
-
-__all__ = ["OpcUaFace"]

@@ -22,9 +22,10 @@ from typing import Any
 from asyncua import ua
 
 from sfc_host import isa95 as model
+from sfc_host.errors import SfcHostError
 
 
-class ConvertError(ValueError):
+class ConvertError(SfcHostError, ValueError):
     """A value that does not fit its field; the message names the field's path."""
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from asyncua import ua
 
 from sfc_host import isa95 as model
+from sfc_host.errors import SfcHostError
 from sfc_host.mes.codec import Invalid
 from sfc_host.opcua.convert import (
     ConvertError,
@@ -67,7 +68,7 @@ def _bad_arguments(results: Sequence[int]) -> ua.CallMethodResult:
         InputArgumentResults=[ua.StatusCode(r) for r in results])
 
 
-class BadArgument(ValueError):
+class BadArgument(SfcHostError, ValueError):
     """An input argument of the wrong type: which one, and why."""
 
     def __init__(self, index: int, count: int, why: str) -> None:

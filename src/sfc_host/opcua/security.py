@@ -45,6 +45,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from sfc_host.errors import SfcHostError
+
 log = logging.getLogger("sfc_host.opcua")
 
 OPERATOR = "operator"
@@ -63,7 +65,7 @@ CURRENT_USER: contextvars.ContextVar[User | None] = contextvars.ContextVar(
     "sfc_opcua_user", default=None)
 
 
-class SecurityError(ValueError):
+class SecurityError(SfcHostError, ValueError):
     """A users file, PKI folder or certificate the face cannot use; says which."""
 
 

@@ -23,9 +23,8 @@ from typing import Any
 
 from sfc_host import __version__
 from sfc_host.config import ConfigError, HostConfig
-from sfc_host.engine.manager import Engine
-from sfc_host.engine.missions import RedisMissionStore, mission_prefix
-from sfc_host.engine.ports import MqttLink as EngineMqtt
+from sfc_host.engine import Engine, RedisMissionStore, mission_prefix
+from sfc_host.engine import MqttLink as EngineMqtt
 from sfc_host.equipment.mqtt_transport import EquipmentIn, MqttSink
 from sfc_host.execution.host import Host
 from sfc_host.mes.control import MesControl
@@ -45,6 +44,7 @@ from sfc_host.service.preflight import (
     span_recorder,
 )
 from sfc_host.service.script_bridge import ScriptJobs, ScriptLink
+from sfc_host.store.client import REDIS_FAILURES
 
 log = logging.getLogger("sfc_host.service.app")
 
@@ -181,7 +181,7 @@ class App:
         missing = []
         try:
             await asyncio.wait_for(self.host.client.ping(), READY_PING_S)
-        except Exception as e:
+        except REDIS_FAILURES as e:
             missing.append(f"redis: {str(e)[:200] or f'no answer within {READY_PING_S:g} s'}")
         for name, link in (("mqtt", self.link), ("mqtt (scripts)", self.script_link)):
             if link is None:
@@ -211,7 +211,7 @@ class App:
         if self.engine.state == "Running":
             try:
                 await self.engine.stop()
-            except Exception:
+            except Exception:   # a script's fault: the host's own close goes on
                 log.exception("the script engine did not stop cleanly")
         if self.script_link is not None:
             await self.script_link.aclose()

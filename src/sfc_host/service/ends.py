@@ -29,6 +29,7 @@ from sfc_fast.wire.mqtt5 import Message
 from sfc_host.aio import reap
 from sfc_host.metrics import Metrics
 from sfc_host.mqtt import MqttLink
+from sfc_host.store.client import REDIS_FAILURES
 from sfc_host.store.keys import HOSTS, run_taken
 
 log = logging.getLogger("sfc_host.service.ends")
@@ -74,7 +75,7 @@ class RunEnds:
         try:
             await self.client.set(run_taken(self.consumer, self.run), self.consumer,
                                   nx=True, ex=TAKEN_TTL_S)
-        except Exception as e:        # the others then send its open commands again
+        except REDIS_FAILURES as e:   # the others then send its open commands again
             log.warning("could not record the clean stop in Redis (%s): another host "
                         "sends the open commands again", e)
 
@@ -129,6 +130,6 @@ class RunEnds:
                     consumer, run, why, n)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception:   # whatever failed, the watcher of the other hosts goes on
             log.exception("taking over the end of host %s (run of %s) failed; its jobs' "
                           "deadlines settle what it had taken", consumer, run)

@@ -19,14 +19,11 @@ from urllib.parse import urlsplit
 
 from sfc_host import __version__
 from sfc_host.config import ConfigError, HostConfig, parse_mission_spec, without_credentials
-from sfc_host.engine.script import MissionDef, check_mission_call
+from sfc_host.engine import MissionDef, check_mission_call
+from sfc_host.errors import Unreachable
 
 EXIT_MISTAKE = 2
 EXIT_UNREACHABLE = 1
-
-
-class Unreachable(Exception):
-    """A server that cannot be reached or refuses the host, said in one line."""
 
 
 def check_missions(defs: Mapping[str, MissionDef], specs: list[str]
@@ -102,7 +99,7 @@ def opcua_face(config: HostConfig, host: Any, mes: Any, link: Any) -> Any:
     if not config.opcua:
         return None
     try:
-        from sfc_host.opcua import OpcUaFace
+        from sfc_host.opcua.face import OpcUaFace
     except ImportError:
         raise _extra_missing("opcua", "the OPC UA stack") from None
     return OpcUaFace(config, host, mes, link)
@@ -114,7 +111,7 @@ def opcua_routing(config: HostConfig, mqtt_sink: Any) -> Any:
     if not config.equipment_opcua:
         return None
     try:
-        from sfc_host.equipment.opcua import RoutingSink
+        from sfc_host.equipment.opcua.transport import RoutingSink
     except ImportError:
         raise _extra_missing("opcua", "the OPC UA stack") from None
     return RoutingSink(mqtt_sink)
@@ -126,7 +123,8 @@ def opcua_equipment(config: HostConfig, host: Any, routing: Any, mes: Any) -> An
     the jobs' ends."""
     if routing is None:
         return None
-    from sfc_host.equipment.opcua import OpcuaEquipment, load
+    from sfc_host.equipment.opcua.settings import load
+    from sfc_host.equipment.opcua.transport import OpcuaEquipment
 
     eq = OpcuaEquipment(host, load(config.equipment_opcua))
     routing.opcua = eq
@@ -148,13 +146,13 @@ def span_recorder(config: HostConfig, processor: Any = None, metrics: Any = None
     if not config.otel:
         return None
     try:
-        from sfc_host.tracing.spans import OtelSettingError, recorder_from
+        from sfc_host.tracing.spans import recorder_from
     except ImportError:
         raise _extra_missing("otel", "the OpenTelemetry SDK") from None
     try:
         return recorder_from(config.consumer_name, __version__, config.equipment_prefix,
                              processor=processor, metrics=metrics)
-    except OtelSettingError as e:
+    except ConfigError as e:
         raise ConfigError(f"setting otel: {e}") from None
 
 
@@ -164,14 +162,14 @@ def check_traces(config: HostConfig) -> str:
     if not config.otel:
         return ""
     try:
-        from sfc_host.tracing.spans import OtelSettingError, check_batch, exporter_from
+        from sfc_host.tracing.spans import check_batch, exporter_from
     except ImportError:
         raise _extra_missing("otel", "the OpenTelemetry SDK") from None
     try:
         exporter = exporter_from(os.environ)
         if exporter is not None:
             check_batch(os.environ)
-    except OtelSettingError as e:
+    except ConfigError as e:
         raise ConfigError(f"setting otel: {e}") from None
     if exporter is None:
         return "; traces: none (OTEL_TRACES_EXPORTER=none)"
@@ -207,7 +205,7 @@ async def check_opcua(config: HostConfig) -> str:
 
 async def check_config(config: HostConfig) -> str:
     """Settings, scripts, missions and the port, without connecting; a summary line."""
-    from sfc_host.engine.manager import Engine
+    from sfc_host.engine import Engine
 
     config.check_files()
     check_port(config)
@@ -231,8 +229,8 @@ async def check_servers(config: HostConfig, timeout_s: float = 10.0) -> str:
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from sfc_host.metrics import Metrics
-    from sfc_host.mqtt import MqttLink
-    from sfc_host.store.client import connect
+    from sfc_host.mqtt import MqttError, MqttLink, MqttRefused
+    from sfc_host.store.client import REDIS_FAILURES, connect
     from sfc_host.store.lua_scripts import Scripts
 
     client = connect(config)
@@ -241,7 +239,7 @@ async def check_servers(config: HostConfig, timeout_s: float = 10.0) -> str:
     except TimeoutError:
         raise Unreachable(_line(RedisTimeoutError(f"no answer within {timeout_s:g} s"),
                                 config)) from None
-    except Exception as e:
+    except REDIS_FAILURES as e:
         raise Unreachable(_line(e, config)) from e
     finally:
         await client.aclose()
@@ -250,7 +248,7 @@ async def check_servers(config: HostConfig, timeout_s: float = 10.0) -> str:
     await link.start(subscribe=False)
     try:
         await link.wait_connected(timeout_s)
-    except Exception as e:
+    except (MqttError, MqttRefused, OSError) as e:
         raise Unreachable(_line(e, config, link.last_error)) from e
     finally:
         await link.aclose(drain_s=0)

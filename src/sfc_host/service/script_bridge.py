@@ -16,7 +16,7 @@ import json
 import logging
 from typing import Any
 
-from sfc_host.engine.api import Handler, Props, ScriptAPIError, wants_properties
+from sfc_host.engine import Handler, Props, ScriptAPIError, wants_properties
 from sfc_host.isa95 import status_names
 from sfc_host.mes.codec import Invalid
 from sfc_host.mes.control import MesControl

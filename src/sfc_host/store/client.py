@@ -23,6 +23,7 @@ from redis.asyncio.connection import (
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sfc_fast.wire.resp import pack_command
@@ -35,6 +36,11 @@ from sfc_host.config import HostConfig
 RETRIES = 3
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
+
+# What a call raises when Redis or the way to it fails: redis-py's errors (an error
+# reply too), its cluster errors (not RedisErrors) and the socket's. What a caller that
+# goes on past a failed call catches; anything else is a bug and goes up.
+REDIS_FAILURES = (RedisError, RedisClusterException, OSError)
 
 
 def retry() -> Retry:

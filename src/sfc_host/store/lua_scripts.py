@@ -25,6 +25,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from sfc_host.store.client import REDIS_FAILURES
+
 log = logging.getLogger("sfc_host.store.lua_scripts")
 
 LUA_DIR = Path(__file__).parent / "lua"
@@ -143,7 +145,7 @@ class Scripts:
             s, k, a = calls[0]
             try:
                 return [await self.call(s, k, a, lazy)]
-            except Exception as e:
+            except REDIS_FAILURES as e:
                 return [e]
         results = await self._pipe(calls, lazy)
         for _ in range(RELOAD_ROUNDS):

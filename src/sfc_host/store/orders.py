@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from sfc_fast import JOB_ORDER, InvalidTransition
+from sfc_host.errors import SfcHostError
 from sfc_host.isa95 import (
     INVALID_JOB_ORDER_STATUS,
     INVALID_REQUEST,
@@ -62,7 +63,7 @@ def times_for(new: str) -> dict[str, str]:
     return {}
 
 
-class OrderError(Exception):
+class OrderError(SfcHostError):
     """A job control request that cannot be done; ``status`` is the return status."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -181,7 +182,7 @@ class Orders:
         old = (cur or {}).get("state") or "InitialState"
         try:
             res = hook(scope, job, old, h["state"], h, cause)
-        except Exception:
+        except Exception:   # the order is written already: a hook's fault must not undo that
             self._hook_failed(scope, job)
             return None
         return None if res is None else self._await_hook(res, scope, job)

@@ -21,6 +21,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from sfc_host.config import HostConfig
+from sfc_host.errors import SfcHostError
 from sfc_host.metrics import Metrics
 from sfc_host.names import check_job
 from sfc_host.store.keys import ScopeKeys
@@ -48,7 +49,7 @@ def _short(text: str) -> str:
     return repr(text) if len(text) <= 40 else repr(text[:40]) + "…"
 
 
-class InvalidEntry(ValueError):
+class InvalidEntry(SfcHostError, ValueError):
     """An entry no handler can use: logged, counted, acked."""
 
 

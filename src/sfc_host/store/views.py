@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from sfc_fast import Graph, StateFormatError, state_to_json
+from sfc_host.errors import SfcHostError
 from sfc_host.store.keys import SCOPES, ScopeKeys
 from sfc_host.store.states import GraphCache, caught_up, whole_state
 from sfc_host.tracing.context import from_stored
@@ -19,7 +20,7 @@ from sfc_host.tracing.context import from_stored
 OPEN_PHASES = ("delayed", "open", "waiting_exit")
 
 
-class NotFound(LookupError):
+class NotFound(SfcHostError, LookupError):
     """No job order and no job state under that id in the scope."""
 
 
@@ -202,7 +203,7 @@ def add_scope_rates(scopes_now: list[dict[str, Any]], scopes_before: list[dict[s
                       "entries": rate(s["entries_added"], p.get("entries_added"), secs)}
 
 
-class Ambiguous(LookupError):
+class Ambiguous(SfcHostError, LookupError):
     """A job id found in more than one scope: the scope must be named."""
 
 

@@ -2,14 +2,3 @@
 command (``context``). With ``otel = true``, and only then, the host imports the rest,
 which needs the ``[otel]`` extra: ``spans`` (the spans of requests, jobs, attempts and
 holds), ``batch`` (the span processor) and ``otlp`` (the OTLP/HTTP exporter)."""
-
-from sfc_host.tracing.context import (
-    InvalidTraceParent,
-    TraceContext,
-    new_trace,
-    parse_traceparent,
-    valid_tracestate,
-)
-
-__all__ = ["InvalidTraceParent", "TraceContext", "new_trace", "parse_traceparent",
-           "valid_tracestate"]

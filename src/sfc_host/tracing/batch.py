@@ -30,6 +30,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from sfc_fast.wire.otlp import span_entry
+from sfc_host.errors import ConfigError
 from sfc_host.tracing.otlp import OtlpExporter
 
 log = logging.getLogger("sfc_host.tracing.batch")
@@ -39,10 +40,6 @@ DEFAULT_DELAY_MS = 5_000
 DEFAULT_QUEUE = 2_048
 
 
-class BatchSettingError(ValueError):
-    """An ``OTEL_BSP_*`` variable that is not a positive whole number; says which."""
-
-
 def _positive(env: Mapping[str, str], name: str, default: int) -> int:
     raw = (env.get(name) or "").strip()
     if not raw:
@@ -50,15 +47,15 @@ def _positive(env: Mapping[str, str], name: str, default: int) -> int:
     try:
         v = int(raw)
     except ValueError:
-        raise BatchSettingError(f"{name}={raw!r}: not a whole number") from None
+        raise ConfigError(f"{name}={raw!r}: not a whole number", name) from None
     if v <= 0:
-        raise BatchSettingError(f"{name}={raw!r}: not positive")
+        raise ConfigError(f"{name}={raw!r}: not positive", name)
     return v
 
 
 def settings_from(env: Mapping[str, str]) -> tuple[int, float, int]:
     """Spans a batch, the longest a span waits (s) and the most that wait to be sent,
-    as the ``OTEL_BSP_*`` variables say; ``BatchSettingError`` for a bad one."""
+    as the ``OTEL_BSP_*`` variables say; ``ConfigError`` naming a bad one."""
     queue_size = _positive(env, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE)
     batch = min(_positive(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH), queue_size)
     delay_s = _positive(env, "OTEL_BSP_SCHEDULE_DELAY", DEFAULT_DELAY_MS) / 1000

@@ -27,6 +27,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from sfc_host.errors import SfcHostError
+
 SAMPLED = 0x01
 MAX_STATE_MEMBERS = 32
 MAX_STATE_CHARS = 512
@@ -42,7 +44,7 @@ _MEMBER = re.compile(
     r"[\x21-\x2b\x2d-\x3c\x3e-\x7e])?")
 
 
-class InvalidTraceParent(ValueError):
+class InvalidTraceParent(SfcHostError, ValueError):
     """A ``traceparent`` that breaks a rule of the W3C format; the message says which."""
 
 

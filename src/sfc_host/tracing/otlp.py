@@ -47,6 +47,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from sfc_fast.wire.otlp import encode_entries, encode_spans
+from sfc_host.errors import ConfigError
 
 log = logging.getLogger("sfc_host.tracing.otlp")
 
@@ -67,10 +68,6 @@ _IS_REMOTE = 0x200
 _ENCODE = msgspec.json.Encoder()
 
 
-class OtlpSettingError(ValueError):
-    """An ``OTEL_EXPORTER_OTLP_*`` variable the exporter cannot use; says which."""
-
-
 def _env(env: Mapping[str, str], name: str) -> str | None:
     """The ``TRACES_`` variable, else the general one; None when neither has a value."""
     for v in (env.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}"), env.get(f"OTEL_EXPORTER_OTLP_{name}")):
@@ -80,11 +77,11 @@ def _env(env: Mapping[str, str], name: str) -> str | None:
 
 
 def protocol_from(env: Mapping[str, str]) -> str:
-    """``http/protobuf`` (the default) or ``http/json``; ``OtlpSettingError`` else."""
+    """``http/protobuf`` (the default) or ``http/json``; ``ConfigError`` else."""
     v = (_env(env, "PROTOCOL") or "http/protobuf").lower()
     if v not in PROTOCOLS:
-        raise OtlpSettingError(f"OTLP protocol {v!r}: http/protobuf or http/json "
-                               "(gRPC is not supported)")
+        raise ConfigError(f"OTLP protocol {v!r}: http/protobuf or http/json "
+                          "(gRPC is not supported)", "OTEL_EXPORTER_OTLP_PROTOCOL")
     return v
 
 
@@ -98,9 +95,11 @@ def endpoint_from(env: Mapping[str, str]) -> str:
     try:
         u.port      # noqa: B018 - a port that is not a number raises here
     except ValueError:
-        raise OtlpSettingError(f"OTLP endpoint {v!r}: the port is not a number") from None
+        raise ConfigError(f"OTLP endpoint {v!r}: the port is not a number",
+                          "OTEL_EXPORTER_OTLP_ENDPOINT") from None
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise OtlpSettingError(f"OTLP endpoint {v!r}: not an http(s) address")
+        raise ConfigError(f"OTLP endpoint {v!r}: not an http(s) address",
+                          "OTEL_EXPORTER_OTLP_ENDPOINT")
     return v
 
 
@@ -112,7 +111,8 @@ def headers_from(text: str | None) -> dict[str, str]:
             continue
         key, eq, value = part.partition("=")
         if not eq or not key.strip():
-            raise OtlpSettingError(f"OTLP headers: {part.strip()!r} is not key=value")
+            raise ConfigError(f"OTLP headers: {part.strip()!r} is not key=value",
+                              "OTEL_EXPORTER_OTLP_HEADERS")
         out[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(value.strip())
     return out
 
@@ -137,14 +137,17 @@ class OtlpExporter(SpanExporter):
             try:
                 timeout_ms = int(raw) if raw else DEFAULT_TIMEOUT_MS
             except ValueError:
-                raise OtlpSettingError(f"OTLP timeout {raw!r}: not milliseconds") from None
+                raise ConfigError(f"OTLP timeout {raw!r}: not milliseconds",
+                                  "OTEL_EXPORTER_OTLP_TIMEOUT") from None
         if timeout_ms <= 0:
-            raise OtlpSettingError(f"OTLP timeout {timeout_ms}: not a positive number of ms")
+            raise ConfigError(f"OTLP timeout {timeout_ms}: not a positive number of ms",
+                              "OTEL_EXPORTER_OTLP_TIMEOUT")
         self.timeout_s = timeout_ms / 1000
         compression = (compression if compression is not None
                        else _env(e, "COMPRESSION") or "none").strip().lower()
         if compression not in ("gzip", "none"):
-            raise OtlpSettingError(f"OTLP compression {compression!r}: gzip or none")
+            raise ConfigError(f"OTLP compression {compression!r}: gzip or none",
+                              "OTEL_EXPORTER_OTLP_COMPRESSION")
         self.gzip = compression == "gzip"
         u = urllib.parse.urlsplit(self.endpoint)
         self._https = u.scheme == "https"

@@ -39,18 +39,15 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import TraceState
 
 from sfc_fast.wire.otlp import span_record
-from sfc_host.tracing.batch import BatchSettingError, OtlpBatcher, settings_from
+from sfc_host.errors import ConfigError
+from sfc_host.tracing.batch import OtlpBatcher, settings_from
 from sfc_host.tracing.context import TraceContext, job_run, span_int_for
-from sfc_host.tracing.otlp import OtlpExporter, OtlpSettingError
+from sfc_host.tracing.otlp import OtlpExporter
 
 SERVICE_NAME = "sfc-host"
 LINKS_MAX = 10_000       # answers' contexts waiting for their attempt to be recorded
 
 _UNSET = Status(StatusCode.UNSET)
-
-
-class OtelSettingError(ValueError):
-    """The ``OTEL_*`` variables name an exporter or protocol the host cannot use."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -314,23 +311,24 @@ class SpanRecorder:
 def exporter_from(env: Mapping[str, str]) -> SpanExporter | None:
     """The exporter ``OTEL_TRACES_EXPORTER`` names: ``otlp`` (the default: the host's
     own, ``otlp.OtlpExporter``, over HTTP as ``OTEL_EXPORTER_OTLP_*`` say), ``console``
-    or ``none`` (no spans). ``OtelSettingError`` for anything else."""
+    or ``none`` (no spans). ``ConfigError`` for anything else."""
     raw = env.get("OTEL_TRACES_EXPORTER", "")
     names = [n.strip().lower() for n in raw.split(",") if n.strip()] or ["otlp"]
     if len(names) > 1:
-        raise OtelSettingError(f"OTEL_TRACES_EXPORTER={raw!r}: one exporter (otlp, console "
-                               "or none)")
+        raise ConfigError(f"OTEL_TRACES_EXPORTER={raw!r}: one exporter (otlp, console "
+                          "or none)", "OTEL_TRACES_EXPORTER")
     name = names[0]
     if name == "none":
         return None
     if name == "console":
         return ConsoleSpanExporter()
     if name != "otlp":
-        raise OtelSettingError(f"OTEL_TRACES_EXPORTER={name!r}: otlp, console or none")
+        raise ConfigError(f"OTEL_TRACES_EXPORTER={name!r}: otlp, console or none",
+                          "OTEL_TRACES_EXPORTER")
     try:
         return OtlpExporter(env=env)
-    except (OtlpSettingError, OSError) as e:
-        raise OtelSettingError(str(e)) from None
+    except OSError as e:    # a certificate or key file that cannot be read
+        raise ConfigError(str(e), "otel") from None
 
 
 def resource_from(consumer: str, version: str) -> Resource:
@@ -351,14 +349,11 @@ def processor_from(env: Mapping[str, str], metrics: Any = None) -> SpanProcessor
     if exporter is None:
         return None
     if isinstance(exporter, OtlpExporter):
-        try:
-            if metrics is None:
-                return OtlpBatcher(exporter, env=env)
-            return OtlpBatcher(exporter, env=env,
-                               on_sent=lambda n: metrics.inc("spans_exported", n),
-                               on_dropped=lambda n: metrics.inc("spans_dropped", n))
-        except BatchSettingError as e:
-            raise OtelSettingError(str(e)) from None
+        if metrics is None:
+            return OtlpBatcher(exporter, env=env)
+        return OtlpBatcher(exporter, env=env,
+                           on_sent=lambda n: metrics.inc("spans_exported", n),
+                           on_dropped=lambda n: metrics.inc("spans_dropped", n))
     return BatchSpanProcessor(exporter)
 
 
@@ -377,8 +372,5 @@ def recorder_from(consumer: str, version: str, equipment_prefix: str,
 
 
 def check_batch(env: Mapping[str, str]) -> None:
-    """The ``OTEL_BSP_*`` variables can be used (``OtelSettingError`` if not)."""
-    try:
-        settings_from(env)
-    except BatchSettingError as e:
-        raise OtelSettingError(str(e)) from None
+    """The ``OTEL_BSP_*`` variables can be used (``ConfigError`` if not)."""
+    settings_from(env)

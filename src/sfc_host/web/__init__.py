@@ -8,7 +8,3 @@ script of our own (``static/``), served by aiohttp.
 - ``pages``: the HTML, every name escaped
 - ``live``: Server-Sent Events for job pages, one poller per job
 """
-
-from sfc_host.web.app import WebView
-
-__all__ = ["WebView"]

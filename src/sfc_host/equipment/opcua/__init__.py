@@ -3,8 +3,3 @@ plant's PLCs, beside the MQTT contract. ``settings`` reads the equipment file,
 ``session`` keeps one session per server, ``packml`` drives a PackML unit, ``method``
 calls a method, ``transport`` routes each command to its binding and turns outcomes
 and data changes into answers and pull events (docs/equipment-opcua.md)."""
-
-from sfc_host.equipment.opcua.settings import EquipmentFile, load
-from sfc_host.equipment.opcua.transport import OpcuaEquipment, RoutingSink
-
-__all__ = ["EquipmentFile", "OpcuaEquipment", "RoutingSink", "load"]

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from sfc_host.aio import reap
 from sfc_host.equipment.opcua.settings import ServerSettings
+from sfc_host.errors import SfcHostError
 
 log = logging.getLogger("sfc_host.equipment.opcua")
 
@@ -170,7 +171,7 @@ async def node_of(client: Client, text: str) -> Node:
     return client.get_node(text)
 
 
-class Untrusted(Exception):
+class Untrusted(SfcHostError):
     """The server's certificate is not in the trust folder."""
 
 
