@@ -20,6 +20,8 @@ from sfc_host.service.app import App
 from sfc_host.service.ends import RunEnds
 from sfc_host.store.keys import HOSTS, run_taken
 
+PREFIX = "ends-test"
+
 
 def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 40))
@@ -29,7 +31,10 @@ class Watcher:
     """A link and a ``RunEnds`` as a host has them, counting its take-overs."""
 
     def __init__(self, mqtt_url: str, redis_url: str, consumer: str, run_id: str) -> None:
-        self.config = HostConfig(mqtt_url=mqtt_url, redis_url=redis_url, consumer=consumer)
+        # a prefix of this module's own: the session's broker keeps other tests' retained
+        # statuses (their hosts' Wills) under the default one
+        self.config = HostConfig(mqtt_url=mqtt_url, redis_url=redis_url, consumer=consumer,
+                                 mes_prefix=PREFIX)
         self.link = MqttLink(self.config, Metrics())
         self.client = aioredis.Redis.from_url(redis_url)
         self.taken = 0
@@ -65,7 +70,7 @@ def test_a_death_seen_by_two_hosts_is_taken_over_once(mqtt_url: str, redis_url: 
         a = await Watcher(mqtt_url, redis_url, "ends-a", "run-a").start()
         b = await Watcher(mqtt_url, redis_url, "ends-b", "run-b").start()
         try:
-            a.link.publish_nowait("mes/hosts/ends-x", status(
+            a.link.publish_nowait(f"{PREFIX}/hosts/ends-x", status(
                 "ends-x", "run-x", False, "the connection ended without a goodbye"), qos=1,
                 retain=True)
             await wait_until(lambda: a.taken + b.taken >= 1, 10, "the take-over")
@@ -78,19 +83,19 @@ def test_a_death_seen_by_two_hosts_is_taken_over_once(mqtt_url: str, redis_url: 
             assert c.taken == 0 and a.taken + b.taken == 1
             await c.aclose()
             # a status that is online, or not JSON: not an end
-            a.link.publish_nowait("mes/hosts/ends-y", status("ends-y", "run-y", True), qos=1)
-            a.link.publish_nowait("mes/hosts/ends-z", b"not json", qos=1)
+            a.link.publish_nowait(f"{PREFIX}/hosts/ends-y", status("ends-y", "run-y", True), qos=1)
+            a.link.publish_nowait(f"{PREFIX}/hosts/ends-z", b"not json", qos=1)
             await asyncio.sleep(0.5)
             assert a.taken + b.taken == 1
             # a host's own stop is taken by the other, never by itself
             before_a, before_b = a.taken, b.taken
-            a.link.publish_nowait("mes/hosts/ends-a", status("ends-a", "run-a", False,
+            a.link.publish_nowait(f"{PREFIX}/hosts/ends-a", status("ends-a", "run-a", False,
                                                              "stopped"), qos=1)
             await wait_until(lambda: b.taken == before_b + 1, 10, "the other's take-over")
             await asyncio.sleep(0.3)
             assert a.taken == before_a
         finally:
-            a.link.publish_nowait("mes/hosts/ends-x", b"", qos=1, retain=True)
+            a.link.publish_nowait(f"{PREFIX}/hosts/ends-x", b"", qos=1, retain=True)
             await a.aclose()
             await b.aclose()
     run(main())
@@ -99,17 +104,18 @@ def test_a_death_seen_by_two_hosts_is_taken_over_once(mqtt_url: str, redis_url: 
 def test_a_retained_will_seen_at_start_is_taken_over(mqtt_url: str, redis_url: str) -> None:
     async def main() -> None:
         await flush(redis_url)
-        pub = MqttLink(HostConfig(mqtt_url=mqtt_url, consumer="ends-pub"), Metrics())
+        pub = MqttLink(HostConfig(mqtt_url=mqtt_url, consumer="ends-pub", mes_prefix=PREFIX),
+                       Metrics())
         await pub.start()
         await pub.wait_connected()
-        pub.publish_nowait("mes/hosts/ends-gone", status("ends-gone", "run-1", False,
+        pub.publish_nowait(f"{PREFIX}/hosts/ends-gone", status("ends-gone", "run-1", False,
                                                          "Last Will"), qos=1, retain=True)
         await asyncio.sleep(0.2)
         w = await Watcher(mqtt_url, redis_url, "ends-late", "run-l").start()
         try:
             await wait_until(lambda: w.taken == 1, 10, "the take-over of a retained Will")
         finally:
-            pub.publish_nowait("mes/hosts/ends-gone", b"", qos=1, retain=True)
+            pub.publish_nowait(f"{PREFIX}/hosts/ends-gone", b"", qos=1, retain=True)
             await w.aclose()
             await pub.aclose()
     run(main())
@@ -141,7 +147,8 @@ def test_a_clean_stop_is_recorded_and_costs_no_resend(mqtt_url: str, redis_url: 
     async def main() -> None:
         await flush(redis_url)
         other = await Watcher(mqtt_url, redis_url, "ends-other", "run-o").start()
-        app = App(quick_config(redis_url, mqtt_url=mqtt_url, consumer="ends-app"))
+        app = App(quick_config(redis_url, mqtt_url=mqtt_url, consumer="ends-app",
+                               mes_prefix=PREFIX))
         await app.start(connect_timeout_s=5)
         run_id = app.presence.started_at
         await app.aclose()
