@@ -372,11 +372,29 @@ cdef class Graph:
 
 cdef int _attach(Graph g, bytes blob) except -1:
     """Point g's tables into blob after checking every index (never trust bytes)."""
+    cdef int32_t c[N_COUNTS]
+    cdef int minor = _read_header(blob, c)
+    g.n_steps, g.n_branches, g.n_paths, g.n_path_steps = c[0], c[1], c[2], c[3]
+    g.n_transitions, g.n_actions, g.n_conds, g.n_code = c[4], c[5], c[6], c[7]
+    g.n_refs, g.n_ref_segs, g.n_consts, g.n_strings = c[8], c[9], c[10], c[11]
+    g.schema_minor = minor
+    g.initial_step = c[13]
+    _point(g, PyBytes_AS_STRING(blob))
+    bad = _check_tables(g, c[12])
+    if bad is not None:
+        raise GraphFormatError(f"corrupt graph: {bad}")
+    g._blob = blob
+    g._strs = [None] * g.n_strings
+    return 0
+
+
+cdef int _read_header(bytes blob, int32_t* c) except -1:
+    """The header's counts into c, checked against each other and the blob's size;
+    returns the recipe's schema minor."""
     cdef Py_ssize_t size = PyBytes_GET_SIZE(blob)
     cdef const char* base = PyBytes_AS_STRING(blob)
-    cdef int32_t c[N_COUNTS]
     cdef uint16_t major
-    cdef Py_ssize_t i, off, n32, k
+    cdef Py_ssize_t i, off, n32
     if size < HEADER_SIZE or base[0] != b'S' or base[1] != b'F' or base[2] != b'C' \
             or base[3] != b'G':
         raise GraphFormatError("not a compiled recipe graph (bad magic)")
@@ -392,9 +410,8 @@ cdef int _attach(Graph g, bytes blob) except -1:
     for i in range(13):
         if c[i] < 0 or c[i] > MAX_COUNT:
             raise GraphFormatError("graph header counts out of range")
-    cdef int32_t S = c[0], B = c[1], P = c[2], PS = c[3], T = c[4], A = c[5], C = c[6]
-    cdef int32_t K = c[7], R = c[8], RS = c[9], CN = c[10], NS = c[11], SB = c[12]
-    cdef int32_t N = S + B
+    cdef int32_t S = c[0], A = c[5]
+    cdef int32_t SB = c[12]
     if S < 1 or not (0 <= c[13] < S):
         raise GraphFormatError("graph has no initial step")
     cdef Py_ssize_t lengths[N_I32]
@@ -402,6 +419,15 @@ cdef int _attach(Graph g, bytes blob) except -1:
     off = i64_at(n32)
     if size != off + 3 * 8 * A + SB:
         raise GraphFormatError("graph size does not match its header")
+    return minor
+
+
+cdef void _point(Graph g, const char* base) noexcept:
+    """g's table pointers into the blob at base, in blob order (_layout.pxd)."""
+    cdef int32_t S = g.n_steps, B = g.n_branches, P = g.n_paths, PS = g.n_path_steps
+    cdef int32_t T = g.n_transitions, A = g.n_actions, C = g.n_conds, K = g.n_code
+    cdef int32_t R = g.n_refs, RS = g.n_ref_segs, CN = g.n_consts, NS = g.n_strings
+    cdef int32_t N = S + B
     cdef const int32_t* p = <const int32_t*>(base + HEADER_SIZE)
     g.step_name = p; p += S
     g.step_flags = p; p += S
@@ -442,12 +468,22 @@ cdef int _attach(Graph g, bytes blob) except -1:
     g.ref_segs = p; p += RS
     g.const_text = p; p += CN
     g.str_off = p; p += NS + 1
+    cdef Py_ssize_t off = i64_at((<const char*>p - base - HEADER_SIZE) // 4)
     cdef const int64_t* q = <const int64_t*>(base + off)
     g.act_timeout_ms = q; q += A
     g.act_hold_timeout_ms = q; q += A
     g.act_duration_ms = q; q += A
     g.str_data = base + off + 3 * 8 * A
 
+
+cdef object _check_tables(Graph g, int32_t SB):
+    """Why g's tables are not a graph (every index in range, the tables consistent,
+    every condition's bytecode valid); None when they are."""
+    cdef int32_t S = g.n_steps, B = g.n_branches, P = g.n_paths, PS = g.n_path_steps
+    cdef int32_t T = g.n_transitions, A = g.n_actions, C = g.n_conds, K = g.n_code
+    cdef int32_t R = g.n_refs, RS = g.n_ref_segs, CN = g.n_consts, NS = g.n_strings
+    cdef int32_t N = S + B
+    cdef Py_ssize_t i, k
     bad = None
     if (_check_range(g.step_name, S, 0, NS) or _check_range(g.step_path, S, -1, P)
             or _check_csr(g.step_act_off, S, A) or _check_range(g.step_acts, A, 0, A)
@@ -490,16 +526,7 @@ cdef int _attach(Graph g, bytes blob) except -1:
             if verify_code(g.code, g.cond_off[i], g.cond_off[i + 1], CN, R) != 0:
                 bad = f"condition {i} has invalid bytecode"
                 break
-    if bad is not None:
-        raise GraphFormatError(f"corrupt graph: {bad}")
-    g._blob = blob
-    g.n_steps, g.n_branches, g.n_paths, g.n_path_steps = S, B, P, PS
-    g.n_transitions, g.n_actions, g.n_conds, g.n_code = T, A, C, K
-    g.n_refs, g.n_ref_segs, g.n_consts, g.n_strings = R, RS, CN, NS
-    g.schema_minor = minor
-    g.initial_step = c[13]
-    g._strs = [None] * NS
-    return 0
+    return bad
 
 
 cdef Graph graph_of(bytes blob):
