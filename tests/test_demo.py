@@ -130,6 +130,21 @@ def test_demo_runs_every_job_to_an_end_and_prints_the_summary(tmp_path: Path,
     _assert_nothing_left(tmp_path, p.stdout)
 
 
+def test_demo_on_packml_units_over_opcua(tmp_path: Path, servers_on_path: None) -> None:
+    """``--equipment opcua``: every push action on an example PackML unit the host
+    drives over OPC UA, the stations only sensors; every job completes."""
+    p = subprocess.run(_argv("--jobs", "30", "--scopes", "2", "--speed", "5",
+                             "--equipment", "opcua"),
+                       capture_output=True, text=True, timeout=90, env=_env(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr
+    assert "PackML units on opc.tcp://127.0.0.1:" in p.stdout
+    _summary(p.stdout, 30)
+    assert re.search(r"^Jobs: 30 submitted, 30 ended: 30 completed, 0 aborted$", p.stdout,
+                     re.M), p.stdout
+    _assert_nothing_left(tmp_path, p.stdout)
+
+
 def test_demo_with_two_host_processes(tmp_path: Path, servers_on_path: None) -> None:
     p = subprocess.run(_argv("--jobs", "20", "--scopes", "2", "--speed", "20", "--hosts", "2"),
                        capture_output=True, text=True, timeout=60, env=_env(tmp_path))

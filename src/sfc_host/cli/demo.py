@@ -33,6 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "buttons")
     p.add_argument("--web-port", type=_port, default=0, metavar="PORT",
                    help="with --web: listen on this port (default: a free one)")
+    p.add_argument("--equipment", choices=("mqtt", "opcua"), default="mqtt",
+                   help="opcua: the machines are PackML units on an OPC UA server the "
+                   "host drives (docs/equipment-opcua.md); the stations publish only "
+                   "their sensors' events (default mqtt)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -49,4 +53,5 @@ def _port(text: str) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     return run(Options(jobs=args.jobs, scopes=args.scopes, hosts=args.hosts, seed=args.seed,
                        speed=args.speed, parallel=args.parallel, timeout=args.timeout or 0.0,
-                       web=args.web, web_control=args.web_control, web_port=args.web_port))
+                       web=args.web, web_control=args.web_control, web_port=args.web_port,
+                       equipment=args.equipment))

@@ -196,8 +196,10 @@ def render(r: Report) -> str:
         lines.append(f"Shared by {len(r.per_host)} hosts: equipment answers received "
                      + " / ".join(f"{n:,}" for n in r.per_host))
     if r.paused:
-        lines.append(f"MES Pause/Resume: {r.paused} jobs paused and resumed; the equipment "
-                     f"held {r.held} commands and restarted {r.restarted}")
+        # the stations count their holds; PackML units (--equipment opcua) are not asked
+        held = (f"; the equipment held {r.held} commands and restarted {r.restarted}"
+                if r.held or r.restarted else "")
+        lines.append(f"MES Pause/Resume: {r.paused} jobs paused and resumed{held}")
     h = r.host_latency
     if h is not None and h.count:
         q = {p: _ms(h.quantile(p / 100) * 1000) for p in (50, 90, 99)}

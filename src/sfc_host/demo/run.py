@@ -74,6 +74,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RECIPES = ("axle_fit_qa", "tighten_rework", "paint_hold_restart")
 SHORT = {"axle_fit_qa": "axle", "tighten_rework": "tighten", "paint_hold_restart": "paint"}
 REPLY_TIMEOUT_S = 15.0
+UNIT_WORK_S = 0.1          # a PackML unit's work per action at speed 1 (--equipment opcua)
 WEB_HOST = "127.0.0.1"     # loopback: the view needs no access token there
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -98,6 +99,7 @@ class Options:
     web: bool = False           # the first host serves the web view
     web_control: bool = False   # with its job control buttons
     web_port: int = 0           # 0: a free one
+    equipment: str = "mqtt"     # "opcua": the push actions on PackML units (demo.units)
 
     def deadline_s(self) -> float:
         return self.timeout or 60.0 + 2.0 * self.jobs / self.speed
@@ -340,6 +342,20 @@ class Hosts:
             await wait_ready(lambda p=port: _ready(p), f"host {i} (sfc-host run)",
                              proc, log, timeout=30)
 
+    async def units_bound(self) -> None:
+        """Until every host found its PackML units (the processes' ``/readyz`` says so
+        already: they were waited for)."""
+        if self.app is None:
+            return
+        eq = self.app.opcua_equipment
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 30
+        while eq.not_ready():
+            if loop.time() > end:
+                raise DemoFailed("the PackML units were not bound: "
+                                 + "; ".join(eq.not_ready()[:3]))
+            await asyncio.sleep(0.05)
+
     def latency(self) -> Histogram | None:
         """The hosts' answer-to-command histogram, merged."""
         if self.app is not None:
@@ -426,6 +442,8 @@ class Demo:
                 "mqtt_version": broker.version,
                 "mqtt_shared_group": "sfc" if broker.shared else "",
                 "scopes": self.scopes, "log_level": "WARNING"}
+        if o.equipment == "opcua":
+            base["equipment_opcua"] = str(await self._units(stack, workdir))
         mes_cfg = HostConfig(**{**base, "mqtt_shared_group": ""}, consumer="demo-mes")
         link = MqttLink(mes_cfg, Metrics(), client_id=f"sfc-demo-mes-{os.getpid()}")
         stack.push_async_callback(link.aclose)
@@ -437,6 +455,8 @@ class Demo:
         stack.push_async_callback(hosts.aclose)
         await hosts.start()
         await self._stations_ready(mes, hosts)
+        if o.equipment == "opcua":
+            await hosts.units_bound()
         where = "in this process" if o.hosts == 1 else "as sfc-host run processes"
         self.say(f"{o.hosts} host{'s' if o.hosts > 1 else ''} {where}; a station mission "
                  f"per scope ({', '.join(self.scopes)}) in the script engine of host 1; "
@@ -467,6 +487,16 @@ class Demo:
             await self._serve(hosts)
         return code
 
+    async def _units(self, stack: contextlib.AsyncExitStack, workdir: Path) -> Path:
+        """The PackML units on an OPC UA server of this process, and their file."""
+        from sfc_host.demo.units import equipment_file, start_units
+
+        server, endpoint = await start_units(self.scopes, UNIT_WORK_S / self.opts.speed)
+        stack.push_async_callback(server.stop)
+        self.say(f"PackML units on {endpoint}: one per push action type in each scope "
+                 "(the host drives them over OPC UA)")
+        return equipment_file(workdir / "equipment.toml", endpoint, self.scopes)
+
     def _web_settings(self) -> dict[str, Any]:
         """The first host's settings that serve the web view: the host's own ``web``,
         ``web_control`` and HTTP port, on loopback (no access token needed)."""
@@ -489,7 +519,9 @@ class Demo:
         scripts = workdir / "scripts"
         scripts.mkdir()
         shutil.copy(EXAMPLES / "station_mission.py", scripts / "station_mission.py")
-        args = {"speed": self.opts.speed, "seed": self.opts.seed}
+        args: dict[str, Any] = {"speed": self.opts.speed, "seed": self.opts.seed}
+        if self.opts.equipment == "opcua":
+            args["events_only"] = True       # the machines are the units: sensors only
         return {"scripts_dir": str(scripts),
                 "missions": [f"station={json.dumps({'scope': s, **args})}"
                              for s in self.scopes]}

@@ -15,6 +15,7 @@ Resetting → Idle. Beside the model, each unit has:
 - ``{name}.CommandId`` (String): the id of the command it last took (the host writes it
   before Start; a host that died and another that takes over read it);
 - ``{name}.Setpoint`` (Double, writable) and parameters sent with SetParameter;
+- ``{name}.Program`` (String, writable): a program or specification the unit takes;
 - ``{name}.Result`` (Double): the setpoint (plus the parameters' sum) once complete;
 - ``{name}.Starts`` (UInt32): how many times Start was called;
 - ``{name}.Fault`` (Boolean, writable): the next Start aborts, with a stop reason.
@@ -233,6 +234,7 @@ async def _unit(server: Server, ns: int, packml: int, name: str, work_s: float) 
     for key, var, value, vt, writable in (
             ("command_id", "CommandId", "", ua.VariantType.String, True),
             ("setpoint", "Setpoint", 0.0, ua.VariantType.Double, True),
+            ("program", "Program", "", ua.VariantType.String, True),
             ("result", "Result", 0.0, ua.VariantType.Double, False),
             ("starts", "Starts", 0, ua.VariantType.UInt32, False),
             ("fault", "Fault", False, ua.VariantType.Boolean, True)):

@@ -12,7 +12,12 @@ A command id it has seen before is never worked again (the equipment contract: a
 sends an open command again when another host died with its answer): answered, it gets
 the same answer again; in progress, its answer comes when the work is done.
 
-    mission station(api, scope, speed=1.0, seed=0, equipment="equipment", mes="mes")
+    mission station(api, scope, speed=1.0, seed=0, equipment="equipment", mes="mes",
+                    events_only=False)
+
+``events_only``: the cell's machines are PLCs the host drives over OPC UA (``sfc-host demo
+--equipment opcua``); the mission is only its sensors, publishing each pull event every
+``SENSOR_S``.
 
 It announces the types it serves (retained ``{equipment}/{scope}/capabilities/station``),
 again whenever a host asks on ``{equipment}/{scope}/capabilities``, and withdraws them
@@ -61,6 +66,7 @@ FAILURES = {
 }
 REWORK = 0.25              # a tightening outside 80-90 Nm: loosen and tighten again
 MAX_TIGHTENS = 3           # the recipe's rework rounds; the last one is in tolerance
+SENSOR_S = 0.05           # the sensors' pull events, each this often (at speed 1)
 RESEND_S = 0.5             # a verification no job took (it came too early) goes again
 KEEP_LATENCIES = 5000      # samples of the answer-to-next-command time reported
 KEEP_ANSWERS = 20_000      # answers remembered for a command id sent again
@@ -78,6 +84,7 @@ class Cell:
         self.last_answer: dict[str, float] = {}    # job id -> when its last answer went
         self.tasks: set[asyncio.Task[None]] = set()
         self.working: dict[str, asyncio.Task[None]] = {}   # command id -> its answer to come
+        self.booth_jobs: set[str] = set()   # running paint jobs (the sensors' booth events)
         # command id -> (type, data, attributes) of the answer it got, oldest first
         self.answered: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
         self.served = 0
@@ -224,10 +231,16 @@ class Cell:
         data = event_of(payload, props).get("data") or {}
         states = data.get("JobState") or [{}]
         top = ((states[0] if isinstance(states, list) else {}).get("StateText") or {})
+        order = data.get("JobOrder") or {}
+        job_id = order.get("JobOrderID")
         if top.get("Text") in ("Ended", "Aborted", "EndState"):
-            job_id = (data.get("JobOrder") or {}).get("JobOrderID")
             self.jobs.pop(job_id, None)
             self.last_answer.pop(job_id, None)
+            self.booth_jobs.discard(job_id)
+        elif top.get("Text") == "Running" and any(
+                str((w or {}).get("ID", "")).startswith("paint")
+                for w in order.get("WorkMasterID") or []):
+            self.booth_jobs.add(job_id)      # the booth's sensor reports for this job
 
     async def announce(self, types: list[str]) -> None:
         """The types this station serves, retained, so a Work Master using one it does
@@ -260,10 +273,35 @@ def event_of(payload: bytes, props: dict[str, Any]) -> dict[str, Any]:
     return ev if isinstance(ev, dict) else {}
 
 
+async def sensors(cell: Cell) -> None:
+    """The cell's sensors alone (its machines are PLCs the host drives over OPC UA):
+    each pull event, again and again; a job that waits for one takes it."""
+    while True:
+        await cell.publish("events", EVENTS[0], {"passed": True})
+        await cell.publish("events", EVENTS[1], {"torque_ok": True})
+        for job_id in list(cell.booth_jobs):      # the booth reports per job
+            await cell.publish("events", EVENTS[2], {"ready": True}, correlationid=job_id)
+        await asyncio.sleep(SENSOR_S / cell.speed)
+
+
 @mission
 async def station(api: Any, scope: str, speed: float = 1.0, seed: int = 0,
-                  equipment: str = "equipment", mes: str = "mes") -> AsyncIterator[int]:
+                  equipment: str = "equipment", mes: str = "mes",
+                  events_only: bool = False) -> AsyncIterator[int]:
     cell = Cell(api, scope, speed, random.Random(f"{seed}/{scope}"), equipment)
+    if events_only:
+        api.mqtt.subscribe(f"{mes}/{scope.replace('.', '/')}/events", cell.on_status)
+        await cell.announce(list(EVENTS))
+        await cell.report()
+        task = asyncio.get_running_loop().create_task(sensors(cell))
+        try:
+            while True:
+                await asyncio.sleep(0.5)
+                yield 0
+        finally:
+            task.cancel()
+            api.mqtt.publish(f"{equipment}/{scope}/capabilities/station", b"", qos=1,
+                             retain=True)
     api.mqtt.subscribe(f"{equipment}/{scope}/commands", cell.on_command)
     api.mqtt.subscribe(f"{mes}/{scope.replace('.', '/')}/events", cell.on_status)
     # a host that starts asks for the announcement again (its broker may keep retained

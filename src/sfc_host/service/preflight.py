@@ -128,6 +128,7 @@ def opcua_equipment(config: HostConfig, host: Any, routing: Any, mes: Any) -> An
 
     eq = OpcuaEquipment(host, load(config.equipment_opcua))
     routing.opcua = eq
+    eq.arrived = routing.arrived        # one answer-to-command clock for both transports
     mes.bound_equipment = eq
     prev_end = host.settler.on_end
 

@@ -12,7 +12,9 @@ died before its result was stored is left to the action's deadline.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +45,7 @@ class MethodBinding:
         self._object: Node | None = None
         self._method: Node | None = None
         self.problem = "not bound yet"
+        self.bound = asyncio.Event()          # the method found at least once
         link.on_connect.append(self.bind)
 
     @property
@@ -59,6 +62,7 @@ class MethodBinding:
                            for a in await _arguments(self._method, "InputArguments")]
             self.outputs = [a.Name for a in await _arguments(self._method, "OutputArguments")]
             self.problem = ""
+            self.bound.set()
         except Exception as e:
             self.problem = (f"method {self.settings.method} of {self.name}: "
                             f"{status_name(e.code) if isinstance(e, ua.UaStatusCodeError) else e}")
@@ -82,6 +86,14 @@ class MethodBinding:
 
     async def run(self, cmd: Command, handed: Any) -> None:
         params = cmd.parameters or {}
+        if not self.bound.is_set():
+            try:
+                await asyncio.wait_for(self.bound.wait(), max(
+                    0.1, (cmd.deadline_ms or 0) / 1000 - time.time()) if cmd.deadline_ms
+                    else 30.0)
+            except TimeoutError:
+                handed.cancel()        # not carried out: its deadline sends it again
+                return
         if self.problem or self._object is None or self._method is None:
             handed.set_result(None)
             self.answer(cmd.scope, Failed(cmd.command_id, self.problem or "not bound"))

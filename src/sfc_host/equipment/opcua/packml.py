@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,8 @@ RUNNING = frozenset(("Starting", "Execute", "Completing", "Unholding", "Unsuspen
 # on their way to a resting state by themselves
 ACTING = frozenset(("Resetting", "Clearing", "Stopping", "Aborting", "Completing"))
 SETTLE_S = 30.0          # how long the unit may take to reach a resting state on a Stop
+BIND_WAIT_S = 30.0       # a command's wait for its unit to be bound, with no deadline
+PUBLISH_MS = 10          # the state subscription's publishing interval: an outcome's delay
 Answer = Callable[[str, BaseEvent], None]
 
 
@@ -65,6 +68,7 @@ class PackMLUnit:
         self._set_parameter_array = False     # SetParameter takes a list of descriptors
         self._sub: Any = None
         self.problem = "not bound yet"
+        self.bound = asyncio.Event()          # the nodes found at least once
         self._tasks: set[asyncio.Task[None]] = set()
         link.on_connect.append(self.bind)
 
@@ -104,9 +108,10 @@ class PackMLUnit:
             if missing:
                 raise ValueError(f"no {', '.join(missing)} method on its BaseStateMachine")
             self._nodes = {k: v for k, v in nodes.items() if v is not None}
-            self._sub = await client.create_subscription(50, self)
+            self._sub = await client.create_subscription(PUBLISH_MS, self)
             await self._sub.subscribe_data_change(self._nodes["state"])
             self.problem = ""
+            self.bound.set()
         except Exception as e:
             self.problem = f"unit {self.name} ({self.settings.node}): {_why(e)}"
             log.error("OPC UA %s", self.problem)
@@ -144,14 +149,16 @@ class PackMLUnit:
             a.hold_id = ""
 
     async def _results(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, node in self._nodes.items():
-            if key.startswith("result:"):
-                try:
-                    out[key[7:]] = to_json(await node.read_value())
-                except Exception as e:
-                    log.warning("unit %s: result %s not read: %s", self.name, key[7:], e)
-        return out
+        keys = [k for k in self._nodes if k.startswith("result:")]
+        client = self.link.client
+        if not keys or client is None:
+            return {}
+        try:
+            values = await client.read_values([self._nodes[k] for k in keys])
+        except Exception as e:
+            log.warning("unit %s: results not read: %s", self.name, e)
+            return {}
+        return {k[7:]: to_json(v) for k, v in zip(keys, values, strict=True)}
 
     async def _stop_reason(self, state: str) -> str:
         node = self._nodes.get("StopReason")
@@ -170,8 +177,12 @@ class PackMLUnit:
     async def run(self, cmd: Command, handed: asyncio.Future[None]) -> None:
         """Carry a command out; ``handed`` is done once it is with the unit (its sent
         marker), cancelled when it never reached it."""
-        async with self._lock:
+        # a start waits its turn on the unit; a hold or a restart acts on the attempt
+        # that has the unit, so it never queues behind a start waiting for it
+        turn = contextlib.nullcontext() if cmd.hold or cmd.restart else self._lock
+        async with turn:
             try:
+                await _bound(self.bound, cmd.deadline_ms)
                 if self.problem:
                     raise _Refused(self.problem)
                 state, last = await self._read()
@@ -208,9 +219,8 @@ class PackMLUnit:
         if last == cid:
             self._adopt(cmd, state)
             return
-        await self._to_idle(cid, state, last)
-        await self._write_parameters(cmd.parameters or {})
-        await self._nodes["command_id"].write_value(ua.Variant(cid, ua.VariantType.String))
+        await self._to_idle(cid, state, last, cmd.deadline_ms)
+        await self._write_parameters(cmd.parameters or {}, cid)
         self.current = Attempt(cmd.scope, cid)
         await self._call("Start", _descriptor(cid))
 
@@ -228,15 +238,21 @@ class PackMLUnit:
     async def _answer_done(self, cmd: Command) -> None:
         self.answer(cmd.scope, Completed(cmd.command_id, await self._results()))
 
-    async def _to_idle(self, cid: str, state: str, last: str) -> None:
+    async def _to_idle(self, cid: str, state: str, last: str,
+                       deadline_ms: int | None) -> None:
         """Bring a unit left in a resting state to Idle; a unit running another command
-        of the same job (an attempt timed out) is stopped first; any other work on it
-        refuses the command."""
+        of the same job (an attempt timed out) is stopped first; a unit busy with
+        another job's command is waited for (a line's unit takes one job after the
+        other), up to the action's deadline."""
         loop = asyncio.get_running_loop()
-        end = loop.time() + SETTLE_S
+        wait_s = SETTLE_S if deadline_ms is None else deadline_ms / 1000 - time.time()
+        end = loop.time() + max(wait_s, 1.0)
         while state != "Idle":
+            seen = self.state
             if loop.time() > end:
-                raise _Refused(f"unit {self.name} did not come to Idle (it is {state})")
+                raise _Refused(f"unit {self.name} is {state or 'in no state'} with "
+                               f"command {last or 'none'} and did not come to Idle in "
+                               "time")
             if state in ACTING:
                 pass                    # on its way to a resting state: wait for it
             elif state in ("Complete", "Stopped"):
@@ -247,21 +263,25 @@ class PackMLUnit:
                     job_of_command(last) == job_of_command(cid):
                 self.current = None
                 await self._call(self.settings.cancel, quiet=True)
-            else:
+            elif state not in RUNNING:
                 raise _Refused(f"unit {self.name} is {state or 'in no state'} with "
                                f"command {last or 'none'}, not Idle")
-            await self._wait(lambda s, was=state: s != was, 0.5)
+            # until the subscription shows a change (or a moment passed), then read anew
+            await self._wait(lambda s, was=seen: s != was, 0.5)
             state, last = await self._read()
 
-    async def _write_parameters(self, params: dict[str, Any]) -> None:
+    async def _write_parameters(self, params: dict[str, Any], cid: str) -> None:
+        """The parameters, then the command id, in one write where variables take
+        them; a parameter without a variable goes through SetParameter."""
+        nodes, values = [], []
         for name, value in params.items():
             node = self._nodes.get(f"param:{name}")
             if node is not None:
                 try:
-                    v = to_variant(value, self._param_types.get(name))
+                    values.append(to_variant(value, self._param_types.get(name)))
                 except ValueError as e:
                     raise _Refused(f"parameter {name!r}: {e}") from None
-                await node.write_value(v)
+                nodes.append(node)
                 continue
             if "SetParameter" not in self._nodes:
                 raise _Refused(f"parameter {name!r}: unit {self.name} has no variable "
@@ -272,6 +292,12 @@ class PackMLUnit:
             d = _descriptor(name, float(value))
             await self._call("SetParameter", [d] if self._set_parameter_array else d,
                              on="unit")
+        nodes.append(self._nodes["command_id"])
+        values.append(ua.Variant(cid, ua.VariantType.String))
+        client = self.link.client
+        if client is None:
+            raise ConnectionError("not connected")
+        await client.write_values(nodes, values)
 
     def check(self, params: dict[str, Any]) -> list[str]:
         """What of an action's parameters the unit cannot take, one line each."""
@@ -334,6 +360,16 @@ class PackMLUnit:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(lambda: done(self.state)),
                                        timeout)
+
+
+async def _bound(bound: asyncio.Event, deadline_ms: int | None) -> None:
+    """Until the binding has found its nodes (a host that just started, a server not
+    reached yet), up to the action's deadline: a command then is not carried out (its
+    marker unwritten), and its deadline sends it again."""
+    if bound.is_set():
+        return
+    left = BIND_WAIT_S if deadline_ms is None else deadline_ms / 1000 - time.time()
+    await asyncio.wait_for(bound.wait(), max(left, 0.1))
 
 
 class _Refused(Exception):

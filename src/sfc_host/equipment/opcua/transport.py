@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from asyncua import Node
 
-from sfc_fast import Command, Graph, Problem
-from sfc_fast.events import BaseEvent
+from sfc_fast import Command, Graph, Problem, job_of_command
+from sfc_fast.events import BaseEvent, Completed, Failed
 from sfc_host.aio import reap
 from sfc_host.equipment.mqtt_transport import MqttSink
 from sfc_host.equipment.opcua.method import MethodBinding
@@ -45,6 +46,7 @@ class OpcuaEquipment:
         self.routes: dict[tuple[str, str], PackMLUnit | MethodBinding] = {
             key: self.bindings[b.equipment] for key, b in equipment.routes().items()}
         self.events = [EventSource(e, self.links[e.server], host) for e in equipment.events]
+        self.arrived: dict[str, float] = {}     # the sink's: job -> its last answer's time
         self._tasks: set[asyncio.Task[None]] = set()
 
     def serves(self, scope: str, type_id: str) -> bool:
@@ -129,6 +131,10 @@ class OpcuaEquipment:
 
     def _answer(self, scope: str, event: BaseEvent) -> None:
         self.metrics.inc("equipment_opcua_answers")
+        if isinstance(event, Completed | Failed):
+            # the answer-to-command latency, as for MQTT answers: the job's next command
+            # observes it (a job's last answer is popped when the job ends)
+            self.arrived[job_of_command(event.command_id)] = time.perf_counter()
         self.host.answer(scope, event)
 
 
@@ -187,9 +193,14 @@ class RoutingSink:
             return self.mqtt.publish(commands, traces)
         out: list[asyncio.Future[None] | None] = [None] * len(commands)
         rest = [i for i, c in enumerate(commands) if not eq.serves(c.scope, c.type_id)]
+        now = time.perf_counter()
+        observe = self.mqtt.link.metrics.observe
         for i, c in enumerate(commands):
             if eq.serves(c.scope, c.type_id):
                 out[i] = eq.send(c)
+                t = self.arrived.pop(c.job, None)
+                if t is not None:
+                    observe("answer_to_command_seconds", now - t)
         if rest:
             sent = self.mqtt.publish([commands[i] for i in rest],
                                      [traces[i] for i in rest] if traces else ())
