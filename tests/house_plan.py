@@ -76,7 +76,7 @@ ALLOWED: dict[str, set[str]] = {
                 "isa95", "config", "metrics", "names", "logs", "sfc_host", "tracing", "opcua",
                 "errors"},
     "demo": {"service", "execution", "mes", "mqtt", "store", "isa95", "config", "metrics",
-             "core", "sfc_host", "errors"},
+             "core", "sfc_host", "errors", "examples"},
     "cli": {"demo", "service", "web", "charts", "engine", "mes", "execution", "store",
             "isa95", "config", "logs", "names", "times", "versions", "core", "sfc_host",
             "tracing", "opcua", "errors"},
