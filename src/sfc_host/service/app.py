@@ -215,12 +215,15 @@ class App:
                 log.exception("the script engine did not stop cleanly")
         if self.script_link is not None:
             await self.script_link.aclose()
-        if unsubscribed and self.recovered and not self.host.backlog:
-            await self.ends.ended_cleanly()      # nothing taken is left unapplied
-        await self.host.aclose()
+        following = self.opcua_equipment.following() if self.opcua_equipment else 0
+        if unsubscribed and self.recovered and not self.host.backlog and not following:
+            # nothing taken is left unapplied, and no unit is left with no one to follow
+            # it (another host then takes it over from the unit's state)
+            await self.ends.ended_cleanly()
         if self.opcua_equipment is not None:
             await self.opcua_equipment.aclose()
-        await self.mes.aclose()
+        await self.mes.aclose()                  # its publisher reads Redis: before it goes
+        await self.host.aclose()
         if self.link.connected.is_set():
             await self.presence.stop()
         await self.link.aclose()

@@ -37,6 +37,8 @@ PACKML_URI = "http://opcfoundation.org/UA/PackML/"
 RUNNING = frozenset(("Starting", "Execute", "Completing", "Unholding", "Unsuspending",
                      "Suspending", "Suspended", "Holding", "Held"))
 # on their way to a resting state by themselves
+# the states that settle an attempt (Held answers a hold)
+OUTCOMES = frozenset(("Complete", "Aborted", "Stopped", "Held"))
 ACTING = frozenset(("Resetting", "Clearing", "Stopping", "Aborting", "Completing"))
 SETTLE_S = 30.0          # how long the unit may take to reach a resting state on a Stop
 BIND_WAIT_S = 30.0       # a command's wait for its unit to be bound, with no deadline
@@ -69,6 +71,8 @@ class PackMLUnit:
         self._sub: Any = None
         self.problem = "not bound yet"
         self.bound = asyncio.Event()          # the nodes found at least once
+        self._waiters = 0                     # tasks waiting for a state change
+        self._settling = ""                   # the command whose Complete is being reset
         self._tasks: set[asyncio.Task[None]] = set()
         link.on_connect.append(self.bind)
 
@@ -120,13 +124,15 @@ class PackMLUnit:
         """asyncua's subscription handler: the unit's state changed (or, on a new
         subscription, is what it is)."""
         state = val.Text if isinstance(val, ua.LocalizedText) else str(val or "")
-        self._spawn(self._on_state(state))
-
-    async def _on_state(self, state: str) -> None:
         self.state = state
+        if self._waiters:
+            self._spawn(self._notify())
+        if self.current is not None and state in OUTCOMES:
+            self._spawn(self._settle(state))
+
+    async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
-        await self._settle()
 
     # ---- the attempt's outcome, from the state
 
@@ -137,8 +143,12 @@ class PackMLUnit:
         state = self.state if state is None else state
         if state == "Complete":
             self.current = None
-            self.answer(a.scope, Completed(a.command_id, await self._results()))
-            await self._call("Reset", quiet=True)
+            self._settling = a.command_id        # its Reset is this settle's to call
+            try:
+                self.answer(a.scope, Completed(a.command_id, await self._results()))
+                await self._call("Reset", quiet=True)
+            finally:
+                self._settling = ""
         elif state in ("Aborted", "Stopped"):
             self.current = None
             self.answer(a.scope, Failed(a.command_id, await self._stop_reason(state)))
@@ -255,8 +265,10 @@ class PackMLUnit:
                                "time")
             if state in ACTING:
                 pass                    # on its way to a resting state: wait for it
+            elif state == "Complete" and last and last == self._settling:
+                pass                    # the settle of that command resets it
             elif state in ("Complete", "Stopped"):
-                await self._call("Reset", quiet=True)   # the settle may have reset it
+                await self._call("Reset", quiet=True)
             elif state == "Aborted":
                 await self._call("Clear", quiet=True)
             elif state in RUNNING and last and \
@@ -350,16 +362,22 @@ class PackMLUnit:
         except ua.UaStatusCodeError as e:
             why = f"unit {self.name}: {method} refused ({status_name(e.code)})"
             if quiet:
-                log.warning("%s", why)
+                # a reset or stop that raced another (the unit on its way already): the
+                # next step reads the unit's state anyway
+                log.debug("%s", why)
                 return
             raise _Refused(why) from None
 
     async def _wait(self, done: Callable[[str], bool], timeout: float) -> None:
         """Until the subscription shows a state ``done`` accepts, or ``timeout``."""
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(lambda: done(self.state)),
-                                       timeout)
+        self._waiters += 1
+        try:
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._changed.wait_for(lambda: done(self.state)), timeout)
+        finally:
+            self._waiters -= 1
 
 
 async def _bound(bound: asyncio.Event, deadline_ms: int | None) -> None:

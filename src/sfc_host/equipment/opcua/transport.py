@@ -92,6 +92,11 @@ class OpcuaEquipment:
         self.metrics.inc("equipment_opcua_commands")
         return fut
 
+    def following(self) -> int:
+        """Units running a command this host follows (their outcome not answered yet)."""
+        return sum(1 for b in self.bindings.values()
+                   if isinstance(b, PackMLUnit) and b.current is not None)
+
     def resendable(self, cmd: Command) -> bool:
         """Whether a command may be sent again without the equipment doing it twice:
         a unit reads the command id it took first; a method only with a CommandId."""
