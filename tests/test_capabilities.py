@@ -118,3 +118,35 @@ def test_bad_topics_are_counted(redis_url: str, mqtt_url: str) -> None:
             await app.aclose()
         await asyncio.sleep(0)
     run(main())
+
+
+def test_a_starting_host_asks_the_equipment_to_announce_again(redis_url: str,
+                                                              mqtt_url: str) -> None:
+    """Some brokers hand retained messages only to a subscription of the exact topic,
+    so a host subscribing with a wildcard would miss an announcement made before it
+    started: the host asks each scope's equipment, and a station that answers the ask
+    (as the example station does) is announced whatever its broker keeps."""
+    u = urlparse(mqtt_url)
+
+    async def main() -> None:
+        asks: list[bytes] = []
+        async with aiomqtt.Client(u.hostname or "127.0.0.1", u.port or 1883,
+                                  identifier="cap-station") as c:
+            await c.subscribe(f"equipment/{S}/capabilities", qos=1)
+
+            async def station() -> None:
+                async for msg in c.messages:
+                    asks.append(bytes(msg.payload))      # type: ignore[arg-type]
+                    await c.publish(f"equipment/{S}/capabilities/press-1",
+                                    json.dumps({"TypeIds": ["com.example.x.v1"]}), qos=1)
+            t = asyncio.create_task(station())
+            app = await start_app(redis_url, mqtt_url, scopes=[S])
+            try:
+                await wait_until(lambda: asks, 5, "the host's ask")
+                assert json.loads(asks[0]) == {"Announce": True}
+                await wait_until(lambda: _has(app.mes.capabilities, "com.example.x.v1"), 5,
+                                 "the announcement stored")
+            finally:
+                await app.aclose()
+                t.cancel()
+    run(main())
