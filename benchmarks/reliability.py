@@ -199,7 +199,9 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
         "QoS 1 message sent again after a reconnect: for a restart, until "
         f"{RECONNECT_S:g} s after the server is back, the hosts' reconnect backoff; for "
         f"a `kill -9`, until {KILL_TAIL_S:g} s after it, since the broker still reads "
-        "and forwards what the dead host wrote to its socket) and the id came exactly "
+        "and forwards what the dead host wrote to its socket, and any command still open "
+        "at the kill, since the host that takes the death over sends each again: its "
+        "answer may have died with the host: one copy more per kill) and the id came exactly "
         "twice (four times for a broker restart or freeze: each QoS 1 hop it cuts, host to "
         "broker and broker to station, may deliver once more, and the other host sends it "
         "too when it takes the entry over while the first waits for the broker's PUBACK);",

@@ -453,6 +453,15 @@ class Cluster:
                 out.problems.append(f"--- {h.name} log:\n{h.tail(800)}")
         return out
 
+    def host_killed(self, at: float) -> None:
+        """A host died at ``at``: the host that takes its end over sends every command
+        still open again, so any of them, however old, may come once more (its answer
+        may have died with the host), and the kill's own tail may add a copy."""
+        self.kills.append(at)
+        self.windows.append((at, at + KILL_TAIL_S))
+        self.windows.append((self.t0, at + RESEND_AFTER_S))
+        self.max_copies = 2 + len(self.kills)
+
     def longest_wait(self) -> tuple[float, str]:
         """The longest time any job spent between two of its commands reaching the
         station, or between its last command and its end; and that job."""
@@ -552,7 +561,7 @@ async def kill9(seed: int, n_jobs: int = 200, claim_min_idle_ms: int | None = No
             for k, victim in enumerate(originals[:kills]):
                 await asyncio.sleep(rng.uniform(0.1, 1.5))
                 at = c.hosts[victim].signal(signal.SIGKILL)
-                c.windows.append((at, at + KILL_TAIL_S))
+                c.host_killed(at)
                 out.faults += 1
                 busy = {x["name"].decode(): x["pending"]
                         for x in await c.client.xinfo_consumers(K.work, GROUP)}
@@ -592,9 +601,7 @@ async def kill9_answers(seed: int, n_jobs: int = 150, broker: str = "mosquitto",
                 await asyncio.sleep(0.01)
             victim = rng.choice(sorted(c.hosts))
             at = c.hosts[victim].signal(signal.SIGKILL)
-            c.kills.append(at)
-            # any command still open at the kill may come once more, however old
-            c.windows.append((c.t0, at + RESEND_AFTER_S))
+            c.host_killed(at)
             out.faults += 1
         await _during(c.load(n_jobs, 0.04, burst=5), fault)
         await c.check(out)
@@ -620,9 +627,10 @@ async def kill9_stalled_broker(seed: int, n_jobs: int = 100) -> Outcome:
             c.broker.proc.send_signal(signal.SIGSTOP)
             await asyncio.sleep(1.0)
             victim = c.rng.choice(["h1", "h2"])
-            c.hosts[victim].signal(signal.SIGKILL)
+            killed = c.hosts[victim].signal(signal.SIGKILL)
             c.broker.proc.send_signal(signal.SIGCONT)
             c.windows.append((at, time.time() + 0.5))
+            c.host_killed(killed)
             out.faults += 1
             await c.add_host(f"{victim}r").ready()
         await _during(c.load(n_jobs, 0.02), fault)
