@@ -49,6 +49,7 @@ webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not in
 from selenium.common.exceptions import (  # noqa: E402
     NoAlertPresentException,
     StaleElementReferenceException,
+    WebDriverException,
 )
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -93,9 +94,17 @@ async def in_thread(fn: Callable[[], Any]) -> Any:
 
 
 def wait_for(driver: Any, what: str, pred: Callable[[Any], Any], timeout: float = 15) -> Any:
-    # the page replaces its parts as updates come: an element read may go stale
+    # the page replaces its parts as updates come: an element read may go stale, which
+    # Chrome also reports as a node that "does not belong to the document"
+    def tried(d: Any) -> Any:
+        try:
+            return pred(d)
+        except WebDriverException as e:
+            if "does not belong to the document" in str(e):
+                return False
+            raise
     return WebDriverWait(driver, timeout, poll_frequency=0.1,
-                         ignored_exceptions=(StaleElementReferenceException,)).until(pred, what)
+                         ignored_exceptions=(StaleElementReferenceException,)).until(tried, what)
 
 
 def classes(driver: Any, kind: str, name: str) -> set[str]:
