@@ -548,3 +548,26 @@ def test_a_unit_in_execute_past_the_deadline_is_stopped(redis_url: str, mqtt_url
             assert await p.starts("Filler1") == 2
             await wait_until(lambda: filler.state == "Stopped", 10, "the unit stopped")
     run(main())
+
+
+def test_run_check_reads_the_equipment_file_as_the_start_does(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    eq = tmp_path / "eq.toml"
+    eq.write_text("[[server]]\nname = 'plc1'\nendpoint = 'opc.tcp://127.0.0.1:4841'\n"
+                  "[[unit]]\nequipment = 'filler1'\nserver = 'plc1'\nscopes = ['line1']\n"
+                  "node = 'ns=2;s=Filler1'\ntypes = ['com.example.fill.v1']\n")
+    conf = tmp_path / "host.toml"
+    conf.write_text(f'equipment_opcua = "{eq}"\n')
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sfc_host", "run", "--config", str(conf),
+                               "--check"], capture_output=True, text=True, timeout=60)
+    bad = check()
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "unit[0]: command_id is a non-empty string" in bad.stderr
+    eq.write_text(eq.read_text() + "command_id = 'ns=2;s=Filler1.CommandId'\n")
+    good = check()
+    assert good.returncode == 0, good.stderr
+    assert "OPC UA equipment: 1 server, 1 unit, 0 methods, 0 event sources" in good.stdout

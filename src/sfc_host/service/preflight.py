@@ -204,13 +204,28 @@ async def check_opcua(config: HostConfig) -> str:
             f"{config.opcua_anonymous})")
 
 
+def check_equipment(config: HostConfig) -> str:
+    """The OPC UA equipment file read and checked as the start reads it; what it binds."""
+    if not config.equipment_opcua:
+        return ""
+    try:
+        from sfc_host.equipment.opcua.settings import load
+    except ImportError:
+        raise _extra_missing("opcua", "the OPC UA stack") from None
+    f = load(config.equipment_opcua)
+    return (f"; OPC UA equipment: {len(f.servers)} server{'' if len(f.servers) == 1 else 's'}"
+            f", {len(f.units)} unit{'' if len(f.units) == 1 else 's'}, {len(f.methods)} "
+            f"method{'' if len(f.methods) == 1 else 's'}, {len(f.events)} event source"
+            f"{'' if len(f.events) == 1 else 's'}")
+
+
 async def check_config(config: HostConfig) -> str:
     """Settings, scripts, missions and the port, without connecting; a summary line."""
     from sfc_host.engine import Engine
 
     config.check_files()
     check_port(config)
-    traces = check_traces(config) + await check_opcua(config)
+    traces = check_traces(config) + await check_opcua(config) + check_equipment(config)
     if not config.scripts_dir:
         check_missions({}, config.missions)     # none can be known
         return f"settings ok (no scripts_dir){traces}"
