@@ -33,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import uvloop
+from mqtt_e2e import run_jobs as e2e_run_jobs
 from mqtt_e2e import servers_and_station
 from servers import free_port
 
@@ -90,28 +91,13 @@ def equipment_file(path: Path, servers: list[tuple[Any, int, list[str]]]) -> Pat
 
 
 async def run_jobs(app: App, names: list[str], jobs: int, prefix: str) -> float:
-    """``jobs`` jobs in each scope, stored at once; seconds until every one ended."""
-    total = len(names) * jobs
-    done = 0
-    finished = asyncio.Event()
-    prev = app.host.settler.on_end
-
-    def on_end(scope: str, job: str, d: Any) -> None:
-        nonlocal done
-        if job.startswith(prefix):
-            done += 1
-            if done >= total:
-                finished.set()
-        if prev:
-            prev(scope, job, d)
-    app.host.settler.on_end = on_end
-    t0 = time.perf_counter()
-    await asyncio.gather(*(app.host.orders.store_order(
-        s, {"JobOrderID": f"{prefix}{i}", "WorkMasterID": [{"ID": "five"}]}, start=True)
-        for s in names for i in range(jobs)))
-    await asyncio.wait_for(finished.wait(), 300)
-    app.host.settler.on_end = prev
-    return time.perf_counter() - t0
+    """``jobs`` jobs in each scope, stored at once (``mqtt_e2e.run_jobs`` with the
+    jobs dealt over the scopes); seconds until every one ended."""
+    async def store(app: App, job: str) -> None:
+        scope = names[int(job[len(prefix):]) % len(names)]
+        await app.host.orders.store_order(
+            scope, {"JobOrderID": job, "WorkMasterID": [{"ID": "five"}]}, start=True)
+    return await e2e_run_jobs(app, prefix, jobs * len(names), None, store)
 
 
 async def measure(cfg: HostConfig, names: list[str], jobs: int) -> dict[str, float]:

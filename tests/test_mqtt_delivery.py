@@ -10,7 +10,6 @@ import asyncio
 import logging
 from typing import Any
 
-import aiohttp
 import pytest
 from hosts import flush, quick_config, wait_until
 from scripted_broker import (
@@ -23,6 +22,7 @@ from scripted_broker import (
     unsuback,
 )
 from servers import free_port
+from test_health import get
 
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
@@ -37,13 +37,7 @@ def run(coro: Any, timeout: float = 60) -> Any:
 
 
 async def readyz(port: int) -> tuple[int, str]:
-    try:
-        async with aiohttp.ClientSession() as s, \
-                s.get(f"http://127.0.0.1:{port}/readyz",
-                      timeout=aiohttp.ClientTimeout(total=2)) as r:
-            return r.status, await r.text()
-    except aiohttp.ClientConnectionError:
-        return 0, ""
+    return await get(port, "/readyz")
 
 
 class LoopBroker:
