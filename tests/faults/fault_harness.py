@@ -1056,6 +1056,12 @@ async def broker_hang(seed: int, n_jobs: int = 100) -> Outcome:
                 await asyncio.sleep(0.1)
             c.broker.proc.send_signal(signal.SIGCONT)
             c.windows.append((at, time.time() + RECONNECT_S))
+            # the broker, back, publishes every host's Last Will (their connections
+            # ended without a goodbye): each end is taken over, and every command still
+            # open is sent again once per host
+            for _ in c.hosts:
+                c.host_killed(time.time())
+            c.max_copies += 2
             out.faults += 1
             out.notes["found after s"] = found
             late = {n: t for n, t in found.items() if t > 1.5 * HANG_KEEPALIVE_S + 0.2}
