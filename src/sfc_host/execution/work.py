@@ -4,6 +4,7 @@ against the states just written."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -224,10 +225,9 @@ class WorkHandler:
             if e.kind == "start":
                 starting.setdefault(e.scope, {})[e.job] = None
         try:
+            early: dict[int, tuple[str, bytes | None]] = {}
             if starting:
-                got, b.read = await self.store.orders_and_jobs(
-                    [(e.scope, e.job) for e in need],
-                    {s: list(jobs) for s, jobs in starting.items()})
+                got, early = await self._orders_and_hinted(need, starting, b)
             else:
                 got = await self.store.orders_many([(e.scope, e.job) for e in need])
             orders.update({id(e): o for e, o in zip(need, got, strict=True)})
@@ -236,14 +236,36 @@ class WorkHandler:
                     self.orders.remember(e.scope, e.job, orders[id(e)])
             starts = [(e, _wm_id(orders[id(e)])) for e in need if e.kind == "start"]
             starts = [(e, w) for e, w in starts if w]
-            raw = await self.store.work_masters_many([(e.scope, w) for e, w in starts])
-            b.wms = {id(e): r for (e, _), r in zip(starts, raw, strict=True)}
+            b.wms = {id(e): early[id(e)][1] for e, w in starts
+                     if id(e) in early and early[id(e)][0] == w}
+            late = [(e, w) for e, w in starts if id(e) not in b.wms]
+            raw = await self.store.work_masters_many([(e.scope, w) for e, w in late])
+            b.wms.update({id(e): r for (e, _), r in zip(late, raw, strict=True)})
         except Exception as ex:
             log.exception("reading %d job orders failed", len(need))
             for e in need:
                 b.fail(e, f"{type(ex).__name__}: {ex}")
             return [e for e in entries if e not in need]
         return entries
+
+    async def _orders_and_hinted(self, need: list[Entry], starting: dict[str, dict[str, None]],
+                                 b: _Batch) -> tuple[list[dict[str, str] | None],
+                                                     dict[int, tuple[str, bytes | None]]]:
+        """The orders and the starts' jobs, and in the same round trip the Work Masters
+        of the starts whose orders this host stored (the usual case with one host): a
+        start then costs one round trip, not two. A hint the order read contradicts is
+        read again by the caller."""
+        hinted = [(e, self.orders.stored_work_master(e.scope, e.job)) for e in need
+                  if e.kind == "start"]
+        hinted = [(e, w) for e, w in hinted if w]
+        reads = self.store.orders_and_jobs([(e.scope, e.job) for e in need],
+                                           {s: list(jobs) for s, jobs in starting.items()})
+        if not hinted:
+            got, b.read = await reads
+            return got, {}
+        (got, b.read), raw = await asyncio.gather(
+            reads, self.store.work_masters_many([(e.scope, w) for e, w in hinted]))
+        return got, {id(e): (w, r) for (e, w), r in zip(hinted, raw, strict=True)}
 
     async def _run_handlers(self, entries: list[Entry], b: _Batch) -> None:
         """Each entry through the handler of its kind, in order; one that raises fails

@@ -138,10 +138,18 @@ class Orders:
         self.on_work: Callable[[str], None] | None = None
         self._registered: set[str] = set()
         self._known: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
+        # the Work Master of each order this host stored, until its start is read: the
+        # start's reader asks for it in the same round trip as the order (a hint only:
+        # what the order read says wins)
+        self._stored_wm: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def known(self, scope: str, job: str) -> dict[str, str] | None:
         """The live order as this host last read or wrote it (maybe stale), or None."""
         return self._known.get((scope, job))
+
+    def stored_work_master(self, scope: str, job: str) -> str | None:
+        """The Work Master this host stored the order with, once (None: not known)."""
+        return self._stored_wm.pop((scope, job), None)
 
     def remember(self, scope: str, job: str, order: dict[str, str] | None) -> None:
         """Keep a live order just read or written; an ended or missing one goes."""
@@ -302,6 +310,11 @@ class Orders:
                                  f"Work Master {work_master!r} is not known in scope "
                                  f"{scope!r}")
             if v:
+                if start and work_master:
+                    hints = self._stored_wm
+                    hints[(scope, job)] = work_master
+                    if len(hints) > KNOWN_MAX:
+                        hints.popitem(last=False)
                 # a re-stored id starts afresh: its old state is InitialState
                 await self._changed(scope, job, fields, new, v, order=body, cause=cause)
                 return new
