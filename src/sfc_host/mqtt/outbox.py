@@ -45,6 +45,10 @@ WRITE_CHUNK = 1 << 18    # bytes gathered before a write within one pass
 # waits for one status message at most, and the MES's news keeps a quarter of the link
 # under a flood of commands (measured in docs/benchmarks.md)
 STATUS_EVERY = 3
+# A status message alone waits this long for company (the next command's write, as a
+# rule) before it starts a write of its own: the MES's news is not on a job's path,
+# and below saturation most of them would otherwise cost the host a write each
+STATUS_WAIT_S = 0.005
 # a broker closing the connection for these reasons says nothing of our last message
 NOT_BLAMED = frozenset((0x89, 0x8B, 0x8D, 0x8E, 0x98, 0x9C, 0x9D, 0x9F, 0xA0))
 
@@ -113,6 +117,7 @@ class Outbox:
         self._retain_ok = True
         self._mid = 0
         self._pump_soon = False
+        self._status_timer: asyncio.TimerHandle | None = None
         self._suspect: Outgoing | None = None   # the message the broker last closed on
 
     @property
@@ -180,9 +185,17 @@ class Outbox:
         if key is not None:
             self._keyed[key] = m
         if not self._pump_soon and self.conn is not None:
-            self._pump_soon = True
-            asyncio.get_running_loop().call_soon(self.pump)
+            if not status:
+                self._pump_soon = True
+                asyncio.get_running_loop().call_soon(self.pump)
+            elif self._status_timer is None:
+                self._status_timer = asyncio.get_running_loop().call_later(
+                    STATUS_WAIT_S, self._pump_status)
         return True
+
+    def _pump_status(self) -> None:
+        self._status_timer = None
+        self.pump()
 
     def send_first(self, messages: Sequence[tuple[str, bytes, asyncio.Future[None]]]) -> None:
         """QoS 1 messages ahead of whatever waits (the delivery check's, which must not
@@ -205,6 +218,9 @@ class Outbox:
         """Move queued messages onto the connection, up to the in-flight window; all of
         this pass's packets go out in one write (or a few, for many large ones)."""
         self._pump_soon = False
+        if self._status_timer is not None:
+            self._status_timer.cancel()
+            self._status_timer = None
         conn = self.conn
         if conn is None or conn.paused:
             return

@@ -392,7 +392,10 @@ class Orders:
                 assert cur is not None
                 calls.append(self._call(scope, job, cur["v"], new, [], reason=reason,
                                         extra=extras[-1]))
-        results = iter(await self.scripts.run(calls))
+        # lazy: a recipe's transition of its order is on no job's path, so it waits
+        # for the channel's next write (a compare-and-set, as a rule) instead of
+        # paying a write and a wake-up of its own
+        results = iter(await self.scripts.run(calls, lazy=True))
         hooks: list[Awaitable[None]] = []
         try:
             for i, new in enumerate(out):
