@@ -9,8 +9,9 @@ process, redis-server, mosquitto and the station process answering every command
 once; 5-step jobs of one push action a step). First the saturation (jobs stored at once)
 and the host's CPU per action there; then jobs offered at 10, 25, 50 and 75 % of that
 rate, each with the host's CPU per action, the p50 and p99 of answer -> command (the
-answer read to the job's next command queued for the broker), and per action the host's
-Redis writes and voluntary context switches (each a sleep and a wake-up of the loop).
+answer read to the job's next command queued for the broker), the host's socket writes a
+job (Redis and MQTT: below saturation each is a system call that wakes a server) and its
+voluntary context switches an action (each a sleep and a wake-up of the loop).
 Last, with the host closed, the floor: ``mqtt_floor.py``'s relay (a compare-and-set an
 answer and nothing else of the host's work) at 50 and 75 % of saturation's action rate
 through the same broker, Redis and station; its p99 is what the host's is held to.
@@ -53,9 +54,11 @@ def switches() -> int:
     return n
 
 
-def _writes(app: Any) -> int:
+def _writes(app: Any) -> tuple[int, int]:
+    """Socket writes so far: the Redis channel's and the MQTT link's (a checkout from
+    before the link counted them: -1)."""
     channel = app.host.channel
-    return channel.writes if channel is not None else 0
+    return (channel.writes if channel is not None else 0, getattr(app.link, "writes", -1))
 
 
 async def _measure(quick: bool) -> dict[str, Any]:
@@ -90,7 +93,9 @@ async def _measure(quick: bool) -> dict[str, Any]:
                 out[f"cpu_us@{key}"] = cpu / actions * 1e6
                 out[f"p50_ms@{key}"] = p50 * 1e3
                 out[f"p99_ms@{key}"] = p99 * 1e3
-                out[f"redis_writes@{key}"] = (w1 - w0) / actions
+                out[f"redis_writes_job@{key}"] = (w1[0] - w0[0]) / r["jobs"]
+                out[f"mqtt_writes_job@{key}"] = (
+                    (w1[1] - w0[1]) / r["jobs"] if w0[1] >= 0 else float("nan"))
                 out[f"wakeups@{key}"] = (v1 - v0) / actions
                 out[f"achieved@{key}"] = r["achieved"] / sat
             await settled(run.app)
@@ -133,7 +138,8 @@ def _side(src: Path | None, quick: bool) -> dict[str, Any]:
 
 ORDER = ["saturation_jobs_s", "sat_cpu_us", "idle_core"] + [
     f"{m}@{int(f * 100)}" for f in FRACTIONS
-    for m in ("cpu_us", "cpu_ratio", "p50_ms", "p99_ms", "redis_writes", "wakeups")] + [
+    for m in ("cpu_us", "cpu_ratio", "p50_ms", "p99_ms", "redis_writes_job", "mqtt_writes_job",
+              "wakeups")] + [
     "floor_p99_ms@50", "p99_over_floor@50", "floor_p99_ms@75", "p99_over_floor@75"]
 
 

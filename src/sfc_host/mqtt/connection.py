@@ -131,6 +131,7 @@ class Connection(asyncio.Protocol):
         self.paused = False               # the transport's buffer is full
         self.reading_paused = False       # we stopped reading: the handlers' backlog is full
         self.last_write = self.last_read = loop.time()
+        self.writes = 0                   # socket writes (benchmarks count them)
         self.connected_at = 0.0           # loop time of the CONNACK
         self.ping_sent: float | None = None
         self._qos2_in: set[int] = set()   # QoS 2 messages delivered, PUBREL not yet seen
@@ -301,6 +302,7 @@ class Connection(asyncio.Protocol):
         self.transport.write(bytes(out))
         out.clear()
         self.last_write = self.loop.time()
+        self.writes += 1
 
     async def request(self, mid: int, packet: bytes, timeout: float = 10.0) -> list[int]:
         """Send a SUBSCRIBE or UNSUBSCRIBE; its acknowledgement's reason codes."""

@@ -288,6 +288,12 @@ class MqttLink:
     def queued(self) -> int:
         return self._outbox.queued
 
+    @property
+    def writes(self) -> int:
+        """Socket writes on the current connection (benchmarks count them an action)."""
+        conn = self._outbox.conn
+        return conn.writes if conn is not None else 0
+
     def hold_ack(self, message: Message) -> tuple[Connection, int] | None:
         """Called by a handler while it runs: the message's PUBACK waits until the
         handler's owner passes the returned token to ``release_acks`` (once the
