@@ -52,9 +52,11 @@ from sfc_host.metrics import Metrics
 log = logging.getLogger("sfc_host.mqtt")
 
 # Acknowledgements of a read wait this long for the work they start (a settle, then the
-# next command) to go out in the same write: one write per answer rather than two. The
-# broker's in-flight window to us is far wider than what arrives in this time.
-ACK_DELAY_S = 0.001
+# next command) to go out in the same write: one write per answer rather than two. An
+# answer that starts no command (a job's last) goes with the next one's, below
+# saturation a few milliseconds later. The broker's in-flight window to us is far wider
+# than what arrives in this time.
+ACK_DELAY_S = 0.005
 
 # MQTT 5 reason codes in words (MQTT 5, 2.4), for the log
 REASONS = {0x00: "Success", 0x01: "Granted QoS 1", 0x02: "Granted QoS 2",
