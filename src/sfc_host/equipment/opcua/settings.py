@@ -37,10 +37,19 @@ line naming the file and the entry.
     type = "com.example.qa_result.v1"
     node = "ns=2;s=Camera1.Passed"
     field = "passed"
+
+    [[event]]                          # pull events from OPC UA events of a type
+    server = "plc1"
+    scope = "line1"
+    type = "com.example.reject.v1"
+    event_type = "ns=2;i=3001"         # and its subtypes
+    source = "ns=2;s=Camera1"          # the notifier (default: the Server object)
+    fields = { reason = "Message", code = "RejectCode" }
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -52,6 +61,8 @@ from sfc_host.config import ConfigError
 from sfc_host.names import check_scope
 
 SECURITY = ("None", "Sign", "SignAndEncrypt")
+SERVER_OBJECT = "i=2253"        # the Server object: every event of the server reaches it
+DEFAULT_EVENT_FIELDS = {"message": "Message", "severity": "Severity"}
 CANCEL = ("Stop", "Abort")
 
 
@@ -95,11 +106,19 @@ class MethodSettings:
 
 @dataclass
 class EventSettings:
+    """Pull events of ``type`` in ``scope``: a variable's data changes (``node``, the
+    value as data ``{field: value}``), or the OPC UA events of an event type and its
+    subtypes (``event_type``) that ``source`` notifies (default: the Server object),
+    their ``fields`` (data key -> the event field's browse name) as data."""
+
     server: str
     scope: str
     type: str
-    node: str
+    node: str = ""
     field: str = "value"
+    event_type: str = ""
+    source: str = ""
+    fields: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -294,11 +313,25 @@ def _method(raw: dict[str, Any], where: str, entry: str,
 
 def _event(raw: dict[str, Any], where: str, entry: str,
            servers: dict[str, ServerSettings]) -> EventSettings:
-    e = _Entry(raw, where, entry, {"server", "scope", "type", "node", "field"})
+    e = _Entry(raw, where, entry, {"server", "scope", "type", "node", "field", "event_type",
+                                   "source", "fields"})
     scope = e.text("scope")
     try:
         check_scope(scope)
     except ValueError as err:
         raise _err(where, entry, f"scope: {err}") from None
-    return EventSettings(e.server(servers), scope, e.text("type"), e.text("node"),
-                         e.text("field", "value"))
+    if ("node" in raw) == ("event_type" in raw):
+        raise _err(where, entry, "one of node (a variable's data changes) or event_type "
+                                 "(the events of a type)")
+    if "node" in raw:
+        if "source" in raw or "fields" in raw:
+            raise _err(where, entry, "source and fields go with event_type, not node")
+        return EventSettings(e.server(servers), scope, e.text("type"), e.text("node"),
+                             e.text("field", "value"))
+    if "field" in raw:
+        raise _err(where, entry, "field goes with node; an event_type names fields = "
+                                 "{ key = \"BrowseName\" }")
+    fields = e.mapping("fields") or dict(DEFAULT_EVENT_FIELDS)
+    return EventSettings(e.server(servers), scope, e.text("type"),
+                         event_type=e.text("event_type"), source=e.text("source", SERVER_OBJECT),
+                         fields=fields)

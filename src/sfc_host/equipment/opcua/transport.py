@@ -1,6 +1,7 @@
 """Equipment over OPC UA beside MQTT: the host's command sink sends each command either
 to the OPC UA unit or method that serves its (scope, type), or on to the MQTT sink; the
-bindings' outcomes come back as answers, the variables' data changes as pull events.
+bindings' outcomes come back as answers, the variables' data changes and the servers'
+events as pull events.
 A recipe does not change: where its actions go is the equipment file's business."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncua import Node
+from asyncua.common.events import get_event_properties_from_type_node
 
 from sfc_fast import Command, Graph, Problem, job_of_command
 from sfc_fast.events import BaseEvent, Completed, Failed
@@ -144,8 +146,10 @@ class OpcuaEquipment:
 
 
 class EventSource:
-    """A variable whose data changes are pull events of a type (the first value a new
-    subscription delivers is the state, not an event, and is passed over)."""
+    """Pull events of a type: a variable's data changes (the first value a new
+    subscription delivers is the state, not an event, and is passed over), or the OPC
+    UA events of an event type (and its subtypes) that a notifier raises, their named
+    fields as the data."""
 
     def __init__(self, settings: EventSettings, link: ServerLink, host: Host) -> None:
         self.settings = settings
@@ -158,20 +162,48 @@ class EventSource:
     async def bind(self) -> None:
         client = self.link.client
         assert client is not None
+        s = self.settings
         self._fresh = True
         try:
             sub = await client.create_subscription(50, self)
-            await sub.subscribe_data_change(await node_of(client, self.settings.node))
-        except Exception as e:
-            log.error("OPC UA event %s on %s: %s", self.settings.type, self.settings.node, e)
+            if s.event_type:
+                etype = await node_of(client, s.event_type)
+                await self._check_fields(etype)
+                await sub.subscribe_events(await node_of(client, s.source), etype)
+            else:
+                await sub.subscribe_data_change(await node_of(client, s.node))
+        except Exception as e:      # asyncua's faults have no common root
+            log.error("OPC UA event %s on %s: %s", s.type, s.event_type or s.node, e)
+
+    async def _check_fields(self, etype: Node) -> None:
+        """A field the event type does not have is said once, at the bind (its key
+        would be missing from every event's data)."""
+        props = await get_event_properties_from_type_node(etype) or []
+        have = {(await p.read_browse_name()).Name for p in props}
+        missing = sorted(set(self.settings.fields.values()) - have)
+        if missing:
+            log.error("OPC UA event %s: the event type %s has no field %s (it has %s); "
+                      "those keys stay out of the events' data", self.settings.type,
+                      self.settings.event_type, ", ".join(missing), ", ".join(sorted(have)))
 
     def datachange_notification(self, node: Node, val: Any, data: Any) -> None:
         if self._fresh:
             self._fresh = False
             return
         s = self.settings
+        self._queue({s.field: to_json(val)})
+
+    def event_notification(self, event: Any) -> None:
+        data = {}
+        for key, name in self.settings.fields.items():
+            if hasattr(event, name):
+                data[key] = to_json(getattr(event, name))
+        self._queue(data)
+
+    def _queue(self, data: dict[str, Any]) -> None:
+        s = self.settings
         t = asyncio.get_running_loop().create_task(self.host.queue_event(
-            s.scope, s.type, s.scope, None, {s.field: to_json(val)}))
+            s.scope, s.type, s.scope, None, data))
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
