@@ -46,6 +46,14 @@ const { values: opts } = parseArgs({
         units: { type: "string", default: "Filler1,Capper1" },
         "work-ms": { type: "string", default: "50" },
         pki: { type: "string" },
+        // Secure: only Basic256Sha256 SignAndEncrypt, this certificate (DER or PEM) and
+        // key (PEM) for application URI --uri, and only the user --user NAME:PASSWORD; a
+        // client's certificate is accepted unseen (the host's trust is what is tested).
+        secure: { type: "boolean", default: false },
+        cert: { type: "string" },
+        key: { type: "string" },
+        uri: { type: "string" },
+        user: { type: "string" },
     },
 });
 const port = Number(opts.port);
@@ -266,16 +274,30 @@ function addUnit(addressSpace, ns, packml, name) {
 
 async function main() {
     const serverCertificateManager = opts.pki
-        ? new OPCUACertificateManager({ rootFolder: opts.pki }) : undefined;
+        ? new OPCUACertificateManager({ rootFolder: opts.pki,
+                                        automaticallyAcceptUnknownCertificate: true })
+        : undefined;
+    const [userName, password] = (opts.user || ":").split(":");
+    const security = opts.secure ? {
+        securityPolicies: [SecurityPolicy.Basic256Sha256],
+        securityModes: [MessageSecurityMode.SignAndEncrypt],
+        allowAnonymous: false,
+        certificateFile: opts.cert,
+        privateKeyFile: opts.key,
+        serverInfo: { applicationUri: opts.uri },
+        userManager: { isValidUser: (u, p) => u === userName && p === password },
+    } : {
+        securityPolicies: [SecurityPolicy.None],
+        securityModes: [MessageSecurityMode.None],
+        allowAnonymous: true,
+    };
     const server = new OPCUAServer({
         port,
         hostname: "127.0.0.1",
         host: "127.0.0.1",
         resourcePath: "/units/",
         nodesets: [nodesets.standard, NODESET],
-        securityPolicies: [SecurityPolicy.None],
-        securityModes: [MessageSecurityMode.None],
-        allowAnonymous: true,
+        ...security,
         isAuditing: false,
         serverCertificateManager,
         buildInfo: { productName: "sfc-fast example PackML units (node-opcua)" },

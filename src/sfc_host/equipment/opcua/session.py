@@ -52,6 +52,23 @@ class ServerLink:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(),
                                                             name=f"opcua-{self.name}")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A link that failed on a fault of ours is said, in /readyz too, and starts
+        again after the longest backoff: it must never end in silence."""
+        if self._closing or task.cancelled() or task.exception() is None:
+            return
+        e = task.exception()
+        self.connected.clear()
+        self.last_error = (f"OPC UA server {self.name}: the link failed ({type(e).__name__}: "
+                           f"{e}); it starts again")
+        log.error("%s", self.last_error, exc_info=e)
+        asyncio.get_running_loop().call_later(BACKOFF_S[-1], self._again)
+
+    def _again(self) -> None:
+        if not self._closing:
+            self.start()
 
     async def aclose(self) -> None:
         self._closing = True
@@ -106,6 +123,16 @@ class ServerLink:
         raise Untrusted(f"its certificate (SHA-1 {thumb}) is not in {s.trust_dir}: refused "
                         f"and kept in {rejected}; move it into {s.trust_dir} to trust it")
 
+    def _hint(self, e: BaseException) -> str:
+        """What to check, for a refusal whose status code alone does not say it."""
+        if type(e).__name__ not in _IDENTITY_REFUSED:
+            return ""
+        user = self.settings.username
+        if not user:
+            return ": the server takes no anonymous session; set username and password_env"
+        return (f": the server refused user {user!r}; check username and the password in "
+                "the variable password_env names")
+
     async def _run(self) -> None:
         fails = 0
         while not self._closing:
@@ -116,7 +143,7 @@ class ServerLink:
                 raise
             except Exception as e:
                 self.last_error = f"OPC UA server {self.name} at {self.settings.endpoint}: " \
-                                  f"{_why(e)}"
+                                  f"{_why(e)}{self._hint(e)}"
                 if fails == 0 or fails % 10 == 0:
                     log.warning("%s; trying again", self.last_error)
                 delay = BACKOFF_S[min(fails, len(BACKOFF_S) - 1)]
@@ -213,6 +240,11 @@ def _uri_of(cert: Any) -> str:
         return ""
     uris = san.value.get_values_for_type(x509.UniformResourceIdentifier)
     return uris[0] if uris else ""
+
+
+# the server refused the session's identity: the user, not the link, is at fault
+_IDENTITY_REFUSED = frozenset(("BadUserAccessDenied", "BadIdentityTokenRejected",
+                               "BadIdentityTokenInvalid"))
 
 
 def _why(e: BaseException) -> str:
