@@ -12,10 +12,15 @@ import random
 import re
 import shlex
 import shutil
+import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+# benchmarks/fuzz_guided.py loads this file as a target in a process of its own
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/, for helpers
 from helpers.paths import benchmarks_on_path
 
 benchmarks_on_path()

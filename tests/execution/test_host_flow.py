@@ -4,8 +4,10 @@ hold and restart, timeouts and retries, markers, recovery, batching."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
+from helpers import hosts
 from helpers.aio import run
 from helpers.hosts import (
     Station,
@@ -27,19 +29,7 @@ S = "cell"
 K = ScopeKeys(S)
 
 
-async def start_host(redis_url: str, st: Station, *wms: dict[str, Any], flush_db: bool = True,
-                     ended: list | None = None, **kw: Any) -> Host:
-    if flush_db:
-        await flush(redis_url)
-    host = Host(quick_config(redis_url, **kw), st.sink,
-                on_end=(lambda s, j, d: ended.append((j, d.status, d.reason)))
-                if ended is not None else None)
-    st.attach(host)
-    for wm in wms:
-        await host.store.put_work_master(S, wm)
-    await host.add_scope(S)
-    await host.start()
-    return host
+start_host = partial(hosts.start_host, scope=S, flush_db=True)
 
 
 async def order_state(host: Host, job: str) -> str | None:

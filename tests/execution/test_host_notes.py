@@ -7,8 +7,10 @@ its first timeout still sends the command with a whole timeout."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
+from helpers import hosts
 from helpers.aio import run
 from helpers.hosts import Station, flush, quick_config, quiet, wait_until
 from test_host_observability import QA, event_then_work
@@ -34,12 +36,7 @@ async def server_ms(host: Host) -> int:
     return int(secs) * 1000 + int(micros) // 1000
 
 
-async def start_host(redis_url: str, st: Station, **kw: Any) -> Host:
-    host = Host(quick_config(redis_url, **kw), st.sink)
-    st.attach(host)
-    await host.store.put_work_master(S, event_then_work())
-    await host.add_scope(S)
-    return await host.start()
+start_host = partial(hosts.start_host, scope=S)
 
 
 async def view(host: Host, job: str) -> dict[str, Any]:
@@ -53,7 +50,7 @@ def test_an_event_for_a_wait_begun_before_the_hold_is_recorded_and_routed_on_rel
     async def main() -> None:
         await flush(redis_url)
         st = Station(lambda c: False)
-        host = await start_host(redis_url, st)
+        host = await start_host(redis_url, st, event_then_work())
         try:
             await host.orders.store_order(S, {"JobOrderID": "J",
                                               "WorkMasterID": [{"ID": "evwork"}]}, start=True)
@@ -91,7 +88,7 @@ def test_a_hold_takes_the_server_time_when_applied_not_its_entry_time(
         await flush(redis_url)
         st = Station(lambda c: False)
         # no outage in a 1.5 s gap: the outage rule would move the deadline too
-        host = await start_host(redis_url, st, outage_threshold_ms=10_000)
+        host = await start_host(redis_url, st, event_then_work(), outage_threshold_ms=10_000)
         try:
             await host.orders.store_order(S, {"JobOrderID": "J",
                                               "WorkMasterID": [{"ID": "evwork"}]}, start=True)
@@ -112,7 +109,7 @@ def test_a_hold_takes_the_server_time_when_applied_not_its_entry_time(
             await writer.aclose()
         await asyncio.sleep(1.5)
 
-        host = await start_host(redis_url, st, outage_threshold_ms=10_000)
+        host = await start_host(redis_url, st, event_then_work(), outage_threshold_ms=10_000)
         try:
             await wait_until(lambda: quiet(host), what="hold applied")
             v = await view(host, "J")

@@ -10,10 +10,12 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiomqtt
+from helpers import hosts
 from helpers.aio import run
 from helpers.hosts import Station, flush, quick_config, wait_until, work_master
 
@@ -41,14 +43,7 @@ def event_then_work() -> dict[str, Any]:
              "TimeoutSeconds": 30}]}}
 
 
-async def start_host(redis_url: str, st: Station, *wms: dict[str, Any], **kw: Any) -> Host:
-    host = Host(quick_config(redis_url, **kw), st.sink)
-    st.attach(host)
-    for wm in wms:
-        await host.store.put_work_master(S, wm)
-    await host.add_scope(S)
-    await host.start()
-    return host
+start_host = partial(hosts.start_host, scope=S)
 
 
 # ---- histograms

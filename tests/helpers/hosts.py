@@ -106,6 +106,25 @@ async def wait_until(pred: Callable[[], Any], timeout: float = 10.0,
         await asyncio.sleep(0.01)
 
 
+async def start_host(redis_url: str, st: Station, *wms: dict[str, Any], scope: str,
+                     flush_db: bool = False, ended: list | None = None, **kw: Any) -> Host:
+    """A host in this process serving ``scope``, its commands answered by ``st``: the
+    Work Masters ``wms`` stored, the scope added, started. ``flush_db`` empties the Redis
+    database first; ``ended`` collects (job, status, reason) of every job that ends;
+    ``kw`` goes to ``quick_config``."""
+    if flush_db:
+        await flush(redis_url)
+    host = Host(quick_config(redis_url, **kw), st.sink,
+                on_end=(lambda s, j, d: ended.append((j, d.status, d.reason)))
+                if ended is not None else None)
+    st.attach(host)
+    for wm in wms:
+        await host.store.put_work_master(scope, wm)
+    await host.add_scope(scope)
+    await host.start()
+    return host
+
+
 async def quiet(host: Host) -> bool:
     """Every served scope's work stream handled: nothing pending, and trimmed empty."""
     for k in host.streams.scopes.values():

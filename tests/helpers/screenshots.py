@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "tests") not in sys.path:      # run as a script: tests/ for ``helpers``
+    sys.path.insert(0, str(ROOT / "tests"))
 SHOTS = ("web-scopes.png", "web-jobs.png", "web-job.png")
 TOUR_TIMEOUT_S = 120
 
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redis", help="a Redis URL to use instead of starting redis-server")
     ap.add_argument("--mqtt", help="a broker URL to use instead of starting mosquitto")
     args = ap.parse_args(argv)
+    from helpers.paths import test_folders_on_path
+
+    test_folders_on_path()                      # tests/web, for the browser test's tour
     try:
         from test_web_browser import tour
     except pytest.skip.Exception as e:          # no chromium or selenium here

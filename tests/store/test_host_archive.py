@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from helpers.aio import run
 from helpers.hosts import V110, Station, wait_until
-from test_host_flow import S, run, start_host
+from test_host_flow import S, start_host
 
 from sfc_fast import Graph, state_to_json
 from sfc_fast.events import Completed
