@@ -16,8 +16,8 @@ from collections import deque
 
 import pytest
 from evolve_ratio import NOW, RESULT, evolve_read, job_ids, six_steps, step3_states
+from helpers.recipes import V110
 from py_evolve import load_recipe, py_evolve
-from recipes import V110
 
 from sfc_fast import Runner, compile_recipe
 from sfc_fast.events import Completed, Shift, Start, Tick

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from recipes import V110, chain, generated
+from helpers.recipes import V110, chain, generated
 
 from sfc_fast import Graph, compile_recipe
 

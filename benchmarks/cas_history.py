@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import redis
-from servers import RedisServer
+from helpers.servers import RedisServer
 
 from sfc_host.store.lua_scripts import Script, Scripts
 from sfc_host.store.states import GraphCache, Record, Store

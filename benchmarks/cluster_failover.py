@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from hosts import Station, quick_config, store_retrying, torque_ok, work_master
+from helpers.hosts import Station, quick_config, store_retrying, torque_ok, work_master
+from helpers.servers import RedisClusterServer
 from redis.asyncio.cluster import RedisCluster
-from servers import RedisClusterServer
 
 from sfc_host.execution.host import Host
 from sfc_host.store.keys import ScopeKeys

@@ -4,7 +4,7 @@
     python benchmarks/evolve_ratio.py --quick    # small N, a smoke run
 
 Workloads, each through ``sfc_fast.evolve`` and through ``py_evolve`` with the same
-event objects (tests/test_py_evolve_parity.py checks that both decide the same):
+event objects (tests/core/test_py_evolve_parity.py checks that both decide the same):
 
 - run: many jobs of a 6-step recipe (a push action per step, a condition on every
   transition): start every job, then complete each command as it is dispatched (FIFO
@@ -43,8 +43,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from helpers.recipes import V110, push
 from py_evolve import load_recipe, py_evolve, status_of
-from recipes import V110, push
 
 from sfc_fast import Runner, compile_recipe
 from sfc_fast.events import Completed, Start

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import redis.asyncio as aioredis
 import uvloop
+from helpers.servers import RedisServer
 from redis.asyncio.connection import Connection
-from servers import RedisServer
 
 import sfc_host.store.channel as channel_mod
 from sfc_fast import compile_recipe

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import itertools
 
 import uvloop
-from servers import MosquittoServer, RedisServer
+from helpers.servers import MosquittoServer, RedisServer
 
 from sfc_host.config import HostConfig
 from sfc_host.mes.publishing import INTERVAL_S

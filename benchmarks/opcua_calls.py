@@ -208,8 +208,11 @@ async def main(args: argparse.Namespace) -> None:
     logging.getLogger("asyncua").setLevel(logging.ERROR)    # a session's warnings
     from asyncua.crypto.cert_gen import setup_self_signed_certificate
     from cryptography.x509.oid import ExtendedKeyUsageOID
-    from hosts import flush
-    from servers import MosquittoServer, RedisServer
+    from helpers.hosts import flush
+    from helpers.paths import test_folders_on_path
+    from helpers.servers import MosquittoServer, RedisServer
+
+    test_folders_on_path()
     from test_mes import Mes, configure
 
     from sfc_host.demo.servers import free_port

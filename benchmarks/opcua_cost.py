@@ -27,8 +27,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from asyncua import Client, ua
-from hosts import work_master
-from servers import MosquittoServer, RedisServer
+from helpers.hosts import work_master
+from helpers.servers import MosquittoServer, RedisServer
 
 from sfc_host.config import HostConfig
 from sfc_host.opcua.face import LIST_COST_FACTOR

@@ -33,9 +33,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import uvloop
+from helpers.servers import free_port
 from mqtt_e2e import run_jobs as e2e_run_jobs
 from mqtt_e2e import servers_and_station
-from servers import free_port
 
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import uvloop
+from helpers.servers import cpu_seconds
 from mqtt_e2e import SCOPE, WM, run_jobs, servers_and_station, settled
-from servers import cpu_seconds
 
 from sfc_host.config import HostConfig
 from sfc_host.service.app import App

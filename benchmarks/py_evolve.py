@@ -19,7 +19,7 @@ straightforward Python engine would be:
 Nothing here calls into the compiled core except the event classes of
 ``sfc_fast.events``, so the same event objects drive both implementations.
 It assumes a recipe that ``sfc_fast.compile_recipe`` accepts (it does not validate).
-``tests/test_py_evolve_parity.py`` checks that both agree step by step.
+``tests/core/test_py_evolve_parity.py`` checks that both agree step by step.
 
 The contract is smaller than the core's Decision: ``(applied, state, work, commands,
 next_deadline)``; status and reason are in the state (``status_of``), waits index

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from recipes import V110, generated
+from helpers.recipes import V110, generated
 
 from sfc_fast import Graph, compile_recipe
 

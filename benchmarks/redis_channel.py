@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import uvloop
-from servers import RedisServer
+from helpers.servers import RedisServer
 
 from sfc_host.store.channel import RedisChannel
 from sfc_host.store.client import redis_from_url

@@ -31,7 +31,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "faults")]
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers.paths import test_folders_on_path  # noqa: E402
+
+test_folders_on_path()   # tests/faults and tests/mes (test_mes_crash's storm)
 
 from fault_harness import (  # noqa: E402
     KILL_TAIL_S,
@@ -111,7 +114,7 @@ WHAT = {
 
 
 async def mes_kill9(seed: int) -> Outcome:
-    """``tests/test_mes_crash.py``'s storm as a row: an order lost is one not answered,
+    """``tests/mes/test_mes_crash.py``'s storm as a row: an order lost is one not answered,
     not ended, stored twice, or without its retained result, final retained state or
     end event."""
     logging.getLogger("mqtt").setLevel(logging.ERROR)    # the MES client's queue notes
@@ -263,7 +266,7 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
             "default, 30 s, is above the answer time of most equipment.")
     if "mes_kill9" in by:
         out.append("- *kill -9 under an MES request storm* "
-                   "([tests/test_mes_crash.py](../tests/test_mes_crash.py)): *jobs lost* "
+                   "([tests/mes/test_mes_crash.py](../tests/mes/test_mes_crash.py)): *jobs lost* "
                    "counts orders not answered, not ended, stored twice, acknowledged "
                    "by the killed host (its PUBACK, read by a relay between host and "
                    "broker) without being stored when it died, or that a "
@@ -328,8 +331,8 @@ def render(rows: list[Row], fuzzed: list[dict[str, Any]] | None, args: argparse.
     out += ["", "Other bad input is covered by the test suite with the host running and "
             "counting it: malformed and oversized MQTT payloads, wrong scopes, unknown "
             "command ids, garbled stream entries, recipes that do not compile "
-            "(`tests/test_mqtt_equipment.py`, `tests/test_mes.py`, "
-            "`tests/test_recipe_bad_input.py`, `tests/test_host_rules.py`).", ""]
+            "(`tests/equipment/test_mqtt_equipment.py`, `tests/mes/test_mes.py`, "
+            "`tests/core/test_recipe_bad_input.py`, `tests/execution/test_host_rules.py`).", ""]
     out += ["## Found and fixed", "",
             "- **A decision written after an outage with a clock from before it** (found "
             "by *both hosts stopped*): a host frozen between reading a job (and the server "

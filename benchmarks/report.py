@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import redis as redis_sync
 import report_limits
 import uvloop
-from servers import RedisClusterServer, RedisServer
+from helpers.servers import RedisClusterServer, RedisServer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

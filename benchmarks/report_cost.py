@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import redis.asyncio as aioredis
 import uvloop
+from helpers.recipes import chain
 from host_throughput import LOOP, V110
-from recipes import chain
 
 import sfc_fast
 from sfc_fast import Graph, compile_recipe, sent_markers

@@ -28,8 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from helpers.servers import MosquittoServer, RedisServer
 from mqtt_e2e import SCOPE, WM, offer, run_jobs, settled
-from servers import MosquittoServer, RedisServer
 
 from sfc_host.config import HostConfig
 from sfc_host.service.app import App

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import redis.asyncio as aioredis
 import uvloop
+from helpers.servers import RedisServer
 from host_throughput import LOOP, V110, case
-from servers import RedisServer
 
 from sfc_fast import compile_recipe
 from sfc_fast.events import Start

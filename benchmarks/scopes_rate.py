@@ -46,7 +46,7 @@ import time  # noqa: E402
 import host_throughput  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
 import uvloop  # noqa: E402
-from servers import RedisServer  # noqa: E402
+from helpers.servers import RedisServer  # noqa: E402
 
 import sfc_host  # noqa: E402
 

@@ -44,8 +44,8 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "faults"), str(ROOT / 
 import redis.asyncio as aioredis  # noqa: E402
 import uvloop  # noqa: E402
 from fault_harness import HostProcess, scrape  # noqa: E402
+from helpers.servers import MosquittoServer, RedisServer, cpu_seconds  # noqa: E402
 from mqtt_e2e import SCOPE, WM  # noqa: E402
-from servers import MosquittoServer, RedisServer, cpu_seconds  # noqa: E402
 
 from sfc_host.config import HostConfig  # noqa: E402
 from sfc_host.demo.report import merge_histograms  # noqa: E402

@@ -20,8 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from conftest import load_reference, reference_recipes_dir
-from recipes import V110, generated, linear
+from helpers.recipes import V110, generated, linear, load_reference, reference_recipes_dir
 
 from sfc_fast import compile_recipe
 from sfc_fast import events as ev_  # ev_.Completed(...): the event classes

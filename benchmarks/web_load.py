@@ -25,10 +25,13 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import uvloop
-from mqtt_e2e import SCOPE, WM, run_jobs, servers_and_station  # also puts tests/ on the path
-from servers import free_port
+from helpers.servers import free_port
+from mqtt_e2e import SCOPE, WM, run_jobs, servers_and_station
 
 from sfc_host.config import HostConfig
 from sfc_host.service.app import App

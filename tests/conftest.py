@@ -1,50 +1,35 @@
 """Shared fixtures: real redis-server, a Redis Cluster and mosquitto, started once per test
 session; and the independent MQTT brokers of ``tests/peers`` (aedes, amqtt).
 
+Only fixtures live here; what tests share besides them is in ``tests/helpers`` (which
+this file's folder being on ``sys.path`` makes importable as ``helpers``). Every test
+folder goes on ``sys.path`` too, so a test may import another test module's pieces by
+its (unique) basename.
+
 Outside CI a missing binary skips the tests that need it, with the reason; under
 ``CI=true`` it fails them, so a CI machine without the servers cannot pass quietly.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servers import (
+from helpers.paths import test_folders_on_path
+from helpers.servers import (
+    APT_HINT,
+    NPM_HINT,
     AedesServer,
     AmqttServer,
     MosquittoServer,
     RedisClusterServer,
     RedisServer,
     ServerMissing,
-    in_ci,
+    missing,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-REFERENCE_RECIPES = REPO / "tests" / "data" / "recipes"
-PACKAGED_RECIPES = REPO / "src" / "sfc_host" / "examples"
-
-
-def reference_recipes_dir() -> Path:
-    """The reference recipes (tests/data/recipes; the package ships them too)."""
-    return REFERENCE_RECIPES
-
-
-def load_reference(name: str) -> dict:
-    return json.loads((reference_recipes_dir() / name).read_text())
-
-
-APT_HINT = "install it (apt-get install -y redis-server mosquitto) to run this test"
-NPM_HINT = "bash .ci/setup installs it with npm (Node.js 20+) to run this test"
-
-
-def _missing(e: ServerMissing, hint: str = APT_HINT) -> None:
-    msg = f"{e}; {hint}"
-    if in_ci():
-        pytest.fail(msg)
-    pytest.skip(msg)
+test_folders_on_path()
 
 
 def _serve(cls: type, workdir: Path, hint: str = APT_HINT) -> Iterator:
@@ -52,7 +37,7 @@ def _serve(cls: type, workdir: Path, hint: str = APT_HINT) -> Iterator:
     try:
         server = cls(workdir)
     except ServerMissing as e:
-        _missing(e, hint)
+        missing(e, hint)
     server.start()
     yield server
     server.stop()
@@ -123,7 +108,7 @@ def make_redis(tmp_path: Path) -> Iterator:
         try:
             server = RedisServer(tmp_path / f"redis{len(started)}", **kwargs)
         except ServerMissing as e:
-            _missing(e)
+            missing(e)
         server.start()
         started.append(server)
         return server

@@ -18,7 +18,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from recipes import V110, generated, linear, pull, push  # noqa: E402
+from helpers.recipes import V110, generated, linear, pull, push  # noqa: E402
 
 from sfc_fast import compile_recipe, evolve, state_to_json  # noqa: E402
 from sfc_fast.events import (  # noqa: E402

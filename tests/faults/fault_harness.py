@@ -56,12 +56,12 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from helpers.rework import expected_ids
+from helpers.scripted_broker import prop_byte, prop_str, props, publish, utf8, varint
+from helpers.servers import AedesServer, MosquittoServer, RedisClusterServer, RedisServer, free_port
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import RedisError
-from scripted_broker import prop_byte, prop_str, props, publish, utf8, varint
-from servers import AedesServer, MosquittoServer, RedisClusterServer, RedisServer, free_port
-from test_host_faults import expected_ids
 
 from sfc_host.config import HostConfig
 from sfc_host.execution.host import Host

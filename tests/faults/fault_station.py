@@ -7,9 +7,9 @@ simulator over MQTT 5 that records every command it receives.
   ``{"id", "job", "t"}`` (``t``: this process's wall clock, never faked) and flushed, so
   a harness that reads the file sees every reception, duplicates included.
 - It answers each command after a random delay up to ``DELAY_S`` (seeded), as
-  ``tests/test_host_faults.py`` does (``torque_for``): tightening is out of tolerance
-  ``reworks(job)`` times, decided by the command number, so a command seen twice gets
-  the same answer.
+  ``tests/execution/test_host_faults.py`` does (``helpers.rework.torque_for``):
+  tightening is out of tolerance ``reworks(job)`` times, decided by the command number,
+  so a command seen twice gets the same answer.
 - It is at least once, as equipment on a link that can drop is: the answer to a job's
   latest command is published again every ``REPEAT_S`` until a newer command of the
   job arrives or the job's status event says it ended (``mes/+/events``). A fault can
@@ -41,8 +41,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the tests folder
-from mqtt_station import _props
-from test_host_faults import torque_for
+from helpers.mqtt_station import _props
+from helpers.rework import torque_for
 
 ENDED = ("Ended", "Aborted", "EndState")
 

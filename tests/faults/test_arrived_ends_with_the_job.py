@@ -11,7 +11,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from hosts import Station, flush, quick_config, torque_ok, wait_until, work_master
+from helpers.hosts import Station, flush, quick_config, torque_ok, wait_until, work_master
 
 from sfc_host.config import HostConfig
 from sfc_host.equipment.mqtt_transport import EquipmentIn, MqttSink

@@ -21,7 +21,7 @@ import os
 
 import pytest
 from fault_harness import SCENARIOS, Outcome
-from servers import ServerMissing, in_ci
+from helpers.servers import ServerMissing, in_ci
 
 RUN_TIMEOUT_S = 150
 N_SEEDS = int(os.environ.get("FAULT_SEEDS", "2"))

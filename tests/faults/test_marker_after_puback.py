@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hosts import work_master
-from servers import MosquittoServer, ServerMissing
+from helpers.hosts import work_master
+from helpers.servers import MosquittoServer, ServerMissing
 
 from sfc_fast import Command, compile_recipe, evolve
 from sfc_fast.events import Start

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hosts import Station, flush, quick_config, work_master
+from helpers.hosts import Station, flush, quick_config, work_master
 
 from sfc_host.execution.host import Host
 

@@ -1,5 +1,5 @@
 // An OPC UA MES client on node-opcua, a stack independent of asyncua (the host's), for
-// tests/test_opcua_node.py: the scenario of tests/test_opcua.py with another stack.
+// tests/opcua/test_opcua_node.py: the scenario of tests/opcua/test_opcua.py with another stack.
 //
 //   node opcua_client.mjs ENDPOINT SCOPE JOB [TIMEOUT_S]
 //

@@ -1,5 +1,5 @@
 // Example PackML units (OPC 30050) on node-opcua's server, a stack independent of asyncua,
-// for tests/test_opcua_equipment_node.py: the units of sfc_host.examples.packml_unit,
+// for tests/equipment/test_opcua_equipment_node.py: the units of sfc_host.examples.packml_unit,
 // written again, so the host is shown to drive a PLC whose server it did not grow up with.
 //
 //   node packml_unit.mjs --port 4841 --units Filler1,Capper1 [--work-ms 50] [--pki DIR]

@@ -327,7 +327,7 @@ def encode_binary_plain(id: str, source: str, type: str, subject: str | None, da
     content type, no time, no dataschema), without building the event: the host's
     commands take this path. None where ``_plain_properties`` says so, or when the data
     is not a dict: then build the event and call ``encode_binary``. Where both encode,
-    they write the same bytes (tests/test_cloudevents.py)."""
+    they write the same bytes (tests/mqtt/test_cloudevents.py)."""
     if data.__class__ is not dict:
         return None
     props = _plain_properties(id, source, type, subject, None, None, "application/json",
@@ -345,7 +345,7 @@ def encode_binary_json_plain(id: str, source: str, type: str, subject: str | Non
     JSON data (``RawJSON``), and the MQTT 5 payload format indicator and message
     expiry (``expiry_s`` > 0) set, without building the event: the MES status events
     take this path. None where ``_plain_properties`` says so. Where both encode, they
-    write the same bytes (tests/test_cloudevents.py)."""
+    write the same bytes (tests/mqtt/test_cloudevents.py)."""
     props = _plain_properties(id, source, type, subject, time, dataschema, content_type,
                               extensions, None, correlation_data, format_indicator,
                               expiry_s)

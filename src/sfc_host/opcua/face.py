@@ -401,7 +401,7 @@ class OpcUaFace:
     def _watched(self, node: ua.NodeId) -> bool:
         """Whether a monitored item takes events from ``node``. asyncua keeps them in a
         private map of each subscription (``_monitored_events``): the ``[opcua]`` extra
-        pins asyncua to 2.1, and tests/test_opcua.py checks both ways; without the map
+        pins asyncua to 2.1, and tests/opcua/test_opcua.py checks both ways; without the map
         every event is raised, as before."""
         assert self.server is not None
         for sub in self.server.iserver.subscription_service.subscriptions.values():
@@ -574,7 +574,7 @@ def share_fields(event: Any) -> None:
     the face never changes a value it handed over (each event gets new objects), so
     sharing them is safe. A subclass of the event's own class, overriding that method:
     the ``[opcua]`` extra pins asyncua to 2.1, and the events tests of
-    tests/test_opcua.py check what subscribers receive. The owner clears
+    tests/opcua/test_opcua.py check what subscribers receive. The owner clears
     ``shared_fields`` before each trigger."""
     base = type(event)
     event.__class__ = type(f"Shared{base.__name__}", (base,), {
