@@ -10,12 +10,12 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import test_opcua_node
-from hosts import flush, quick_config, wait_until
-from servers import PEERS, free_port
+from helpers.aio import run
+from helpers.hosts import flush, quick_config, wait_until
+from helpers.servers import PEERS, free_port
 from test_opcua_equipment import THREE, S, equipment_file, response_data
 from test_opcua_node import NODE_ENV
 
@@ -24,9 +24,6 @@ from sfc_host.service.app import App
 node = test_opcua_node.node
 UNITS = PEERS / "packml_unit.mjs"
 
-
-def run(coro: Any, timeout: float = 120) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 def test_sign_and_encrypt_with_a_user_on_node_opcua_units(

@@ -3,19 +3,16 @@ round trip as the order; a hint the order contradicts is read again, never used.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from typing import Any
 
-from hosts import Station, flush, one_step, quick_config, quiet, wait_until
+from helpers.aio import run
+from helpers.hosts import Station, flush, one_step, quick_config, quiet, wait_until
 
 from sfc_host.execution.host import Host
 
 S = "cell"
 
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 40))
 
 
 def two_steps(wm_id: str) -> dict[str, Any]:

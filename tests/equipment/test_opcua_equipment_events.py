@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import test_opcua_node
 from asyncua import Node, Server, ua
-from hosts import V110, flush, quick_config, wait_until
-from servers import PEERS, free_port
+from helpers.aio import run
+from helpers.hosts import V110, flush, quick_config, wait_until
+from helpers.servers import PEERS, free_port
 from test_opcua_node import NODE_ENV
 
 from sfc_host.config import ConfigError
@@ -29,9 +30,6 @@ node = test_opcua_node.node
 S = "ev1"
 URI = "urn:sfc-fast:test-events"
 
-
-def run(coro: Any, timeout: float = 60) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 async def camera_server(port: int) -> tuple[Server, Node, Node, Node]:
