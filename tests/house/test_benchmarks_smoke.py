@@ -56,6 +56,17 @@ def test_paced_cpu_gives_each_process_s_cpu_an_action() -> None:
     assert all(_number(g) > 0 for g in m.groups())
 
 
+def test_load_cost_measures_cpu_writes_and_the_tail_over_load_against_the_floor() -> None:
+    out = _run("load_cost.py", "--quick", "--json-line", timeout=240)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["saturation_jobs_s"] > 0 and r["sat_cpu_us"] > 0
+    for f in ("10", "25", "50", "75"):
+        assert r[f"cpu_us@{f}"] > 0 and r[f"p99_ms@{f}"] >= r[f"p50_ms@{f}"] > 0
+        # counted on both connections (below 1 a job at high load: shared writes)
+        assert r[f"redis_writes_job@{f}"] > 0 and r[f"mqtt_writes_job@{f}"] > 0
+    assert r["floor_p99_ms@50"] > 0 and r["p99_over_floor@50"] > 0
+
+
 def test_mqtt_e2e_quick_measures_saturation_pacing_and_the_broker() -> None:
     out = _run("mqtt_e2e.py", "--quick")
     sat = re.search(r"= ([\d,]+) jobs/s .*host CPU [\d,]+ µs a job, ([\d.]+) µs an action", out)
