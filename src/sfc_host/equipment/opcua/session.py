@@ -43,6 +43,7 @@ class ServerLink:
         self.last_error = "not connected yet"
         self.on_connect: list[Callable[[], Awaitable[None]]] = []
         self._task: asyncio.Task[None] | None = None
+        self._dropping: asyncio.Task[None] | None = None
         self._closing = False
 
     def status(self) -> str:
@@ -64,7 +65,11 @@ class ServerLink:
         self.last_error = (f"OPC UA server {self.name}: the link failed ({type(e).__name__}: "
                            f"{e}); it starts again")
         log.error("%s", self.last_error, exc_info=e)
-        asyncio.get_running_loop().call_later(BACKOFF_S[-1], self._again)
+        loop = asyncio.get_running_loop()
+        client, self.client = self.client, None
+        if client is not None:          # the next start makes a session of its own
+            self._dropping = loop.create_task(self._drop(client))
+        loop.call_later(BACKOFF_S[-1], self._again)
 
     def _again(self) -> None:
         if not self._closing:
@@ -77,10 +82,13 @@ class ServerLink:
             await reap(self._task)
         client, self.client = self.client, None
         if client is not None:
-            try:
-                await asyncio.wait_for(client.disconnect(), 2.0)
-            except Exception as e:      # the server may be gone already
-                log.debug("OPC UA server %s: disconnect: %s", self.name, e)
+            await self._drop(client)
+
+    async def _drop(self, client: Client) -> None:
+        try:
+            await asyncio.wait_for(client.disconnect(), 2.0)
+        except Exception as e:      # the server may be gone already
+            log.debug("OPC UA server %s: disconnect: %s", self.name, e)
 
     async def _make(self) -> Client:
         s = self.settings
