@@ -127,8 +127,34 @@ class PackMLUnit:
         self.state = state
         if self._waiters:
             self._spawn(self._notify())
-        if self.current is not None and state in OUTCOMES:
-            self._spawn(self._settle(state))
+        if self.current is not None:
+            if state in OUTCOMES:
+                self._spawn(self._settle(state))
+            elif state == "Idle":
+                self._spawn(self._lost())
+
+    async def _lost(self) -> None:
+        """Idle while an attempt runs: a late notice of the state before its Start, or
+        a PLC that restarted and lost the command. Its command id, read now, tells: the
+        host wrote the attempt's id before the Start, so any other id means the unit no
+        longer knows it. That fails the action at once (the recipe's retries start it
+        again), rather than at its deadline; it is never started again blind, as the
+        work it did before the restart is not known."""
+        a = self.current
+        if a is None:
+            return
+        try:
+            state, last = await self._read()
+        except (ConnectionError, OSError, TimeoutError, ua.UaError):
+            return      # the link is away again: its next notification tells
+        if self.current is not a or state != "Idle" or last == a.command_id:
+            return
+        self.current = None
+        self.answer(a.scope, Failed(a.command_id, f"unit {self.name} lost command "
+                                    f"{a.command_id}: it is Idle and holds command "
+                                    f"{last or 'none'} (the PLC restarted?)"))
+        if a.hold_id:
+            self.answer(a.scope, NotHeld(a.hold_id))
 
     async def _notify(self) -> None:
         async with self._changed:
