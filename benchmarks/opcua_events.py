@@ -8,8 +8,9 @@ subscribed to the status events, in turns.
 mosquitto, the station process answering every command, 5 push actions a job), once
 per setting: ``opcua = false``; ``opcua = true`` (security None on loopback) with no
 client; with one client session; with ten. The clients run in a process of their own
-(``--subscribe``), each session subscribed to the scope's status events, and count the
-events of the measured jobs: none may be missing. Goal: with the face on, 1 and 10
+(``--subscribe``; ``--client-procs K`` spreads them over K processes), each session
+subscribed to the scope's status events, and count the events of the measured jobs:
+none may be missing. Goal: with the face on, 1 and 10
 subscribers, jobs/s within 10 % of the face off.
 """
 
@@ -79,8 +80,8 @@ async def raised_all(app: App) -> None:
     await asyncio.sleep(0.3)        # the batch being raised
 
 
-async def one(redis_url: str, mqtt_url: str, clients: int | None, n: int, r: int
-              ) -> tuple[float, float, list[int], int, int]:
+async def one(redis_url: str, mqtt_url: str, clients: int | None, n: int, r: int,
+              procs: int = 1) -> tuple[float, float, list[int], int, int]:
     """One saturation run: jobs/s, host CPU µs a job, what each client counted, the
     events the face raised for the measured jobs, and those it dropped."""
     port = free_port()
@@ -94,15 +95,19 @@ async def one(redis_url: str, mqtt_url: str, clients: int | None, n: int, r: int
         await app.host.store.put_work_master(SCOPE, WM)
         await app.host.add_scope(SCOPE)
         await asyncio.sleep(1.2 if clients is not None else 0)   # the scope's objects
-        proc = None
+        running: list[subprocess.Popen[str]] = []
         if clients:
-            proc = subprocess.Popen([sys.executable, __file__, "--subscribe", url,
-                                     str(clients), prefix], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)
-            assert proc.stdout is not None and proc.stdin is not None
-            # the server runs on this loop: wait for the clients off it
-            ready = await asyncio.to_thread(proc.stdout.readline)
-            assert ready.strip() == "ready", ready
+            k = min(clients, procs)
+            for i in range(k):      # the sessions spread over k client processes
+                sessions = clients // k + (1 if i < clients % k else 0)
+                running.append(subprocess.Popen(
+                    [sys.executable, __file__, "--subscribe", url, str(sessions), prefix],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            for proc in running:
+                assert proc.stdout is not None and proc.stdin is not None
+                # the server runs on this loop: wait for the clients off it
+                ready = await asyncio.to_thread(proc.stdout.readline)
+                assert ready.strip() == "ready", ready
         await run_jobs(app, f"warm{r}x{clients}x", min(n, 200), None)
         await raised_all(app)
         raised0 = app.metrics["opcua_events"]
@@ -113,11 +118,12 @@ async def one(redis_url: str, mqtt_url: str, clients: int | None, n: int, r: int
         raised = app.metrics["opcua_events"] - raised0
         dropped = app.metrics["opcua_events_dropped"]
         counts: list[int] = []
-        if proc is not None:
+        for proc in running:
             assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write("\n")
             proc.stdin.flush()
-            counts = json.loads(await asyncio.to_thread(proc.stdout.readline))
+            counts += json.loads(await asyncio.to_thread(proc.stdout.readline))
+        for proc in running:
             await asyncio.to_thread(proc.wait, 30)
     return n / secs, cpu / n * 1e6, counts, int(raised), int(dropped)
 
@@ -131,7 +137,7 @@ async def main(args: argparse.Namespace) -> None:
             order = settings if r % 2 == 0 else settings[::-1]
             for name, clients in order:
                 rate, cpu, counts, raised, dropped = await one(
-                    redis.url, broker.url, clients, args.jobs, r)
+                    redis.url, broker.url, clients, args.jobs, r, args.client_procs)
                 rows.setdefault(name, []).append((rate, cpu))
                 if counts:
                     notes.append(f"round {r + 1}, {name}: {raised:,} events raised "
@@ -159,6 +165,8 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--only", nargs="+", choices=[x[0] for x in SETTINGS],
                    help="these settings alone (quoted: 'on, 1 client')")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="spread the client sessions over this many processes (default 1)")
     p.add_argument("--subscribe", nargs=3, metavar=("URL", "SESSIONS", "PREFIX"),
                    help=argparse.SUPPRESS)
     a = p.parse_args()
