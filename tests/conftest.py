@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.node import find_node
 from helpers.paths import test_folders_on_path
 from helpers.servers import (
     APT_HINT,
@@ -97,6 +98,13 @@ def amqtt_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AmqttServ
 @pytest.fixture(scope="session")
 def amqtt_url(amqtt_server: AmqttServer) -> str:
     return amqtt_server.url
+
+
+@pytest.fixture
+def node() -> str:
+    """The ``node`` binary (Node.js 20 or newer) with node-opcua installed in tests/peers,
+    for the tests that run a node-opcua peer; else a skip (a failure under CI)."""
+    return find_node()
 
 
 @pytest.fixture

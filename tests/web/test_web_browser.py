@@ -26,6 +26,7 @@ import pytest
 import redis.asyncio as aioredis
 from helpers import screenshots
 from helpers.hosts import flush, start_sfc_host, work_master
+from helpers.mes import JC, Mes
 from helpers.mqtt_station import MqttStation
 from helpers.servers import free_port
 from helpers.web_helpers import (
@@ -35,7 +36,6 @@ from helpers.web_helpers import (
     hostile_order,
     hostile_work_master,
 )
-from test_mes import JC, Mes
 
 from sfc_host.store.keys import SCOPES, ScopeKeys
 
