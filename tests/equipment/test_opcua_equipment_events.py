@@ -28,7 +28,6 @@ S = "ev1"
 URI = "urn:sfc-fast:test-events"
 
 
-
 async def camera_server(port: int) -> tuple[Server, Node, Node, Node]:
     """A server with ``RejectEventType`` (BaseEventType + RejectCode: Int32), its subtype
     ``SealRejectEventType`` (+ Station: String) and a notifier object ``Camera1``."""

@@ -23,7 +23,6 @@ from sfc_host.service.app import App
 UNITS = PEERS / "packml_unit.mjs"
 
 
-
 def test_sign_and_encrypt_with_a_user_on_node_opcua_units(
         node: str, redis_url: str, mqtt_url: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:

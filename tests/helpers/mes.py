@@ -240,6 +240,7 @@ async def configure(mes: Mes, *, scope: str | None = None) -> None:
         rep = await mes.call(f"{CFG}{kind}.v1", ref(f"{kind}.config.json"), scope=scope)
         assert rep["data"]["ReturnStatus"] == NO_ERROR, (kind, rep)
 
+
 def slow_tighten(cmd: dict[str, Any]) -> dict[str, Any] | None:
     # the "slow" jobs wait for their tightening: the MES acts on them while they run
     if cmd["type"] == "com.example.cell.tighten.v1":
