@@ -1,10 +1,12 @@
 """Shared fixtures: real redis-server, a Redis Cluster and mosquitto, started once per test
 session; and the independent MQTT brokers of ``tests/peers`` (aedes, amqtt).
 
-Only fixtures live here; what tests share besides them is in ``tests/helpers`` (which
-this file's folder being on ``sys.path`` makes importable as ``helpers``). Every test
-folder goes on ``sys.path`` too, so a test may import another test module's pieces by
-its (unique) basename.
+Only fixtures live here (also the ones several test folders share: ``node``, ``certs``,
+``secure_mqtt``); what tests share besides them is in ``tests/helpers`` (which this
+file's folder being on ``sys.path`` makes importable as ``helpers``). A test module never
+imports another test module (``tests/house/test_test_layout.py`` holds that). Every test
+folder goes on ``sys.path`` too, for the benchmarks and scripts that import a test
+module's pieces by its (unique) basename.
 
 Outside CI a missing binary skips the tests that need it, with the reason; under
 ``CI=true`` it fails them, so a CI machine without the servers cannot pass quietly.
@@ -12,11 +14,14 @@ Outside CI a missing binary skips the tests that need it, with the reason; under
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.node import find_node
 from helpers.paths import test_folders_on_path
+from helpers.security import SecureMosquitto, make_certs, skip_or_fail
 from helpers.servers import (
     APT_HINT,
     NPM_HINT,
@@ -97,6 +102,35 @@ def amqtt_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AmqttServ
 @pytest.fixture(scope="session")
 def amqtt_url(amqtt_server: AmqttServer) -> str:
     return amqtt_server.url
+
+
+@pytest.fixture
+def node() -> str:
+    """The ``node`` binary (Node.js 20 or newer) with node-opcua installed in tests/peers,
+    for the tests that run a node-opcua peer; else a skip (a failure under CI)."""
+    return find_node()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Test certificates (a CA, a server certificate for localhost and 127.0.0.1, a
+    client certificate), made by the ``openssl`` command line for each module."""
+    return make_certs(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def secure_mqtt(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iterator[SecureMosquitto]:
+    """mosquitto with passwords, the least-privilege ACL and TLS with client
+    certificates (``helpers.security``), for each module."""
+    if shutil.which("mosquitto_passwd") is None:
+        skip_or_fail("mosquitto_passwd is needed for the broker's password file")
+    try:
+        server = SecureMosquitto(tmp_path_factory.mktemp("mosquitto-secure"), certs)
+    except ServerMissing as e:
+        skip_or_fail(f"{e}; install mosquitto")
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -10,8 +10,9 @@ from urllib.parse import urlparse
 
 import aiomqtt
 import pytest
+from helpers.aio import run
 from helpers.hosts import wait_until, work_master
-from test_mes import WM, Mes, order, run, start_app
+from helpers.mes import WM, Mes, order, start_app
 
 from sfc_fast import Graph, compile_recipe
 from sfc_host.equipment.capabilities import CODE, Capabilities, parse, unserved

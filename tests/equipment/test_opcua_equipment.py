@@ -7,169 +7,19 @@ job's end, and reads a failed action's stop reason."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from asyncua import Server, ua
+from asyncua import ua
 from helpers.aio import run
-from helpers.hosts import V110, flush, quick_config, wait_until
+from helpers.hosts import flush, quick_config, wait_until
+from helpers.opcua_equipment import THREE, Plant, S, equipment_file, recipe, response_data
 from helpers.servers import free_port
 
 from sfc_host.config import ConfigError
 from sfc_host.equipment.opcua.settings import load
 from sfc_host.examples.packml_unit import URI, build
 from sfc_host.service.app import App
-
-S = "pk1"
-
-
-def recipe(actions: list[tuple[str, str, dict[str, Any]]], hold: bool = False,
-           wm_id: str = "wm") -> dict[str, Any]:
-    """One step per action, in a row; each action of ``(name, type, parameters)``."""
-    steps = [{"Name": f"S{i}", "Initial": i == 0} for i in range(len(actions))]
-    trans = [{"Source": f"S{i}", "Target": f"S{i + 1}", "Condition": "always"}
-             for i in range(len(actions) - 1)]
-    acts = []
-    for i, (name, type_id, params) in enumerate(actions):
-        a: dict[str, Any] = {"Name": name, "Step": f"S{i}", "Qualifier": "N",
-                             "Interaction": "push_command", "TypeId": type_id,
-                             "TimeoutSeconds": 20, "Parameters": params}
-        if hold:
-            a["HoldTypeId"] = type_id + ".hold"
-            a["RestartTypeId"] = type_id + ".restart"
-        acts.append(a)
-    return {"ID": wm_id, "dataschema": V110,
-            "data": {"Steps": steps, "Transitions": trans, "Actions": acts}}
-
-
-def equipment_file(path: Path, port: int, *, method: bool = False) -> Path:
-    text = f"""
-[[server]]
-name = "plc1"
-endpoint = "opc.tcp://127.0.0.1:{port}/units/"
-
-[[unit]]
-equipment = "filler1"
-server = "plc1"
-scopes = ["{S}"]
-node = "nsu=urn:sfc-fast:example-units;s=Filler1"
-types = ["com.example.fill.v1"]
-hold_types = ["com.example.fill.v1.hold"]
-restart_types = ["com.example.fill.v1.restart"]
-command_id = "nsu=urn:sfc-fast:example-units;s=Filler1.CommandId"
-parameters = {{ setpoint = "nsu=urn:sfc-fast:example-units;s=Filler1.Setpoint" }}
-results = {{ filled = "nsu=urn:sfc-fast:example-units;s=Filler1.Result" }}
-
-[[unit]]
-equipment = "capper1"
-server = "plc1"
-scopes = ["{S}"]
-node = "nsu=urn:sfc-fast:example-units;s=Capper1"
-types = ["com.example.cap.v1"]
-command_id = "nsu=urn:sfc-fast:example-units;s=Capper1.CommandId"
-results = {{ torque = "nsu=urn:sfc-fast:example-units;s=Capper1.Result" }}
-"""
-    if method:
-        text += f"""
-[[method]]
-equipment = "scale1"
-server = "plc1"
-scopes = ["{S}"]
-types = ["com.example.weigh.v1"]
-object = "nsu=urn:sfc-fast:example-units;s=Scale1"
-method = "nsu=urn:sfc-fast:example-units;s=Scale1.Weigh"
-"""
-    f = path / "equipment.toml"
-    f.write_text(text)
-    return f
-
-
-async def add_scale(server: Server) -> None:
-    """A method beside the units: Weigh(Tare: Double, Count: UInt16) -> (Net: Double)."""
-    ns = await server.get_namespace_index(URI)
-    obj = await server.nodes.objects.add_object(ua.NodeId("Scale1", ns),
-                                                ua.QualifiedName("Scale1", ns))
-
-    async def weigh(parent: Any, tare: ua.Variant, count: ua.Variant) -> list[ua.Variant]:
-        if count.Value == 0:
-            return ua.StatusCode(ua.StatusCodes.BadOutOfRange)     # type: ignore[return-value]
-        return [ua.Variant(10.0 * count.Value - tare.Value, ua.VariantType.Double)]
-    tare = ua.Argument(Name="Tare", DataType=ua.NodeId(ua.ObjectIds.Double), ValueRank=-1)
-    count = ua.Argument(Name="Count", DataType=ua.NodeId(ua.ObjectIds.UInt16), ValueRank=-1)
-    net = ua.Argument(Name="Net", DataType=ua.NodeId(ua.ObjectIds.Double), ValueRank=-1)
-    await obj.add_method(ua.NodeId("Scale1.Weigh", ns), ua.QualifiedName("Weigh", ns),
-                         weigh, [tare, count], [net])
-
-
-class Plant:
-    """The units' server, a host on it, and the helpers the tests share."""
-
-    def __init__(self, redis_url: str, mqtt_url: str, tmp_path: Path, *,
-                 work_s: float = 0.05, method: bool = False) -> None:
-        self.redis_url, self.mqtt_url, self.tmp = redis_url, mqtt_url, tmp_path
-        self.port = free_port()
-        self.work_s = work_s
-        self.method = method
-        self.server: Server | None = None
-        self.units: dict[str, Any] = {}
-        self.app: App | None = None
-
-    async def __aenter__(self) -> Plant:
-        await flush(self.redis_url)
-        self.server, self.units = await build(self.port, ["Filler1", "Capper1"], self.work_s)
-        if self.method:
-            await add_scale(self.server)
-        await self.server.start()
-        cfg = quick_config(self.redis_url, mqtt_url=self.mqtt_url, scopes=[S],
-                           consumer="opcua-eq",
-                           equipment_opcua=str(equipment_file(self.tmp, self.port,
-                                                              method=self.method)))
-        self.app = App(cfg)
-        await self.app.start(connect_timeout_s=5)
-        eq = self.app.opcua_equipment
-        await wait_until(lambda: not eq.not_ready(), 15, "the units bound")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.app is not None:
-            await self.app.aclose()
-        if self.server is not None:
-            await self.server.stop()
-
-    async def run_job(self, wm: dict[str, Any], job: str) -> None:
-        assert self.app is not None
-        await self.app.host.store.put_work_master(S, wm)
-        await self.app.host.orders.store_order(
-            S, {"JobOrderID": job, "WorkMasterID": [{"ID": wm["ID"]}]}, start=True)
-
-    async def order_state(self, job: str) -> str:
-        assert self.app is not None
-        raw = await self.app.host.client.hget(f"sfc:{{{S}}}:order:{job}", "state")
-        return raw.decode() if raw else ""
-
-    async def wait_state(self, job: str, prefix: str, timeout: float = 20) -> None:
-        async def reached() -> bool:
-            return (await self.order_state(job)).startswith(prefix)
-        await wait_until(reached, timeout, f"job {job} {prefix}")
-
-    async def response(self, job: str) -> dict[str, Any]:
-        assert self.app is not None
-        raw = await self.app.host.client.get(f"sfc:{{{S}}}:response:{job}")
-        return json.loads(raw) if raw else {}
-
-    async def starts(self, unit: str) -> int:
-        return int(await self.units[unit].nodes["starts"].read_value())
-
-
-def response_data(resp: dict[str, Any]) -> dict[str, Any]:
-    return {d["ID"]: d["Value"] for d in resp.get("JobResponseData", [])}
-
-
-THREE = recipe([("fill", "com.example.fill.v1", {"setpoint": 2.5}),
-                ("cap", "com.example.cap.v1", {}),
-                ("fill_again", "com.example.fill.v1", {"setpoint": 4.0})])
 
 
 def test_a_recipe_of_three_actions_on_two_units_runs_to_the_end(
@@ -306,7 +156,7 @@ def test_a_work_master_put_is_checked_against_the_bindings(
     method parameters do not match the method's arguments by name and type, or whose
     action type no binding (and no announced station) serves, is refused with the
     compiler's kind of codes; a matching one is stored."""
-    from test_mes import WM, Mes
+    from helpers.mes import WM, Mes
 
     from sfc_host.store.orders import INVALID_REQUEST, NO_ERROR
 

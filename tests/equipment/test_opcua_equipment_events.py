@@ -14,22 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_opcua_node
 from asyncua import Node, Server, ua
 from helpers.aio import run
 from helpers.hosts import V110, flush, quick_config, wait_until
+from helpers.node import NODE_ENV
 from helpers.servers import PEERS, free_port
-from test_opcua_node import NODE_ENV
 
 from sfc_host.config import ConfigError
 from sfc_host.equipment.opcua.settings import parse
 from sfc_host.service.app import App
 
-# the fixture: Node.js 20+ with node-opcua, else a skip (a failure under CI)
-node = test_opcua_node.node
 S = "ev1"
 URI = "urn:sfc-fast:test-events"
-
 
 
 async def camera_server(port: int) -> tuple[Server, Node, Node, Node]:

@@ -18,18 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_opcua_node
 from asyncua import Client, Node, ua
+from helpers.aio import run
 from helpers.hosts import flush, quick_config, wait_until
+from helpers.node import NODE_ENV
+from helpers.opcua_equipment import THREE, Plant, S, equipment_file, recipe, response_data
 from helpers.servers import PEERS, free_port
-from test_opcua_equipment import THREE, Plant, S, equipment_file, recipe, response_data, run
-from test_opcua_node import NODE_ENV
 
 from sfc_host.examples.packml_unit import PACKML_URI, URI
 from sfc_host.service.app import App
 
-# the fixture: Node.js 20+ with node-opcua, else a skip (a failure under CI)
-node = test_opcua_node.node
 UNITS = PEERS / "packml_unit.mjs"
 READY_S = 30                            # node-opcua loads the standard nodeset first
 

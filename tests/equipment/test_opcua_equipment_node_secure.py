@@ -12,18 +12,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import test_opcua_node
 from helpers.aio import run
 from helpers.hosts import flush, quick_config, wait_until
+from helpers.node import NODE_ENV
+from helpers.opcua_equipment import THREE, S, equipment_file, response_data
 from helpers.servers import PEERS, free_port
-from test_opcua_equipment import THREE, S, equipment_file, response_data
-from test_opcua_node import NODE_ENV
 
 from sfc_host.service.app import App
 
-node = test_opcua_node.node
 UNITS = PEERS / "packml_unit.mjs"
-
 
 
 def test_sign_and_encrypt_with_a_user_on_node_opcua_units(

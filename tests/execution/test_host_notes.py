@@ -13,7 +13,7 @@ from typing import Any
 from helpers import hosts
 from helpers.aio import run
 from helpers.hosts import Station, flush, quick_config, quiet, wait_until
-from test_host_observability import QA, event_then_work
+from helpers.recipes import QA, event_then_work
 
 from sfc_fast import SCHEMA_V100
 from sfc_host.execution.host import Host

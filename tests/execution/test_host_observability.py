@@ -18,6 +18,7 @@ import aiomqtt
 from helpers import hosts
 from helpers.aio import run
 from helpers.hosts import Station, flush, quick_config, wait_until, work_master
+from helpers.recipes import QA, event_then_work
 
 from sfc_fast.events import Completed
 from sfc_host import logs
@@ -26,22 +27,6 @@ from sfc_host.execution.host import Host
 from sfc_host.mqtt.cloudevents import CloudEvent, encode_structured
 
 S = "obs"
-V110 = "https://aschamberger.github.io/schemas/microdcs/sfc-recipe/v1.1.0/"
-QA = "com.example.obs.qa.v1"
-
-
-def event_then_work() -> dict[str, Any]:
-    """A pull event, then a pushed command: the event's arrival to that command."""
-    return {"ID": "evwork", "dataschema": V110, "data": {
-        "Steps": [{"Name": "Wait", "Initial": True}, {"Name": "Work"}],
-        "Transitions": [{"Source": "Wait", "Target": "Work", "Condition": "always"}],
-        "Actions": [
-            {"Name": "qa", "Step": "Wait", "Qualifier": "N", "Interaction": "pull_event",
-             "TypeId": QA, "TimeoutSeconds": 30},
-            {"Name": "work", "Step": "Work", "Qualifier": "N",
-             "Interaction": "push_command", "TypeId": "com.example.obs.work.v1",
-             "TimeoutSeconds": 30}]}}
-
 
 start_host = partial(hosts.start_host, scope=S)
 

@@ -31,8 +31,8 @@ def test_folders() -> list[Path]:
 
 
 def test_folders_on_path() -> None:
-    """Every test folder on ``sys.path``, so that a test module (or a script such as
-    ``faults/fault_station.py``) imports another's pieces by its basename, whichever
-    folder it is in and whichever tests pytest collected first. Basenames are unique
-    across tests/ (pytest's default import mode needs that anyway)."""
+    """Every test folder on ``sys.path``, so that a benchmark or a script imports a test
+    module's pieces by its basename, whichever folder it is in and whichever tests pytest
+    collected first (a test module imports only ``helpers``, never another test module).
+    Basenames are unique across tests/ (pytest's default import mode needs that anyway)."""
     put_on_path(TESTS, *test_folders())

@@ -102,3 +102,19 @@ def generated(n_steps: int, branch_every: int = 10) -> dict[str, Any]:
         prev = name
         i += 1
     return {"Steps": steps, "Transitions": trans, "Actions": acts, "Branches": branches}
+
+
+QA = "com.example.obs.qa.v1"
+
+
+def event_then_work() -> dict[str, Any]:
+    """A pull event, then a pushed command: the event's arrival to that command."""
+    return {"ID": "evwork", "dataschema": V110, "data": {
+        "Steps": [{"Name": "Wait", "Initial": True}, {"Name": "Work"}],
+        "Transitions": [{"Source": "Wait", "Target": "Work", "Condition": "always"}],
+        "Actions": [
+            {"Name": "qa", "Step": "Wait", "Qualifier": "N", "Interaction": "pull_event",
+             "TypeId": QA, "TimeoutSeconds": 30},
+            {"Name": "work", "Step": "Work", "Qualifier": "N",
+             "Interaction": "push_command", "TypeId": "com.example.obs.work.v1",
+             "TimeoutSeconds": 30}]}}

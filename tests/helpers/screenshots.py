@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/helpers/screenshots.py [--out DIR] [--redis URL --mqtt URL]
 
-It runs the operator's tour of ``tests/web/test_web_browser.py`` (headless chromium against
+It runs the operator's tour of ``tests/helpers/web_tour.py`` (headless chromium against
 ``sfc-host run``, with every check of the test) on a redis-server and a mosquitto it
 starts itself, or on the servers given (the Redis database is flushed), and copies the
 pictures into ``--out`` (default docs/img/) only when the whole tour passed. The test
@@ -55,11 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redis", help="a Redis URL to use instead of starting redis-server")
     ap.add_argument("--mqtt", help="a broker URL to use instead of starting mosquitto")
     args = ap.parse_args(argv)
-    from helpers.paths import test_folders_on_path
-
-    test_folders_on_path()                      # tests/web, for the browser test's tour
     try:
-        from test_web_browser import tour
+        from helpers.web_tour import tour
     except pytest.skip.Exception as e:          # no chromium or selenium here
         print(f"screenshots.py: {e.msg}", file=sys.stderr)
         return 1

@@ -36,9 +36,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from helpers.aio import run
 from helpers.hosts import V110, flush, quick_config, wait_until, work_master
+from helpers.mes import JC, WM, Mes, order, start_app
 from helpers.servers import MosquittoServer, RedisServer, free_port
-from test_mes import JC, WM, Mes, order, run, start_app
 
 from sfc_fast.wire.mqtt5 import MalformedPacket, Message, Reader
 from sfc_host.execution.host import Host

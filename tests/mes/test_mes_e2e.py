@@ -6,14 +6,13 @@ queries by id and by state, and a second MES resyncs from the retained state."""
 
 from __future__ import annotations
 
-import copy
 import subprocess
 from pathlib import Path
-from typing import Any
 
+from helpers.aio import run
 from helpers.hosts import flush, start_sfc_host, stop_cleanly, wait_until
+from helpers.mes import BY_ID, BY_STATE, JC, Mes, configure, ref, same_shape, slow_tighten, store
 from helpers.mqtt_station import MqttStation
-from test_mes import BY_ID, BY_STATE, JC, Mes, configure, ref, run, same_shape
 
 from sfc_host.isa95 import state_list
 from sfc_host.store.orders import NO_ERROR, UNKNOWN_JOB_ORDER_ID
@@ -22,27 +21,12 @@ PREFIX = "app/jobs"
 SCOPES = ("line1", "line1.cell1")
 
 
-def slow_tighten(cmd: dict[str, Any]) -> dict[str, Any] | None:
-    # the "slow" jobs wait for their tightening: the MES acts on them while they run
-    if cmd["type"] == "com.example.cell.tighten.v1":
-        if "slow" in cmd["id"]:
-            return None
-        return {"Outcome": "completed", "Result": {"torque": 85}}
-    return {}
-
-
 def start_host(tmp_path: Path, redis_url: str, mqtt_url: str) -> subprocess.Popen[str]:
     conf = tmp_path / "host.toml"
     conf.write_text(f'redis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\n'
                     f'mes_prefix = "{PREFIX}"\nconsumer = "mes-e2e"\n'
                     "sweep_interval_ms = 50\ndiscover_interval_ms = 100\n")
     return start_sfc_host(["run", "--config", str(conf)], {}, "host mes-e2e running")
-
-
-def store(job: str, method: str = "StoreAndStart") -> dict[str, Any]:
-    req = copy.deepcopy(ref(f"{method}.request.json"))
-    req["JobOrder"]["JobOrderID"] = job
-    return req
 
 
 def test_an_mes_of_the_original_runs_jobs_through_sfc_host_run(

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.aio import run
 from helpers.hosts import flush, start_sfc_host, stop_cleanly, wait_until
+from helpers.mes import BY_ID, BY_STATE, JC, Mes, configure, ref, same_shape, slow_tighten, store
 from helpers.mqtt_station import MqttStation
 from helpers.servers import NPM_HINT, AedesServer, AmqttServer, ServerMissing, missing
-from test_mes import BY_ID, BY_STATE, JC, Mes, configure, ref, run, same_shape
-from test_mes_e2e import slow_tighten, store
 
 from sfc_host.config import HostConfig
 from sfc_host.isa95 import state_list, state_name

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from helpers.aio import run
+from helpers.health import get
 from helpers.hosts import flush, quick_config, wait_until
 from helpers.scripted_broker import (
     ScriptedBroker,
@@ -23,7 +24,6 @@ from helpers.scripted_broker import (
     unsuback,
 )
 from helpers.servers import free_port
-from test_health import get
 
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics

@@ -14,163 +14,32 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
-import subprocess
 import urllib.request
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from asyncua import Client, Node, ua
+from asyncua import Client, ua
 from asyncua.common.events import get_filter_from_event_type
-from helpers.hosts import flush, start_sfc_host, stop_cleanly, wait_until
+from helpers.aio import run
+from helpers.hosts import stop_cleanly, wait_until
+from helpers.mes import CFG, JC, answer_all, no_tighten_answer, store
 from helpers.mqtt_station import MqttStation
-from test_mes import CFG, JC, Mes, answer_all, configure, no_tighten_answer, run
-from test_mes_e2e import store
-
-JC_URI = "http://opcfoundation.org/UA/ISA95-JOBCONTROL_V2/"
-OWN_URI = "urn:sfc-fast:opcua"
-SCOPE = "line1"
-WM = "WM-AXLE-FIT"       # the Work Master test_mes.configure stores
-NO_ERROR, UNKNOWN_ID, INVALID_STATUS, UNABLE = 1, 2, 8, 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_host(tmp_path: Path, redis_url: str, mqtt_url: str, port: int,
-               name: str = "opcua-e2e", more: str = "") -> subprocess.Popen[str]:
-    conf = tmp_path / f"{name}.toml"
-    conf.write_text(f'redis_url = "{redis_url}"\nmqtt_url = "{mqtt_url}"\n'
-                    f'consumer = "{name}"\nsweep_interval_ms = 50\n'
-                    "discover_interval_ms = 100\nopcua = true\n"
-                    f'opcua_endpoint = "opc.tcp://127.0.0.1:{port}/sfc-host/"\n'
-                    "opcua_list_interval_ms = 200\n"
-                    # the MES of these tests: on loopback, no security, calls allowed
-                    # (tests/opcua/test_opcua_security.py runs the secure endpoints)
-                    'opcua_security = ["None"]\nopcua_anonymous = "call"\n' + more)
-    return start_sfc_host(["run", "--config", str(conf)], {}, f"host {name} running")
-
-
-class Mes95:
-    """An OPC UA MES client: the scope's objects found by browsing, calls that return
-    the whole result (Uncertain included), the events and list values it receives."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.events: list[Any] = []
-        self.lists: list[list[Any]] = []
-        self.jc = 0
-        self.own = 0
-        self.receiver: Node | None = None
-        self.provider: Node | None = None
-
-    async def find(self, scope: str) -> None:
-        """Objects → Scopes → {scope} → its receiver and provider, by type definition."""
-        self.jc = await self.client.get_namespace_index(JC_URI)
-        self.own = await self.client.get_namespace_index(OWN_URI)
-        objects = self.client.nodes.objects
-        folder = await objects.get_child([f"{self.own}:Scopes", f"{self.own}:{scope}"])
-        for child in await folder.get_children():
-            kind = await child.read_type_definition()
-            if kind == ua.NodeId(1002, self.jc):
-                self.receiver = child
-            elif kind == ua.NodeId(1003, self.jc):
-                self.provider = child
-        assert self.receiver is not None and self.provider is not None
-
-    async def call(self, name: str, *args: ua.Variant) -> ua.CallMethodResult:
-        obj = self.provider if name.startswith("RequestJobResponse") else self.receiver
-        assert obj is not None
-        method = await obj.get_child(f"{self.jc}:{name}")
-        [result] = await self.client.uaclient.call([ua.CallMethodRequest(
-            ObjectId=obj.nodeid, MethodId=method.nodeid, InputArguments=list(args))])
-        return result
-
-    async def on_order(self, name: str, job: str, comment: str = "") -> ua.CallMethodResult:
-        texts = [ua.LocalizedText(comment, "en")] if comment else []
-        return await self.call(name, ua.Variant(job, ua.VariantType.String),
-                               ua.Variant(texts, ua.VariantType.LocalizedText, is_array=True))
-
-    async def store(self, name: str, order: Any) -> ua.CallMethodResult:
-        return await self.call(name, ua.Variant(order, ua.VariantType.ExtensionObject),
-                               ua.Variant([], ua.VariantType.LocalizedText, is_array=True))
-
-    def states(self, job: str) -> list[str]:
-        return ["_".join(s.StateText.Text for s in e.JobState) for e in self.events
-                if e.JobOrder is not None and e.JobOrder.JobOrderID == job]
-
-    def listed(self) -> dict[str, str]:
-        last = self.lists[-1] if self.lists else []
-        return {e.JobOrder.JobOrderID: "_".join(s.StateText.Text for s in e.State)
-                for e in last}
-
-    # asyncua subscription handler
-    def event_notification(self, event: Any) -> None:
-        self.events.append(event)
-
-    def datachange_notification(self, node: Node, value: Any, data: Any) -> None:
-        self.lists.append(list(value or []))
-
-
-@asynccontextmanager
-async def connected(port: int, scope: str = SCOPE) -> AsyncIterator[Mes95]:
-    client = Client(f"opc.tcp://127.0.0.1:{port}/sfc-host/")
-    async with client:
-        await client.load_data_type_definitions()
-        mes = Mes95(client)
-        await mes.find(scope)
-        assert mes.provider is not None and mes.receiver is not None
-        sub = await client.create_subscription(50, mes)
-        own = await client.get_namespace_index(OWN_URI)
-        event_type = client.get_node(ua.NodeId("SfcJobOrderStatusEventType", own))
-        await sub.subscribe_events(mes.provider, event_type)
-        await sub.subscribe_data_change(
-            await mes.receiver.get_child(f"{mes.jc}:JobOrderList"))
-        yield mes
-
-
-def order(job: str, wm: str = WM, **fields: Any) -> Any:
-    fields.setdefault("EquipmentRequirements", [ua.ISA95EquipmentDataType(ID="STATION-10")])
-    return ua.ISA95JobOrderDataType(
-        JobOrderID=job, WorkMasterID=[ua.ISA95WorkMasterDataType(ID=wm)], **fields)
-
-
-def _rs(result: ua.CallMethodResult) -> int:
-    return int(result.OutputArguments[-1].Value)
-
-
-class Running:
-    """A host under test: its OPC UA port and the MQTT MES that configured it."""
-
-    def __init__(self, port: int, mqtt_mes: Mes, host: subprocess.Popen[str]) -> None:
-        self.port = port
-        self.mqtt_mes = mqtt_mes
-        self.host = host
-
-
-@asynccontextmanager
-async def running(tmp_path: Path, redis_url: str, mqtt_url: str,
-                  scopes: tuple[str, ...] = (SCOPE,), more: str = "") -> AsyncIterator[Running]:
-    """An emptied Redis, ``sfc-host run`` with the face, the reference's Work Master and
-    catalogs in ``scopes`` (over MQTT), and their objects made; stopped on the way out."""
-    await flush(redis_url)
-    port = _free_port()
-    r = Running(port, Mes(mqtt_url), start_host(tmp_path, redis_url, mqtt_url, port,
-                                                 more=more))
-    try:
-        async with r.mqtt_mes:
-            for scope in scopes:
-                await configure(r.mqtt_mes, scope=scope)
-            await asyncio.sleep(1.2)     # the scopes' objects, once they are served
-            yield r
-    finally:
-        stop_cleanly(r.host)
+from helpers.opcua import (
+    INVALID_STATUS,
+    NO_ERROR,
+    SCOPE,
+    UNABLE,
+    UNKNOWN_ID,
+    WM,
+    Mes95,
+    connected,
+    free_port,
+    order,
+    rs,
+    running,
+    start_host,
+)
 
 
 def test_an_opcua_mes_runs_jobs_through_every_method(redis_url: str, mqtt_url: str,
@@ -182,20 +51,20 @@ def test_an_opcua_mes_runs_jobs_through_every_method(redis_url: str, mqtt_url: s
             async with connected(h.port) as mes:
                 # Store, then Start: the recipe runs on the station to its end
                 r = await mes.store("Store", order("A1"))
-                assert r.StatusCode.is_good() and _rs(r) == NO_ERROR
+                assert r.StatusCode.is_good() and rs(r) == NO_ERROR
                 assert r.OutputArguments[0].VariantType == ua.VariantType.UInt64
-                assert _rs(await mes.on_order("Start", "A1")) == NO_ERROR
+                assert rs(await mes.on_order("Start", "A1")) == NO_ERROR
                 tighten = await wait_until(
                     lambda: next((c for c in station.commands
                                   if c["correlationid"] == "A1"
                                   and c["type"] == "com.example.cell.tighten.v1"), None),
                     20, "A1's tightening")
                 # Pause and Resume while it runs
-                assert _rs(await mes.on_order("Pause", "A1")) == NO_ERROR
+                assert rs(await mes.on_order("Pause", "A1")) == NO_ERROR
                 await wait_until(lambda: any(s.startswith("Interrupted")
                                              for s in mes.states("A1")), 10,
                                  f"A1 held: {mes.states('A1')}")
-                assert _rs(await mes.on_order("Resume", "A1")) == NO_ERROR
+                assert rs(await mes.on_order("Resume", "A1")) == NO_ERROR
                 await station.reply(tighten, {"Outcome": "completed",
                                               "Result": {"torque": 85}})
                 await wait_until(lambda: "Ended_Completed" in mes.states("A1"), 20,
@@ -214,7 +83,7 @@ def test_an_opcua_mes_runs_jobs_through_every_method(redis_url: str, mqtt_url: s
                 r = await mes.call("RequestJobResponseByJobOrderID",
                                    ua.Variant("A1", ua.VariantType.String))
                 response = r.OutputArguments[0].Value
-                assert _rs(r) == NO_ERROR and response.JobOrderID == "A1"
+                assert rs(r) == NO_ERROR and response.JobOrderID == "A1"
                 assert [s.StateText.Text for s in response.JobState] == ["Ended",
                                                                          "Completed"]
                 assert response.EquipmentActuals[0].ID == "STATION-10"
@@ -224,22 +93,22 @@ def test_an_opcua_mes_runs_jobs_through_every_method(redis_url: str, mqtt_url: s
                 assert r.StatusCode.value == ua.StatusCodes.Uncertain
                 # a null JobResponse: asyncua's client reads it as a bodiless object
                 none = r.OutputArguments[0].Value
-                assert _rs(r) == UNKNOWN_ID and getattr(none, "Body", None) is None
-                assert _rs(await mes.store("Store", order("B1"))) == NO_ERROR
+                assert rs(r) == UNKNOWN_ID and getattr(none, "Body", None) is None
+                assert rs(await mes.store("Store", order("B1"))) == NO_ERROR
                 r = await mes.store("Store", order("B1", Priority=7))
-                assert r.StatusCode.value == ua.StatusCodes.Uncertain and _rs(r) == UNABLE
+                assert r.StatusCode.value == ua.StatusCodes.Uncertain and rs(r) == UNABLE
                 r = await mes.on_order("Pause", "B1")     # not running
                 assert r.StatusCode.value == ua.StatusCodes.Uncertain
-                assert _rs(r) == INVALID_STATUS
-                assert _rs(await mes.on_order("Start", "zzz")) == UNKNOWN_ID
+                assert rs(r) == INVALID_STATUS
+                assert rs(await mes.on_order("Start", "zzz")) == UNKNOWN_ID
                 # StoreAndStart, then Abort with a comment; Cancel; Clear
-                assert _rs(await mes.store("StoreAndStart", order("C1"))) == NO_ERROR
+                assert rs(await mes.store("StoreAndStart", order("C1"))) == NO_ERROR
                 await wait_until(lambda: "Running" in mes.states("C1"), 10, "C1 runs")
-                assert _rs(await mes.on_order("Abort", "C1", "jammed")) == NO_ERROR
+                assert rs(await mes.on_order("Abort", "C1", "jammed")) == NO_ERROR
                 await wait_until(lambda: any(s.startswith("Aborted")
                                              for s in mes.states("C1")), 10, "C1 aborted")
-                assert _rs(await mes.on_order("Cancel", "B1")) == NO_ERROR
-                assert _rs(await mes.on_order("Clear", "A1")) == NO_ERROR
+                assert rs(await mes.on_order("Cancel", "B1")) == NO_ERROR
+                assert rs(await mes.on_order("Clear", "A1")) == NO_ERROR
                 await wait_until(lambda: "A1" not in mes.listed()
                                  and "C1" in mes.listed(), 10, "the list after Clear")
                 # by state: the aborted one
@@ -248,7 +117,7 @@ def test_an_opcua_mes_runs_jobs_through_every_method(redis_url: str, mqtt_url: s
                                            StateText=ua.LocalizedText("Aborted", "en"),
                                            StateNumber=6)],
                     ua.VariantType.ExtensionObject, is_array=True))
-                assert _rs(r) == NO_ERROR
+                assert rs(r) == NO_ERROR
                 assert [x.JobOrderID for x in r.OutputArguments[0].Value] == ["C1"]
                 # a job driven over MQTT is seen the same over OPC UA
                 station.answer = answer_all
@@ -307,7 +176,7 @@ def test_wrong_arguments_are_bad_invalid_argument_never_unexpected(
                               UNABLE)):
                 r = await mes.store("Store", bad)
                 assert r.StatusCode.value == ua.StatusCodes.Uncertain, bad
-                assert _rs(r) == why, (bad, _rs(r))
+                assert rs(r) == why, (bad, rs(r))
             # a method called on another scope's object
             assert other.receiver is not None and mes.receiver is not None
             start = await mes.receiver.get_child(f"{mes.jc}:Start")
@@ -325,12 +194,12 @@ def test_a_client_of_one_host_sees_what_another_host_did(
     async def main() -> None:
         async with running(tmp_path, redis_url, mqtt_url) as h, \
                 MqttStation(mqtt_url, answer_all):
-            port_b = _free_port()
+            port_b = free_port()
             host_b = start_host(tmp_path, redis_url, mqtt_url, port_b, name="opcua-b")
             try:
                 await asyncio.sleep(1.5)        # host B serves the scope too
                 async with connected(h.port) as on_a, connected(port_b) as on_b:
-                    assert _rs(await on_a.store("StoreAndStart", order("X1"))) == NO_ERROR
+                    assert rs(await on_a.store("StoreAndStart", order("X1"))) == NO_ERROR
                     # Each client's events come over its own subscription, so one may
                     # be a publish interval behind the other.
                     await wait_until(lambda: "Ended_Completed" in on_b.states("X1")
@@ -350,7 +219,7 @@ def test_a_host_restart_keeps_every_order(redis_url: str, mqtt_url: str,
         async with running(tmp_path, redis_url, mqtt_url) as h:
             async with connected(h.port) as mes:
                 for job in ("R1", "R2", "R3"):
-                    assert _rs(await mes.store("Store", order(job))) == NO_ERROR
+                    assert rs(await mes.store("Store", order(job))) == NO_ERROR
                 await wait_until(lambda: len(mes.listed()) == 3, 10, "three listed")
             stop_cleanly(h.host)
             h.host = start_host(tmp_path, redis_url, mqtt_url, h.port)
@@ -359,7 +228,7 @@ def test_a_host_restart_keeps_every_order(redis_url: str, mqtt_url: str,
                 await wait_until(lambda: mes.listed() == {
                     j: "NotAllowedToStart_Ready" for j in ("R1", "R2", "R3")}, 10,
                     "the orders after the restart")
-                assert _rs(await mes.on_order("Start", "R2")) == NO_ERROR
+                assert rs(await mes.on_order("Start", "R2")) == NO_ERROR
     run(main(), 90)
 
 
@@ -422,7 +291,7 @@ def test_a_filter_on_the_abstract_event_type_receives_the_events(
                 FilterOperands=[ua.LiteralOperand(Value=ua.Variant(abstract.nodeid))])])
             assert mes.provider is not None
             await sub.subscribe_events(mes.provider, abstract, evfilter=flt)
-            assert _rs(await mes.store("Store", order("F1"))) == NO_ERROR
+            assert rs(await mes.store("Store", order("F1"))) == NO_ERROR
             await wait_until(lambda: got, 10, "an event through the OfType filter")
             assert got[0].JobOrder.JobOrderID == "F1"
     run(main(), 60)
@@ -434,7 +303,7 @@ def test_events_are_built_only_for_a_subscriber(redis_url: str, mqtt_url: str,
     asyncua's subscriptions, a private map the [opcua] extra's pin keeps); the lists
     follow every change either way."""
     async def main() -> None:
-        metrics = _free_port()
+        metrics = free_port()
         async with running(tmp_path, redis_url, mqtt_url,
                            more=f"metrics_port = {metrics}\n") as h:
             async def raised() -> float:
@@ -454,11 +323,11 @@ def test_events_are_built_only_for_a_subscriber(redis_url: str, mqtt_url: str,
                 assert mes.receiver is not None
                 await sub.subscribe_data_change(
                     await mes.receiver.get_child(f"{mes.jc}:JobOrderList"))
-                assert _rs(await mes.store("Store", order("Q1"))) == NO_ERROR
+                assert rs(await mes.store("Store", order("Q1"))) == NO_ERROR
                 await wait_until(lambda: "Q1" in mes.listed(), 10, "Q1 listed")
                 assert await raised() == 0
             async with connected(h.port) as mes:
-                assert _rs(await mes.store("Store", order("Q2"))) == NO_ERROR
+                assert rs(await mes.store("Store", order("Q2"))) == NO_ERROR
                 await wait_until(lambda: mes.states("Q2"), 10, "Q2's event")
                 assert mes.states("Q1") == [] and await raised() >= 1
     run(main(), 60)
@@ -500,21 +369,21 @@ def test_the_same_limits_on_both_faces(redis_url: str, mqtt_url: str,
                 rep = await h.mqtt_mes.call(JC + "Store.v2", doc)
                 _, ua_order = _both(f"U{n}", params, equipment)
                 r = await mes.store("Store", ua_order)
-                assert (rep["data"]["ReturnStatus"], _rs(r)) == (want, want), what
+                assert (rep["data"]["ReturnStatus"], rs(r)) == (want, want), what
                 if want != NO_ERROR:
                     assert r.StatusCode.value == ua.StatusCodes.Uncertain, what
                     for job in (f"M{n}", f"U{n}"):
-                        assert _rs(await mes.on_order("Start", job)) == UNKNOWN_ID, job
+                        assert rs(await mes.on_order("Start", job)) == UNKNOWN_ID, job
             assert "mqtt_max_payload" in h.mqtt_mes.replies[
                 next(iter(h.mqtt_mes.replies))]["data"].get("Message", "mqtt_max_payload")
             # 2 MB: the MQTT face never reads it; OPC UA refuses it as too large
             doc, ua_order = _both("B1", [(f"p{i}", big) for i in range(34)])
             rid = await h.mqtt_mes.send(JC + "Store.v2", doc)
             r = await mes.store("Store", ua_order)
-            assert r.StatusCode.value == ua.StatusCodes.Uncertain and _rs(r) == 2**32
+            assert r.StatusCode.value == ua.StatusCodes.Uncertain and rs(r) == 2**32
             await asyncio.sleep(1)
             assert rid not in h.mqtt_mes.replies
-            assert _rs(await mes.on_order("Start", "B1")) == UNKNOWN_ID
+            assert rs(await mes.on_order("Start", "B1")) == UNKNOWN_ID
     run(main(), 120)
 
 
@@ -526,10 +395,10 @@ def test_a_second_store_of_a_running_order_is_refused_on_both_faces(
     async def main() -> None:
         async with running(tmp_path, redis_url, mqtt_url) as h, connected(h.port) as mes:
             # no station answers: the job stays Running
-            assert _rs(await mes.store("StoreAndStart", order("R1"))) == NO_ERROR
+            assert rs(await mes.store("StoreAndStart", order("R1"))) == NO_ERROR
             await wait_until(lambda: "Running" in mes.states("R1"), 10, "R1 runs")
             r = await mes.store("Store", order("R1", Priority=7))
-            assert r.StatusCode.value == ua.StatusCodes.Uncertain and _rs(r) == UNABLE
+            assert r.StatusCode.value == ua.StatusCodes.Uncertain and rs(r) == UNABLE
             doc = {"JobOrder": {"JobOrderID": "R1", "WorkMasterID": [{"ID": WM}],
                                 "EquipmentRequirements": [{"ID": "STATION-10"}],
                                 "Priority": 7}}
@@ -537,7 +406,7 @@ def test_a_second_store_of_a_running_order_is_refused_on_both_faces(
             # the same order again, by either face: a repeat
             del doc["JobOrder"]["Priority"]
             for method in ("Store", "StoreAndStart"):
-                assert _rs(await mes.store(method, order("R1"))) == NO_ERROR, method
+                assert rs(await mes.store(method, order("R1"))) == NO_ERROR, method
                 assert await h.mqtt_mes.status(method, doc) == NO_ERROR, method
             await asyncio.sleep(0.5)
             assert mes.states("R1")[-1] == "Running" and mes.states("R1").count("Running") == 1

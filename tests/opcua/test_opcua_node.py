@@ -14,41 +14,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
+from helpers.aio import run
 from helpers.hosts import wait_until
+from helpers.mes import answer_all
 from helpers.mqtt_station import MqttStation
-from helpers.servers import NPM_HINT, PEERS, ServerMissing, missing
-from test_mes import answer_all, run
-from test_opcua import SCOPE, WM, running
+from helpers.node import NODE_ENV
+from helpers.opcua import SCOPE, WM, running
+from helpers.servers import PEERS
 
 CLIENT = PEERS / "opcua_client.mjs"
 JOB = "N1"
 CLIENT_TIMEOUT_S = 30       # the client's own bound on the scenario
-NODE_ENV = {"NODE_NO_WARNINGS": "1"}    # node-opcua declares Node 22; it runs on 20
-
-
-@pytest.fixture
-def node() -> str:
-    """The ``node`` binary (20 or newer), with node-opcua installed in tests/peers."""
-    path = shutil.which("node")
-    try:
-        if path is None:
-            raise ServerMissing("node not found on PATH")
-        version = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                 timeout=10).stdout.strip()
-        if int(version.lstrip("v").split(".")[0] or 0) < 20:
-            raise ServerMissing(f"node {version} is too old (20 or newer)")
-        if not (PEERS / "node_modules" / "node-opcua" / "package.json").is_file():
-            raise ServerMissing("node-opcua is not installed in tests/peers")
-    except ServerMissing as e:
-        missing(e, NPM_HINT)
-    assert path is not None
-    return path
 
 
 async def node_client(node: str, port: int, scope: str, job: str,

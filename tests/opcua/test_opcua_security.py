@@ -21,9 +21,10 @@ from asyncua.crypto.cert_gen import setup_self_signed_certificate
 from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
 from asyncua.ua.uaerrors import UaStatusCodeError
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from helpers.aio import run
 from helpers.hosts import flush, start_sfc_host, stop_cleanly
-from test_mes import Mes, configure, run
-from test_opcua import SCOPE, Mes95, _free_port, _rs, order
+from helpers.mes import Mes, configure
+from helpers.opcua import SCOPE, Mes95, free_port, order, rs
 
 SE, SIGN = ua.MessageSecurityMode.SignAndEncrypt, ua.MessageSecurityMode.Sign
 
@@ -41,7 +42,7 @@ class Site:
         self.tmp = tmp
         self.mqtt_url = mqtt_url
         self.checked = ""
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"opc.tcp://127.0.0.1:{self.port}/sfc-host/"
         self.pki = tmp / "pki"
         self.conf = tmp / "host.toml"
@@ -146,12 +147,12 @@ def test_the_security_matrix(redis_url: str, mqtt_url: str, tmp_path: Path) -> N
         try:
             # an operator over SignAndEncrypt, and over Sign: calls go through
             async with site.client() as mes:
-                assert _rs(await mes.store("Store", order("S1"))) == 1
+                assert rs(await mes.store("Store", order("S1"))) == 1
             async with site.client(mode=SIGN) as mes:
-                assert _rs(await mes.on_order("Cancel", "S1")) == 1
+                assert rs(await mes.on_order("Cancel", "S1")) == 1
             # an X.509 user token: alice may call
             async with site.client(user=None, x509_user="alice") as mes:
-                assert _rs(await mes.store("Store", order("S4"))) == 1
+                assert rs(await mes.store("Store", order("S4"))) == 1
             # ... a certificate nobody is: refused
             why = await _refused(site, user=None, x509_user="evil")
             assert "BadUserAccessDenied" in why, why
@@ -183,7 +184,7 @@ def test_the_security_matrix(redis_url: str, mqtt_url: str, tmp_path: Path) -> N
             # ... who trusts it: the next connection goes through, no restart
             shutil.move(rejected[0], site.pki / "trusted" / rejected[0].name)
             async with site.client(cert="evil") as mes:
-                assert _rs(await mes.store("Store", order("S3"))) == 1
+                assert rs(await mes.store("Store", order("S3"))) == 1
             # no security None on offer
             endpoints = await Client(site.url).connect_and_get_server_endpoints()
             assert {e.SecurityMode for e in endpoints} == {SE, SIGN}
@@ -220,7 +221,7 @@ def test_the_first_start_with_an_empty_trust_list(redis_url: str, mqtt_url: str,
                         if p.read_bytes() == (tmp_path / "clients" / "good.der").read_bytes())
             shutil.move(good, trusted / good.name)
             async with site.client() as mes:
-                assert _rs(await mes.store("Store", order("T1"))) == 1
+                assert rs(await mes.store("Store", order("T1"))) == 1
             why = await _refused(site, cert="evil")
             assert "Untrusted" in why or "BadUserAccessDenied" in why, why
             # the last trusted certificate taken away: nobody again
@@ -256,16 +257,16 @@ def test_security_none_beside_sign_and_encrypt(redis_url: str, mqtt_url: str,
             endpoints = await Client(site.url).connect_and_get_server_endpoints()
             assert {e.SecurityMode for e in endpoints} == {SE, ua.MessageSecurityMode.None_}
             async with site.client(mode=None, user=None) as mes:
-                assert _rs(await mes.store("Store", order("N1"))) == 1
+                assert rs(await mes.store("Store", order("N1"))) == 1
             async with site.client(mode=None) as mes:
-                assert _rs(await mes.on_order("Start", "N1")) == 1
+                assert rs(await mes.on_order("Start", "N1")) == 1
             async with site.client(mode=None, user="viewer") as mes:
                 with pytest.raises(UaStatusCodeError, match="BadUserAccessDenied"):
                     await mes.store("Store", order("N2"))
             why = await _refused(site, mode=None, password="wrong-pass")
             assert "BadUserAccessDenied" in why, why
             async with site.client() as mes:
-                assert _rs(await mes.store("Store", order("N3"))) == 1
+                assert rs(await mes.store("Store", order("N3"))) == 1
             why = await _refused(site, cert="evil")
             assert "Untrusted" in why or "BadUserAccessDenied" in why, why
         finally:

@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from helpers.aio import run
+from helpers.health import get
 from helpers.hosts import Station, flush, quick_config, torque_ok, wait_until, work_master
 from helpers.servers import MosquittoServer, free_port
 
@@ -20,16 +20,6 @@ from sfc_host.metrics import COUNTERS
 from sfc_host.service.app import App
 
 S = "health1"
-
-
-async def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        async with aiohttp.ClientSession() as s, \
-                s.get(f"http://127.0.0.1:{port}{path}",
-                      timeout=aiohttp.ClientTimeout(total=5)) as r:
-            return r.status, await r.text()
-    except aiohttp.ClientConnectionError:
-        return 0, ""
 
 
 def test_healthz_and_readyz_before_and_after_ready(make_redis: Any, tmp_path: Path) -> None:

@@ -13,10 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers.cluster import SCOPES, WM, all_completed, cluster_config, store_work_masters
 from helpers.hosts import Station, store_retrying, torque_ok, wait_until
 from helpers.servers import RedisClusterServer
 from redis.asyncio.cluster import RedisCluster
-from test_host_cluster import SCOPES, WM, _all_completed, _store_work_masters, cluster_config
 
 from sfc_host.execution.host import Host
 
@@ -34,7 +34,7 @@ def test_a_primary_killed_under_load_loses_no_job(tmp_path: Path) -> None:
             try:
                 async with Host(cfg, station.sink) as host:
                     station.attach(host)
-                    await _store_work_masters(host)
+                    await store_work_masters(host)
                     jobs: list[tuple[str, str]] = []
                     for wave in range(6):
                         if wave == 2:
@@ -44,7 +44,7 @@ def test_a_primary_killed_under_load_loses_no_job(tmp_path: Path) -> None:
                                                for s in SCOPES for i in range(3)))
                         jobs += [(s, f"{s}-w{wave}-{i}") for s in SCOPES for i in range(3)]
                         await asyncio.sleep(0.3)
-                    await wait_until(lambda: _all_completed(rc, jobs), 60,
+                    await wait_until(lambda: all_completed(rc, jobs), 60,
                                      "every job Ended_Completed after the failover")
                     took = time.monotonic() - killed
                 ids = Counter(station.ids())
@@ -75,7 +75,7 @@ def test_a_busy_scopes_slot_migrates_under_load(tmp_path: Path) -> None:
                 await rc.initialize()
                 async with Host(cfg, station.sink) as host:
                     station.attach(host)
-                    await _store_work_masters(host)
+                    await store_work_masters(host)
                     scope = SCOPES[0]
                     slot = rc.keyslot(f"sfc:{{{scope}}}:x")
                     src = rc.get_node_from_key(f"sfc:{{{scope}}}:x").port
@@ -96,7 +96,7 @@ def test_a_busy_scopes_slot_migrates_under_load(tmp_path: Path) -> None:
                           f"{ch.redirects} redirects, read the table "  # type: ignore[union-attr]
                           f"{ch.refreshes - refreshes} times")  # type: ignore[union-attr]
                     assert ch.refreshes > refreshes  # type: ignore[union-attr]
-                    await wait_until(lambda: _all_completed(rc, jobs), 60,
+                    await wait_until(lambda: all_completed(rc, jobs), 60,
                                      "every job of the moved scope Ended_Completed")
                     assert host.channel is not None
                     assert host.channel.slots[slot] == ("127.0.0.1", dst)  # type: ignore[union-attr]

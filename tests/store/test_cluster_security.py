@@ -4,7 +4,7 @@ three masters whose client port, cluster bus (``tls-cluster yes``) and replicati
 ``tests/service/test_security.py`` plus the two commands the cluster client needs
 (``CLUSTER SLOTS`` to find the nodes, ``COMMAND`` to find the keys of a command), as
 docs/operations.md shows them. MQTT is TLS with passwords too (the broker of
-``test_security.py``).
+``helpers/security.py``).
 
 The nodes keep a plain loopback port for the test's own setup (``CLUSTER MEET``,
 ``ACL LOG``, ``CLIENT LIST``): a client on a TLS connection is told the TLS ports by
@@ -27,14 +27,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-import test_security
+from helpers.aio import run
+from helpers.cluster import SCOPES
 from helpers.hosts import wait_until, work_master
 from helpers.mqtt_station import MqttStation
-from helpers.servers import RedisClusterServer, RedisServer, ServerMissing, free_port
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
-from test_host_cluster import SCOPES
-from test_security import (
+from helpers.security import (
     ADMIN_PW,
     HOST_PW,
     HOST_REDIS_ACL,
@@ -42,12 +39,14 @@ from test_security import (
     MQTT_HOST_PW,
     STATION_PW,
     SecureMosquitto,
-    _skip,
     client_tls,
-    run,
     secure_config,
+    skip_or_fail,
     tighten_ok,
 )
+from helpers.servers import RedisClusterServer, RedisServer, ServerMissing, free_port
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from sfc_host.config import HostConfig
 from sfc_host.execution.host import Host
@@ -59,10 +58,6 @@ from sfc_host.store.cluster_channel import ClusterChannel
 from sfc_host.store.keys import ScopeKeys
 
 pytestmark = pytest.mark.servers
-
-# the fixtures of test_security (certificates, the broker with TLS and passwords)
-certs = test_security.certs
-secure_mqtt = test_security.secure_mqtt
 
 # The host's Redis ACL on a cluster: the single-Redis one and what redis-py's cluster
 # client sends on its own (docs/operations.md shows the same line).
@@ -128,11 +123,11 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory, certs: Path
         cluster = TlsRedisCluster(tmp_path_factory.mktemp("redis-cluster-tls"), certs)
         cluster.start()
     except ServerMissing as e:      # before RuntimeError: it is one
-        _skip(f"{e}; install redis-server")
+        skip_or_fail(f"{e}; install redis-server")
     except RuntimeError as e:       # a node that does not start (stopped by start())
         if "tls" not in str(e).lower():
             raise
-        _skip(f"this redis-server has no TLS support: {e}")
+        skip_or_fail(f"this redis-server has no TLS support: {e}")
     yield cluster
     cluster.stop()
 

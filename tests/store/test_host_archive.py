@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import base64
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from helpers import hosts
 from helpers.aio import run
 from helpers.hosts import V110, Station, wait_until
-from test_host_flow import S, start_host
 
 from sfc_fast import Graph, state_to_json
 from sfc_fast.events import Completed
 from sfc_host.store.keys import ScopeKeys
 from sfc_host.store.states import whole_state
 
+S = "cell"
 K = ScopeKeys(S)
+start_host = partial(hosts.start_host, scope=S, flush_db=True)
 STEPS = 8
 PAD = "x" * 1000
 

@@ -15,25 +15,24 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from helpers.hosts import Station, quick_config, torque_ok, wait_until, work_master
+from helpers.cluster import (
+    SCOPES,
+    WM,
+    all_completed,
+    cluster_config,
+    store_work_masters,
+)
+from helpers.hosts import Station, torque_ok, wait_until
 from helpers.servers import RedisClusterServer
 from redis.asyncio.cluster import RedisCluster
 
 from sfc_fast.events import Completed
-from sfc_host.config import HostConfig
 from sfc_host.execution.host import Host
 from sfc_host.store.keys import ScopeKeys
 
 pytestmark = pytest.mark.servers
 
-# Two scopes per shard of the fixture's three (slots split evenly): checked in each test.
-SCOPES = ["line1", "line2", "line3", "line4", "line7", "line8"]
-WM = "wm-tighten"
 GROUP = "sfc-host"
-
-
-def cluster_config(cluster: RedisClusterServer, **kw: Any) -> HostConfig:
-    return quick_config(cluster.url, redis_cluster=True, **kw)
 
 
 async def _with_cluster(cluster: RedisClusterServer,
@@ -60,11 +59,6 @@ async def _with_cluster(cluster: RedisClusterServer,
             await rc.aclose()
 
 
-async def _store_work_masters(host: Host) -> None:
-    for s in SCOPES:
-        await host.store.put_work_master(s, work_master("tighten_rework", WM))
-
-
 async def _start_jobs(host: Host, per_scope: int = 1, prefix: str = "J",
                       same_ids: bool = False) -> list[tuple[str, str]]:
     """Store and start jobs in every scope; job ids differ between scopes unless
@@ -78,18 +72,6 @@ async def _start_jobs(host: Host, per_scope: int = 1, prefix: str = "J",
                     "WorkMasterID": [{"ID": WM}]}, start=True) == "AllowedToStart_Ready"
             jobs.append((s, job))
     return jobs
-
-
-async def _order_state(rc: RedisCluster, scope: str, job: str) -> str | None:
-    v = await rc.hget(ScopeKeys(scope).order(job), "state")
-    return v.decode() if v is not None else None
-
-
-async def _all_completed(rc: RedisCluster, jobs: list[tuple[str, str]]) -> bool:
-    for s, j in jobs:
-        if await _order_state(rc, s, j) != "Ended_Completed":
-            return False
-    return True
 
 
 async def _pending(rc: RedisCluster, scope: str) -> int:
@@ -106,7 +88,7 @@ async def _no_pending(rc: RedisCluster) -> bool:
 
 async def _check_done(rc: RedisCluster, jobs: list[tuple[str, str]], timeout: float = 10.0
                       ) -> None:
-    await wait_until(lambda: _all_completed(rc, jobs), timeout, "every job Ended_Completed")
+    await wait_until(lambda: all_completed(rc, jobs), timeout, "every job Ended_Completed")
     await wait_until(lambda: _no_pending(rc), 5, "no pending entries")
     for s, j in jobs:
         k = ScopeKeys(s)
@@ -134,7 +116,7 @@ def test_jobs_complete_on_every_shard(redis_cluster: RedisClusterServer) -> None
         async with Host(cfg, station.sink,
                         on_end=lambda s, j, d: ended.append((s, j, d.status))) as host:
             station.attach(host)
-            await _store_work_masters(host)
+            await store_work_masters(host)
             jobs = await _start_jobs(host, per_scope=3)
             await _check_done(rc, jobs)
             await wait_until(lambda: len(ended) == len(jobs), 5, "every on_end")
@@ -156,7 +138,7 @@ def test_repeated_start_is_absorbed(redis_cluster: RedisClusterServer) -> None:
         cfg = cluster_config(redis_cluster)
         async with Host(cfg, station.sink) as host:
             station.attach(host)
-            await _store_work_masters(host)
+            await store_work_masters(host)
             jobs = await _start_jobs(host)
             await wait_until(lambda: len(station.commands) == len(jobs), 10,
                              "a load_part command per job")
@@ -202,7 +184,7 @@ def test_script_flush_mid_run_reloads_on_the_nodes(redis_cluster: RedisClusterSe
         answered: set[str] = set()
         async with Host(cfg, station.sink) as host:
             station.attach(host)
-            await _store_work_masters(host)
+            await store_work_masters(host)
             jobs = await _start_jobs(host, per_scope=2)
             await wait_until(lambda: len(station.commands) == len(jobs), 10,
                              "a load_part command per job")
@@ -242,7 +224,7 @@ def test_script_pipeline_reloads_after_flush_on_any_node(
     own, retried after loading the scripts on every primary."""
     async def body(rc: RedisCluster) -> None:
         async with Host(cluster_config(redis_cluster), Station().sink, loops=False) as host:
-            await _store_work_masters(host)
+            await store_work_masters(host)
             jobs = await _start_jobs(host)
             await host.discover()
             while await host.consume_once(block_ms=0):   # start, job and dispatch entries
@@ -279,7 +261,7 @@ def test_orphaned_entries_are_claimed_on_every_shard(redis_cluster: RedisCluster
         station = Station(torque_ok)
         cfg = cluster_config(redis_cluster)
         async with Host(cfg, station.sink, loops=False) as writer:
-            await _store_work_masters(writer)
+            await store_work_masters(writer)
             jobs = await _start_jobs(writer)
             await writer.discover()   # creates the groups
         for s in SCOPES:
@@ -307,7 +289,7 @@ def test_outage_moves_open_deadlines_by_the_gap(redis_cluster: RedisClusterServe
         cfg = cluster_config(redis_cluster, outage_threshold_ms=400)
         async with Host(cfg, station.sink) as host:
             station.attach(host)
-            await _store_work_masters(host)
+            await store_work_masters(host)
             jobs = await _start_jobs(host)
             await wait_until(lambda: len(station.commands) == len(jobs), 10,
                              "a load_part command per job")
@@ -374,7 +356,7 @@ def test_two_hosts_share_the_scopes(redis_cluster: RedisClusterServer) -> None:
         async with h1, h2:
             station.attach(h1)
             station.attach(h2)
-            await _store_work_masters(h1)
+            await store_work_masters(h1)
             jobs = await _start_jobs(h1, per_scope=3, prefix="A")
             jobs += await _start_jobs(h2, per_scope=3, prefix="B")
             await _check_done(rc, jobs, timeout=15)
@@ -403,7 +385,7 @@ def test_deleted_work_stream_is_recreated_and_other_scopes_go_on(
         cfg = cluster_config(redis_cluster)
         async with Host(cfg, station.sink) as host:
             station.attach(host)
-            await _store_work_masters(host)
+            await store_work_masters(host)
             first = await _start_jobs(host, prefix="A")
             await _check_done(rc, first)
             lost = ScopeKeys("line3").work
@@ -428,7 +410,7 @@ def test_same_job_id_in_every_scope(redis_cluster: RedisClusterServer) -> None:
         cfg = cluster_config(redis_cluster)
         # the orders go in before the host reads: one batch holds every scope's start
         async with Host(cfg, station.sink, loops=False) as writer:
-            await _store_work_masters(writer)
+            await store_work_masters(writer)
             jobs = await _start_jobs(writer, same_ids=True)
         async with Host(cfg, station.sink) as host:
             station.attach(host)

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers.otlp import Collector, Reply
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, TraceFlags
-from test_otlp_exporter import Collector, Reply
 
 from sfc_host.errors import ConfigError
 from sfc_host.tracing.batch import OtlpBatcher, settings_from

@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from helpers.aio import run
 from helpers.hosts import wait_until
+from helpers.mes import BY_ID, JC, STATUS, Mes, answer_all, no_tighten_answer, order, start_app
 from helpers.mqtt_station import MqttStation
-from test_mes import BY_ID, JC, STATUS, Mes, answer_all, no_tighten_answer, order, run, start_app
 
 from sfc_host.cli.ops import inspect_text
 from sfc_host.store.keys import ScopeKeys

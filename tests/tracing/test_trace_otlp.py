@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 from google.protobuf import json_format
+from helpers.aio import run
 from helpers.hosts import flush, start_sfc_host, stop_cleanly, wait_until
+from helpers.mes import JC, Mes, answer_all, configure, store
 from helpers.mqtt_station import MqttStation
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from test_mes import JC, Mes, answer_all, configure, run
-from test_mes_e2e import store
 
 from sfc_host.tracing.context import parse_traceparent, span_id_for
 
@@ -165,7 +165,7 @@ def test_a_host_killed_mid_job_and_another_finishing_it_make_one_trace(
         redis_url: str, mqtt_url: str, tmp_path: Path, receiver: Receiver) -> None:
     """kill -9 of the host running a job, after its first spans went out; the host that
     takes the job over records the rest under the same parents."""
-    from test_mes import no_tighten_answer
+    from helpers.mes import no_tighten_answer
 
     def host(name: str) -> subprocess.Popen[str]:
         conf = tmp_path / f"{name}.toml"

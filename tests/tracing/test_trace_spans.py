@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from helpers.aio import run
 from helpers.hosts import quick_config, wait_until
+from helpers.mes import JC, Mes, S, answer_all, no_tighten_answer, order
 from helpers.mqtt_station import MqttStation
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -16,15 +18,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 from opentelemetry.trace import SpanKind, StatusCode
-from test_mes import (
-    JC,
-    Mes,
-    S,
-    answer_all,
-    no_tighten_answer,
-    order,
-    run,
-)
 
 from sfc_host.service.app import App
 from sfc_host.store.keys import ScopeKeys
