@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from asyncua import Client, ua
 
 SCOPE = "line1"
-WM = "WM-AXLE-FIT"          # the reference's Work Master (test_mes.configure)
+WM = "WM-AXLE-FIT"          # the reference's Work Master (helpers.mes.configure)
 JC_URI = "http://opcfoundation.org/UA/ISA95-JOBCONTROL_V2/"
 OWN_URI = "urn:sfc-fast:opcua"
 PASSWORD = "bench-pass-1"
@@ -209,11 +209,8 @@ async def main(args: argparse.Namespace) -> None:
     from asyncua.crypto.cert_gen import setup_self_signed_certificate
     from cryptography.x509.oid import ExtendedKeyUsageOID
     from helpers.hosts import flush
-    from helpers.paths import test_folders_on_path
+    from helpers.mes import Mes, configure
     from helpers.servers import MosquittoServer, RedisServer
-
-    test_folders_on_path()
-    from test_mes import Mes, configure
 
     from sfc_host.demo.servers import free_port
 

@@ -15,18 +15,16 @@ import subprocess
 import time
 from pathlib import Path
 
-import test_opcua_node
 from asyncua import Client, ua
 from helpers.aio import run
 from helpers.hosts import flush, quick_config, wait_until
+from helpers.node import NODE_ENV
+from helpers.opcua_equipment import S, equipment_file, recipe
 from helpers.servers import PEERS, free_port
-from test_opcua_equipment import S, equipment_file, recipe
-from test_opcua_node import NODE_ENV
 
 from sfc_host.examples.packml_unit import URI
 from sfc_host.service.app import App
 
-node = test_opcua_node.node
 UNITS = PEERS / "packml_unit.mjs"
 
 
