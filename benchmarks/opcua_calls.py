@@ -268,7 +268,11 @@ async def main(args: argparse.Namespace) -> None:
             s = targets[0].sessions[0]
             for name in ("StoreAndStart", "Abort"):
                 await s.op(name, "ended")
-            await asyncio.sleep(0.5)
+            # until its job response is there (a loaded machine takes its time)
+            for _ in range(200):
+                if await s.op("RequestJobResponseByJobOrderID", "ended") == 1:
+                    break
+                await asyncio.sleep(0.05)
             rows: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
             for r in range(args.rounds):
                 for t in targets if r % 2 == 0 else targets[::-1]:
