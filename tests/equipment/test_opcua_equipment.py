@@ -13,7 +13,15 @@ import pytest
 from asyncua import ua
 from helpers.aio import run
 from helpers.hosts import flush, quick_config, wait_until
-from helpers.opcua_equipment import THREE, Plant, S, equipment_file, recipe, response_data
+from helpers.opcua_equipment import (
+    THREE,
+    Plant,
+    S,
+    equipment_file,
+    recipe,
+    response_data,
+    secured,
+)
 from helpers.servers import free_port
 
 from sfc_host.config import ConfigError
@@ -316,33 +324,17 @@ def test_sign_and_encrypt_with_a_user_and_a_server_certificate_trusted_later(
     """A PLC that takes only Basic256Sha256 SignAndEncrypt and a user: the host refuses
     its certificate until an administrator trusts it (kept in rejected/, named in
     /readyz), then connects without a restart and runs a job to its end."""
-    from asyncua.crypto.cert_gen import setup_self_signed_certificate
-    from cryptography.x509.oid import ExtendedKeyUsageOID
-
     async def main() -> None:
         await flush(redis_url)
-        pki = tmp_path / "pki"
-        trust = pki / "plc1"
-        trust.mkdir(parents=True)
-        await setup_self_signed_certificate(
-            pki / "host.pem", pki / "host.der", "urn:sfc-fast:equipment-client", "localhost",
-            [ExtendedKeyUsageOID.CLIENT_AUTH], {"commonName": "sfc-host"})
-        await setup_self_signed_certificate(
-            pki / "plc.pem", pki / "plc.der", "urn:test:plc1", "localhost",
-            [ExtendedKeyUsageOID.SERVER_AUTH], {"commonName": "plc1"})
         port = free_port()
+        eq_file = equipment_file(tmp_path, port)
+        pki, trust = await secured(tmp_path, eq_file, "urn:test:plc1")
         server, units = await build(port, ["Filler1", "Capper1"], 0.05,
                                     certificate=str(pki / "plc.der"),
                                     private_key=str(pki / "plc.pem"),
                                     users={"sfc": "plc-secret-1"})
         await server.start()
         monkeypatch.setenv("PLC1_PASSWORD", "plc-secret-1")
-        eq_file = equipment_file(tmp_path, port)
-        eq_file.write_text(eq_file.read_text().replace(
-            'endpoint = "opc.tcp://', f'security = "SignAndEncrypt"\n'
-            f'certificate = "{pki / "host.der"}"\nprivate_key = "{pki / "host.pem"}"\n'
-            f'trust_dir = "{trust}"\nusername = "sfc"\npassword_env = "PLC1_PASSWORD"\n'
-            'endpoint = "opc.tcp://'))
         app = App(quick_config(redis_url, mqtt_url=mqtt_url, scopes=[S], consumer="secure",
                                equipment_opcua=str(eq_file)))
         await app.start(connect_timeout_s=5)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,8 @@ import pytest
 from asyncua import Node, Server, ua
 from helpers.aio import run
 from helpers.hosts import V110, flush, quick_config, wait_until
-from helpers.node import NODE_ENV
-from helpers.servers import PEERS, free_port
+from helpers.node import start_peer, stop_peer
+from helpers.servers import free_port
 
 from sfc_host.config import ConfigError
 from sfc_host.equipment.opcua.settings import parse
@@ -220,19 +218,10 @@ def test_events_raised_by_a_node_opcua_server_are_pull_events(
     async def main() -> None:
         await flush(redis_url)
         port = free_port()
-        log = tmp_path / "camera_events.log"
-        with log.open("wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                node, str(PEERS / "camera_events.mjs"), "--port", str(port), cwd=str(PEERS),
-                env={**os.environ, **NODE_ENV}, stdout=out, stderr=subprocess.STDOUT)
+        proc = await start_peer(node, "camera_events.mjs", ["--port", str(port)],
+                                "camera events on", tmp_path / "camera_events.log")
         app: App | None = None
         try:
-            loop = asyncio.get_running_loop()
-            end = loop.time() + 30
-            while "camera events on" not in log.read_text(errors="replace"):
-                assert proc.returncode is None, f"camera_events.mjs:\n{log.read_text()}"
-                assert loop.time() < end, f"camera_events.mjs not ready:\n{log.read_text()}"
-                await asyncio.sleep(0.05)
             f = tmp_path / "equipment.toml"
             f.write_text(f"""
 [[server]]
@@ -260,7 +249,5 @@ fields = {{ station = "Station", code = "RejectCode", reason = "Message" }}
         finally:
             if app is not None:
                 await app.aclose()
-            if proc.returncode is None:
-                proc.terminate()
-                await asyncio.wait_for(proc.wait(), 10)
+            await stop_peer(proc)
     run(main())

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +19,13 @@ import pytest
 from asyncua import Client, Node, ua
 from helpers.aio import run
 from helpers.hosts import flush, quick_config, wait_until
-from helpers.node import NODE_ENV
+from helpers.node import start_peer
 from helpers.opcua_equipment import THREE, Plant, S, equipment_file, recipe, response_data
-from helpers.servers import PEERS, free_port
+from helpers.servers import free_port
 
 from sfc_host.examples.packml_unit import PACKML_URI, URI
 from sfc_host.service.app import App
 
-UNITS = PEERS / "packml_unit.mjs"
 READY_S = 30                            # node-opcua loads the standard nodeset first
 
 
@@ -45,20 +42,10 @@ class NodeUnits:
         self._nodes: dict[str, Node] = {}
 
     async def start(self) -> None:
-        # output to a file, never a pipe nobody reads: node-opcua's warnings would fill it
-        with self.log.open("wb") as out:
-            self.proc = await asyncio.create_subprocess_exec(
-                self.node, str(UNITS), "--port", str(self.port), "--units", "Filler1,Capper1",
-                "--work-ms", str(self.work_s * 1000), "--pki", str(self.tmp / "pki"),
-                cwd=str(PEERS), env={**os.environ, **NODE_ENV}, stdout=out,
-                stderr=subprocess.STDOUT)
-        loop = asyncio.get_running_loop()
-        end = loop.time() + READY_S
-        while "PackML units" not in self.log.read_text(errors="replace"):
-            assert self.proc.returncode is None, \
-                f"packml_unit.mjs exit {self.proc.returncode}:\n{self.log.read_text()}"
-            assert loop.time() < end, f"packml_unit.mjs not ready:\n{self.log.read_text()}"
-            await asyncio.sleep(0.05)
+        self.proc = await start_peer(self.node, "packml_unit.mjs", [
+            "--port", str(self.port), "--units", "Filler1,Capper1",
+            "--work-ms", str(self.work_s * 1000), "--pki", str(self.tmp / "pki")],
+            "PackML units", self.log, READY_S)
         self.client = Client(self.endpoint)
         await self.client.connect()
         packml = await self.client.get_namespace_index(PACKML_URI)

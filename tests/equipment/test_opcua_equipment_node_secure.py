@@ -5,66 +5,34 @@ of three actions to its end over the secure session."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 from helpers.aio import run
 from helpers.hosts import flush, quick_config, wait_until
-from helpers.node import NODE_ENV
-from helpers.opcua_equipment import THREE, S, equipment_file, response_data
-from helpers.servers import PEERS, free_port
+from helpers.node import start_peer, stop_peer
+from helpers.opcua_equipment import THREE, S, equipment_file, response_data, secured
+from helpers.servers import free_port
 
 from sfc_host.service.app import App
-
-UNITS = PEERS / "packml_unit.mjs"
 
 
 def test_sign_and_encrypt_with_a_user_on_node_opcua_units(
         node: str, redis_url: str, mqtt_url: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from asyncua.crypto.cert_gen import setup_self_signed_certificate
-    from cryptography.x509.oid import ExtendedKeyUsageOID
-
     async def main() -> None:
         await flush(redis_url)
-        pki = tmp_path / "pki"
-        trust = pki / "plc1"
-        trust.mkdir(parents=True)
-        await setup_self_signed_certificate(
-            pki / "host.pem", pki / "host.der", "urn:sfc-fast:equipment-client", "localhost",
-            [ExtendedKeyUsageOID.CLIENT_AUTH], {"commonName": "sfc-host"})
-        await setup_self_signed_certificate(
-            pki / "plc.pem", pki / "plc.der", "urn:test:node-plc1", "localhost",
-            [ExtendedKeyUsageOID.SERVER_AUTH], {"commonName": "node-plc1"})
         port = free_port()
-        log = tmp_path / "packml_unit.log"
-        with log.open("wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                node, str(UNITS), "--port", str(port), "--units", "Filler1,Capper1",
-                "--work-ms", "50", "--pki", str(tmp_path / "node-pki"), "--secure",
-                "--cert", str(pki / "plc.der"), "--key", str(pki / "plc.pem"),
-                "--uri", "urn:test:node-plc1", "--user", "sfc:plc-secret-2",
-                cwd=str(PEERS), env={**os.environ, **NODE_ENV}, stdout=out,
-                stderr=subprocess.STDOUT)
+        eq_file = equipment_file(tmp_path, port)
+        pki, trust = await secured(tmp_path, eq_file, "urn:test:node-plc1")
+        proc = await start_peer(node, "packml_unit.mjs", [
+            "--port", str(port), "--units", "Filler1,Capper1", "--work-ms", "50",
+            "--pki", str(tmp_path / "node-pki"), "--secure", "--cert", str(pki / "plc.der"),
+            "--key", str(pki / "plc.pem"), "--uri", "urn:test:node-plc1",
+            "--user", "sfc:plc-secret-2"], "PackML units", tmp_path / "packml_unit.log")
         app: App | None = None
         try:
-            loop = asyncio.get_running_loop()
-            end = loop.time() + 30
-            while "PackML units" not in log.read_text(errors="replace"):
-                assert proc.returncode is None, f"packml_unit.mjs:\n{log.read_text()}"
-                assert loop.time() < end, f"packml_unit.mjs not ready:\n{log.read_text()}"
-                await asyncio.sleep(0.05)
-            eq_file = equipment_file(tmp_path, port)
-            eq_file.write_text(eq_file.read_text().replace(
-                'endpoint = "opc.tcp://', f'security = "SignAndEncrypt"\n'
-                f'certificate = "{pki / "host.der"}"\nprivate_key = "{pki / "host.pem"}"\n'
-                f'trust_dir = "{trust}"\nusername = "sfc"\npassword_env = "PLC1_PASSWORD"\n'
-                'endpoint = "opc.tcp://'))
-
             def host() -> App:
                 return App(quick_config(redis_url, mqtt_url=mqtt_url, scopes=[S],
                                         consumer="secure-node", equipment_opcua=str(eq_file)))
@@ -105,7 +73,5 @@ def test_sign_and_encrypt_with_a_user_on_node_opcua_units(
         finally:
             if app is not None:
                 await app.aclose()
-            if proc.returncode is None:
-                proc.terminate()
-                await asyncio.wait_for(proc.wait(), 10)
+            await stop_peer(proc)
     run(main())

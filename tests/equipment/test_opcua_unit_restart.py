@@ -9,40 +9,27 @@ instead, as the asyncua units' tests show."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 from asyncua import Client, ua
 from helpers.aio import run
 from helpers.hosts import flush, quick_config, wait_until
-from helpers.node import NODE_ENV
+from helpers.node import start_peer, stop_peer
 from helpers.opcua_equipment import S, equipment_file, recipe
-from helpers.servers import PEERS, free_port
+from helpers.servers import free_port
 
 from sfc_host.examples.packml_unit import URI
 from sfc_host.service.app import App
 
-UNITS = PEERS / "packml_unit.mjs"
-
 
 async def units(node: str, port: int, tmp: Path, work_ms: int) -> asyncio.subprocess.Process:
     """The node-opcua units' server, once it listens."""
-    log = tmp / f"packml_unit-{time.monotonic_ns()}.log"
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            node, str(UNITS), "--port", str(port), "--units", "Filler1,Capper1",
-            "--work-ms", str(work_ms), "--pki", str(tmp / "node-pki"), cwd=str(PEERS),
-            env={**os.environ, **NODE_ENV}, stdout=out, stderr=subprocess.STDOUT)
-    loop = asyncio.get_running_loop()
-    end = loop.time() + 30
-    while "PackML units" not in log.read_text(errors="replace"):
-        assert proc.returncode is None, f"packml_unit.mjs:\n{log.read_text()}"
-        assert loop.time() < end, f"packml_unit.mjs not ready:\n{log.read_text()}"
-        await asyncio.sleep(0.05)
-    return proc
+    return await start_peer(node, "packml_unit.mjs", [
+        "--port", str(port), "--units", "Filler1,Capper1", "--work-ms", str(work_ms),
+        "--pki", str(tmp / "node-pki")], "PackML units",
+        tmp / f"packml_unit-{time.monotonic_ns()}.log")
 
 
 def test_a_plc_restarted_mid_action_fails_the_action_at_once_and_is_not_started_again(
@@ -93,7 +80,5 @@ def test_a_plc_restarted_mid_action_fails_the_action_at_once_and_is_not_started_
                 await watch.disconnect()
         finally:
             await app.aclose()
-            if proc.returncode is None:
-                proc.terminate()
-                await asyncio.wait_for(proc.wait(), 10)
+            await stop_peer(proc)
     run(main(), timeout=120)

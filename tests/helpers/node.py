@@ -4,8 +4,11 @@ the environment to run it in."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 from helpers.servers import NPM_HINT, PEERS, ServerMissing, missing
 
@@ -29,3 +32,27 @@ def find_node() -> str:
         missing(e, NPM_HINT)
     assert path is not None
     return path
+
+
+async def start_peer(node: str, script: str, args: list[str], ready: str, log: Path,
+                     timeout_s: float = 30.0) -> asyncio.subprocess.Process:
+    """Run ``tests/peers/{script}`` with ``args`` until it prints ``ready``; its output
+    goes to ``log`` (never a pipe nobody reads: node-opcua's warnings would fill it)."""
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            node, str(PEERS / script), *args, cwd=str(PEERS),
+            env={**os.environ, **NODE_ENV}, stdout=out, stderr=subprocess.STDOUT)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while ready not in log.read_text(errors="replace"):
+        assert proc.returncode is None, f"{script} exit {proc.returncode}:\n{log.read_text()}"
+        assert loop.time() < end, f"{script} not ready:\n{log.read_text()}"
+        await asyncio.sleep(0.05)
+    return proc
+
+
+async def stop_peer(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, and wait for it (a peer still running at a test's end)."""
+    if proc.returncode is None:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)

@@ -137,9 +137,9 @@ class PackMLUnit:
         """Idle while an attempt runs: a late notice of the state before its Start, or
         a PLC that restarted and lost the command. Its command id, read now, tells: the
         host wrote the attempt's id before the Start, so any other id means the unit no
-        longer knows it. That fails the action at once (the recipe's retries start it
-        again), rather than at its deadline; it is never started again blind, as the
-        work it did before the restart is not known."""
+        longer knows it. That fails the action at once, rather than at its deadline;
+        it is never started again blind, as the work it did before the restart is not
+        known."""
         a = self.current
         if a is None:
             return
