@@ -204,6 +204,31 @@ def _wait_line(proc: subprocess.Popen[str], stream: Any, marker: str,
     raise RuntimeError(f"{marker!r} not seen")
 
 
+async def ended_order(s: Session, redis_url: str) -> None:
+    """The order ``ended``, for the queries: stored and started, aborted once its job
+    runs (an order aborted before its job started has no job response), and waited
+    for until its job response is there."""
+    from redis.asyncio import Redis
+
+    from sfc_host.store.keys import ScopeKeys
+    k = ScopeKeys(SCOPE)
+    r = Redis.from_url(redis_url)
+    try:
+        await s.op("StoreAndStart", "ended")
+        for _ in range(400):
+            if await r.exists(k.job("ended")):
+                break
+            await asyncio.sleep(0.025)
+        await s.op("Abort", "ended")
+        for _ in range(400):
+            if await s.op("RequestJobResponseByJobOrderID", "ended") == 1:
+                return
+            await asyncio.sleep(0.025)
+        raise RuntimeError("the aborted order 'ended' has no job response after 10 s")
+    finally:
+        await r.aclose()
+
+
 async def main(args: argparse.Namespace) -> None:
     logging.getLogger("asyncua").setLevel(logging.ERROR)    # a session's warnings
     from asyncua.crypto.cert_gen import setup_self_signed_certificate
@@ -266,13 +291,7 @@ async def main(args: argparse.Namespace) -> None:
                     t.sessions.append(s)
             # an ended order, for the queries: stored, started and aborted
             s = targets[0].sessions[0]
-            for name in ("StoreAndStart", "Abort"):
-                await s.op(name, "ended")
-            # until its job response is there (a loaded machine takes its time)
-            for _ in range(200):
-                if await s.op("RequestJobResponseByJobOrderID", "ended") == 1:
-                    break
-                await asyncio.sleep(0.05)
+            await ended_order(s, redis.url)
             rows: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
             for r in range(args.rounds):
                 for t in targets if r % 2 == 0 else targets[::-1]:
