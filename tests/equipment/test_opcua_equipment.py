@@ -260,6 +260,54 @@ field = "passed"
     run(main())
 
 
+def test_a_variables_changes_arrive_once_each_over_a_reconnect(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """The server goes away twice; after each connect the host subscribes anew, and
+    the first value delivered is the variable's value now: a change made while the link
+    was away is one event, the same value as before is none, and each later change is
+    one event, not one per reconnect. (No job waits, so every event the host takes is
+    counted as unmatched.)"""
+    async def main() -> None:
+        async with Plant(redis_url, mqtt_url, tmp_path) as p:
+            assert p.app is not None and p.server is not None
+            ns = await p.server.get_namespace_index(URI)
+            camera = await p.server.nodes.objects.add_variable(
+                ua.NodeId("Camera2.Passed", ns), ua.QualifiedName("Passed", ns), False)
+            await p.app.aclose()
+            eq_file = tmp_path / "equipment.toml"
+            eq_file.write_text(eq_file.read_text() + f"""
+[[event]]
+server = "plc1"
+scope = "{S}"
+type = "com.example.qa_result.v1"
+node = "nsu={URI};s=Camera2.Passed"
+""")
+            p.app = App(quick_config(redis_url, mqtt_url=mqtt_url, scopes=[S],
+                                     consumer="opcua-eq", equipment_opcua=str(eq_file)))
+            await p.app.start(connect_timeout_s=5)
+            eq = p.app.opcua_equipment
+            metrics = p.app.metrics
+            await wait_until(lambda: not eq.not_ready(), 15, "the units bound")
+            await asyncio.sleep(0.3)
+            assert metrics["events_unmatched"] == 0      # the first value is the state
+            await camera.write_value(True)
+            await wait_until(lambda: metrics["events_unmatched"] == 1, 10, "one event")
+            for value in (False, False):
+                await p.server.stop()
+                await wait_until(lambda: eq.not_ready(), 10, "the link seen down")
+                await camera.write_value(value)      # changed, then not, while away
+                await p.server.start()
+                await wait_until(lambda: not eq.not_ready(), 30, "the link back")
+                await asyncio.sleep(1.0)             # the new subscription's first value
+                assert metrics["events_unmatched"] == 2
+            for n, value in ((3, True), (4, False)):
+                await camera.write_value(value)
+                await wait_until(lambda n=n: metrics["events_unmatched"] >= n, 10, "an event")
+                await asyncio.sleep(0.5)
+                assert metrics["events_unmatched"] == n
+    run(main())
+
+
 def test_a_host_killed_mid_action_is_finished_by_another_with_no_second_start(
         redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
     """Two ``sfc-host run`` processes share the units; the one that started a unit is

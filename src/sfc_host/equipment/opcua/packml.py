@@ -40,9 +40,10 @@ RUNNING = frozenset(("Starting", "Execute", "Completing", "Unholding", "Unsuspen
 # the states that settle an attempt (Held answers a hold)
 OUTCOMES = frozenset(("Complete", "Aborted", "Stopped", "Held"))
 ACTING = frozenset(("Resetting", "Clearing", "Stopping", "Aborting", "Completing"))
+# moving on by themselves: a unit in one of these is waited for, not read at every step
+MOVING = (RUNNING | ACTING) - {"Held", "Suspended"}
 SETTLE_S = 30.0          # how long the unit may take to reach a resting state on a Stop
 BIND_WAIT_S = 30.0       # a command's wait for its unit to be bound, with no deadline
-PUBLISH_MS = 10          # the state subscription's publishing interval: an outcome's delay
 Answer = Callable[[str, BaseEvent], None]
 
 
@@ -68,7 +69,12 @@ class PackMLUnit:
         self._nodes: dict[str, Node] = {}
         self._param_types: dict[str, ua.VariantType | None] = {}
         self._set_parameter_array = False     # SetParameter takes a list of descriptors
-        self._sub: Any = None
+        # the source timestamp of the Idle read before the running attempt's Start: a
+        # notice of that same Idle, published late, is not a PLC that lost the command
+        self._idle_at: Any = None
+        self._read_at: Any = None             # the source timestamp of the last state read
+        self._notices = 0                     # state notices so far
+        self._read_notices = 0                # of them, when the last read was sent
         self.problem = "not bound yet"
         self.bound = asyncio.Event()          # the nodes found at least once
         self._waiters = 0                     # tasks waiting for a state change
@@ -112,8 +118,7 @@ class PackMLUnit:
             if missing:
                 raise ValueError(f"no {', '.join(missing)} method on its BaseStateMachine")
             self._nodes = {k: v for k, v in nodes.items() if v is not None}
-            self._sub = await client.create_subscription(PUBLISH_MS, self)
-            await self._sub.subscribe_data_change(self._nodes["state"])
+            await self.link.watch(self._nodes["state"], self)
             self.problem = ""
             self.bound.set()
         except Exception as e:
@@ -125,13 +130,23 @@ class PackMLUnit:
         subscription, is what it is)."""
         state = val.Text if isinstance(val, ua.LocalizedText) else str(val or "")
         self.state = state
+        self._notices += 1
         if self._waiters:
             self._spawn(self._notify())
         if self.current is not None:
             if state in OUTCOMES:
                 self._spawn(self._settle(state))
-            elif state == "Idle":
+            elif state == "Idle" and not self._same_idle(data):
                 self._spawn(self._lost())
+
+    def _same_idle(self, data: Any) -> bool:
+        """The notice is of the Idle read before the attempt's Start (the same source
+        timestamp): published after the Start, yet no news."""
+        try:
+            at = data.monitored_item.Value.SourceTimestamp
+        except AttributeError:
+            return False
+        return at is not None and at == self._idle_at
 
     async def _lost(self) -> None:
         """Idle while an attempt runs: a late notice of the state before its Start, or
@@ -245,9 +260,13 @@ class PackMLUnit:
         client = self.link.client
         if client is None:
             raise ConnectionError("not connected")
-        state, last = await client.read_values([self._nodes["state"],
-                                                self._nodes["command_id"]])
+        self._read_notices = self._notices
+        got, had = await client.read_attributes([self._nodes["state"],
+                                                 self._nodes["command_id"]])
+        state = got.Value.Value if got.Value is not None else None
+        last = had.Value.Value if had.Value is not None else None
         text = state.Text if isinstance(state, ua.LocalizedText) else str(state or "")
+        self._read_at = got.SourceTimestamp
         return text or "", str(last or "")
 
     async def _start(self, cmd: Command, state: str, last: str) -> None:
@@ -257,6 +276,7 @@ class PackMLUnit:
             return
         await self._to_idle(cid, state, last, cmd.deadline_ms)
         await self._write_parameters(cmd.parameters or {}, cid)
+        self._idle_at = self._read_at
         self.current = Attempt(cmd.scope, cid)
         await self._call("Start", _descriptor(cid))
 
@@ -284,14 +304,14 @@ class PackMLUnit:
         wait_s = SETTLE_S if deadline_ms is None else deadline_ms / 1000 - time.time()
         end = loop.time() + max(wait_s, 1.0)
         while state != "Idle":
-            seen = self.state
+            read = state
             if loop.time() > end:
                 raise _Refused(f"unit {self.name} is {state or 'in no state'} with "
                                f"command {last or 'none'} and did not come to Idle in "
                                "time")
             if state in ACTING:
                 pass                    # on its way to a resting state: wait for it
-            elif state == "Complete" and last and last == self._settling:
+            elif state == "Complete" and last and self._settles(last):
                 pass                    # the settle of that command resets it
             elif state in ("Complete", "Stopped"):
                 await self._call("Reset", quiet=True)
@@ -304,9 +324,26 @@ class PackMLUnit:
             elif state not in RUNNING:
                 raise _Refused(f"unit {self.name} is {state or 'in no state'} with "
                                f"command {last or 'none'}, not Idle")
-            # until the subscription shows a change (or a moment passed), then read anew
-            await self._wait(lambda s, was=seen: s != was, 0.5)
+            # until a notice since the read shows the unit come to rest in another state,
+            # or a moment passed; then read anew: a read a resting state, not one each
+            # state it passes, and none on a notice older than the read
+            n = self._read_notices
+            await self._wait(lambda s, was=read, n=n: (
+                self._notices > n and s != was and not self._moving(s)), 0.5)
             state, last = await self._read()
+
+    def _moving(self, state: str) -> bool:
+        """The unit moves on from ``state`` by itself, or a settle of this host resets
+        it (the Complete of the attempt it runs)."""
+        return state in MOVING or (state == "Complete" and (
+            self.current is not None or bool(self._settling)))
+
+    def _settles(self, command_id: str) -> bool:
+        """A settle of this host resets the unit's Complete of ``command_id``: one runs,
+        or its notice has come and its settle is about to run."""
+        a = self.current
+        return command_id == self._settling or (
+            a is not None and a.command_id == command_id and self.state == "Complete")
 
     async def _write_parameters(self, params: dict[str, Any], cid: str) -> None:
         """The parameters, then the command id, in one write where variables take

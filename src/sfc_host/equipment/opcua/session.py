@@ -26,6 +26,7 @@ from sfc_host.errors import SfcHostError
 log = logging.getLogger("sfc_host.equipment.opcua")
 
 BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+FEED_MS = 10             # the state feed's publishing interval: an outcome's delay
 APPLICATION_URI = "urn:sfc-fast:equipment-client"
 
 _MODES = {"Sign": ua.MessageSecurityMode.Sign,
@@ -45,6 +46,27 @@ class ServerLink:
         self._task: asyncio.Task[None] | None = None
         self._dropping: asyncio.Task[None] | None = None
         self._closing = False
+        self._feed: _Feed | None = None
+        self._feed_lock = asyncio.Lock()
+
+    async def watch(self, node: Node, handler: Any) -> None:
+        """Data changes of ``node`` to ``handler.datachange_notification``, on the link's
+        one state feed: one subscription for every unit, so one publish response
+        carries the changes of many. Made anew after each connect (``_hooks``), its
+        first notice of each node is the node's value now."""
+        client = self.client
+        if client is None:
+            raise ConnectionError("not connected")
+        async with self._feed_lock:
+            feed = self._feed
+            if feed is None:
+                feed = _Feed(client)
+                feed.sub = await client.create_subscription(FEED_MS, feed)
+                self._feed = feed
+            feed.handlers[node.nodeid] = handler
+            if node.nodeid not in feed.watched:
+                await feed.sub.subscribe_data_change(node)
+                feed.watched.add(node.nodeid)
 
     def status(self) -> str:
         """'' when connected, else why not (``/readyz``, the web view)."""
@@ -186,12 +208,41 @@ class ServerLink:
                     state = client.state
 
     async def _hooks(self) -> None:
+        await drop_subscription(self._feed.sub if self._feed is not None else None)
+        self._feed = None
         for hook in self.on_connect:
             try:
                 await hook()
             except Exception:
                 log.exception("OPC UA server %s: setting up after the connect failed",
                               self.name)
+
+
+async def drop_subscription(sub: Any) -> None:
+    """Delete a subscription made before a reconnect: asyncua keeps or restores it, and
+    a restore cut short leaves it deaf, so each connect makes its own anew; left, the
+    kept one would deliver every change a second time."""
+    if sub is None or sub.is_deleted:
+        return
+    try:
+        await sub.delete()
+    except Exception as e:      # gone with the old session: nothing to delete
+        log.debug("an old subscription not deleted: %s", e)
+
+
+class _Feed:
+    """The link's state subscription: each node's changes to its own handler."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.sub: Any = None
+        self.handlers: dict[ua.NodeId, Any] = {}
+        self.watched: set[ua.NodeId] = set()
+
+    def datachange_notification(self, node: Node, val: Any, data: Any) -> None:
+        handler = self.handlers.get(node.nodeid)
+        if handler is not None:
+            handler.datachange_notification(node, val, data)
 
 
 async def node_of(client: Client, text: str) -> Node:

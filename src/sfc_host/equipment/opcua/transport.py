@@ -7,6 +7,7 @@ A recipe does not change: where its actions go is the equipment file's business.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from sfc_host.aio import reap
 from sfc_host.equipment.mqtt_transport import MqttSink
 from sfc_host.equipment.opcua.method import MethodBinding
 from sfc_host.equipment.opcua.packml import PackMLUnit
-from sfc_host.equipment.opcua.session import ServerLink, node_of
+from sfc_host.equipment.opcua.session import ServerLink, drop_subscription, node_of
 from sfc_host.equipment.opcua.settings import EquipmentFile, EventSettings
 from sfc_host.equipment.opcua.values import to_json
 from sfc_host.execution.host import Host
@@ -155,17 +156,24 @@ class EventSource:
         self.settings = settings
         self.link = link
         self.host = host
-        self._fresh = True
+        # the variable's value as last delivered (a JSON text; None: none yet): a
+        # delivery of the same value is the state again (a new or restored monitored
+        # item's first), not a change
+        self._last: str | None = None
+        self._sub: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
         link.on_connect.append(self.bind)
 
     async def bind(self) -> None:
+        """Subscribe, after each connect, in place of the subscription made before
+        (``drop_subscription``)."""
         client = self.link.client
         assert client is not None
         s = self.settings
-        self._fresh = True
+        old, self._sub = self._sub, None
+        await drop_subscription(old)
         try:
-            sub = await client.create_subscription(50, self)
+            sub = self._sub = await client.create_subscription(50, self)
             if s.event_type:
                 etype = await node_of(client, s.event_type)
                 await self._check_fields(etype)
@@ -187,11 +195,12 @@ class EventSource:
                       self.settings.event_type, ", ".join(missing), ", ".join(sorted(have)))
 
     def datachange_notification(self, node: Node, val: Any, data: Any) -> None:
-        if self._fresh:
-            self._fresh = False
+        value = to_json(val)
+        text = json.dumps(value, sort_keys=True, default=str)
+        last, self._last = self._last, text
+        if last is None or text == last:
             return
-        s = self.settings
-        self._queue({s.field: to_json(val)})
+        self._queue({self.settings.field: value})
 
     def event_notification(self, event: Any) -> None:
         data = {}
