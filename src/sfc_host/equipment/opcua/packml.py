@@ -236,6 +236,8 @@ class PackMLUnit:
                 await _bound(self.bound, cmd.deadline_ms)
                 if self.problem:
                     raise _Refused(self.problem)
+                if not (cmd.hold or cmd.restart):
+                    await self._until_free(cmd)
                 state, last = await self._read()
                 if cmd.hold:
                     await self._hold(cmd, state)
@@ -253,6 +255,17 @@ class PackMLUnit:
                 handed.cancel()
                 log.warning("unit %s: %s not carried out: %s", self.name, cmd.command_id,
                             _why(e))
+
+    async def _until_free(self, cmd: Command) -> None:
+        """A unit running another job's attempt from this host is waited for by its
+        state notices, up to the command's deadline, before it is read: a read now
+        would only show it busy."""
+        a = self.current
+        if a is None or job_of_command(a.command_id) == job_of_command(cmd.command_id):
+            return
+        left = SETTLE_S if cmd.deadline_ms is None else cmd.deadline_ms / 1000 - time.time()
+        await self._wait(lambda s: self.current is None and not self._moving(s),
+                         max(left, 0.1))
 
     async def _read(self) -> tuple[str, str]:
         """The unit's state and the command id it last took, read now: what the
