@@ -300,8 +300,8 @@ def test_a_filter_on_the_abstract_event_type_receives_the_events(
 def test_events_are_built_only_for_a_subscriber(redis_url: str, mqtt_url: str,
                                                 tmp_path: Path) -> None:
     """The face raises a scope's status events only while a client takes them (it asks
-    asyncua's subscriptions, a private map the [opcua] extra's pin keeps); the lists
-    follow every change either way."""
+    asyncua's subscriptions, a private map the [opcua] extra's pin keeps); the lists,
+    watched here, follow every change either way."""
     async def main() -> None:
         metrics = free_port()
         async with running(tmp_path, redis_url, mqtt_url,
@@ -330,6 +330,51 @@ def test_events_are_built_only_for_a_subscriber(redis_url: str, mqtt_url: str,
                 assert rs(await mes.store("Store", order("Q2"))) == NO_ERROR
                 await wait_until(lambda: mes.states("Q2"), 10, "Q2's event")
                 assert mes.states("Q1") == [] and await raised() >= 1
+    run(main(), 60)
+
+
+def test_the_lists_are_written_for_a_watcher_or_a_reader_only(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """Nobody watches JobOrderList: orders change and the lists are not rewritten; a
+    read of them brings them up to date first, so it shows every order stored. A
+    monitored item made later gets the current list, then each change."""
+    async def main() -> None:
+        metrics = free_port()
+        async with running(tmp_path, redis_url, mqtt_url,
+                           more=f"metrics_port = {metrics}\n") as h:
+            async def rewrites() -> float:
+                def get() -> str:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics") as r:
+                        return r.read().decode()
+                text = await asyncio.to_thread(get)
+                m = re.search(r"^sfc_opcua_list_seconds_count(?:\{[^}]*\})? ([\d.e+]+)$",
+                              text, re.MULTILINE)
+                return float(m.group(1)) if m else 0.0
+
+            def ids(entries: Any) -> set[str]:
+                return {e.JobOrder.JobOrderID for e in entries or []}
+            client = Client(f"opc.tcp://127.0.0.1:{h.port}/sfc-host/")
+            async with client:
+                await client.load_data_type_definitions()
+                mes = Mes95(client)
+                await mes.find(SCOPE)
+                assert mes.receiver is not None
+                node = await mes.receiver.get_child(f"{mes.jc}:JobOrderList")
+                await asyncio.sleep(0.5)
+                before = await rewrites()
+                for job in ("L1", "L2", "L3"):
+                    assert rs(await mes.store("Store", order(job))) == NO_ERROR
+                await asyncio.sleep(1.0)            # five list intervals
+                assert await rewrites() == before
+                assert ids(await node.read_value()) >= {"L1", "L2", "L3"}
+                assert await rewrites() == before + 1
+                assert ids(await node.read_value()) >= {"L1", "L2", "L3"}
+                assert await rewrites() == before + 1   # nothing changed since
+                sub = await client.create_subscription(50, mes)
+                await sub.subscribe_data_change(node)
+                assert rs(await mes.store("Store", order("L4"))) == NO_ERROR
+                await wait_until(lambda: {"L1", "L4"} <= set(mes.listed()), 10,
+                                 "the watched list with L4")
     run(main(), 60)
 
 
@@ -468,3 +513,39 @@ def test_a_value_that_does_not_fit_names_its_field(nodeset: None) -> None:
                                    StateText=ua_.LocalizedText("Running", "en"), StateNumber=4)
     with pytest.raises(ConvertError, match="StateNumber 3, not 4"):
         state_of([wrong])
+
+
+def test_the_changes_of_lists_nobody_reads_are_bounded(
+        redis_url: str, mqtt_url: str, nodeset: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``LIST_PENDING_MAX`` changes of lists nobody watches or reads, the face
+    keeps none and loads the lists afresh at the next read: memory does not grow with
+    the orders a host runs, and the read still shows every order. (A host in this
+    process, after the client tests, with the NodeSet loaded here already.)"""
+    from helpers.hosts import flush, one_step, quick_config
+
+    from sfc_host.opcua import face as face_module
+    from sfc_host.service.app import App
+
+    monkeypatch.setattr(face_module, "LIST_PENDING_MAX", 3)
+
+    async def main() -> None:
+        await flush(redis_url)
+        cfg = quick_config(redis_url, mqtt_url=mqtt_url, scopes=[SCOPE], consumer="lists",
+                           opcua=True, opcua_security=["None"],
+                           opcua_endpoint=f"opc.tcp://127.0.0.1:{free_port()}/x/")
+        async with App(cfg) as app:
+            face = app.opcua
+            assert face is not None
+            await app.host.store.put_work_master(SCOPE, one_step())
+            await wait_until(lambda: SCOPE in face.scopes, 10, "the scope's objects")
+            objects = face.scopes[SCOPE]
+            await wait_until(lambda: not objects.list_stale, 10, "the first lists")
+            for i in range(8):
+                await app.host.orders.store_order(
+                    SCOPE, {"JobOrderID": f"B{i}", "WorkMasterID": [{"ID": "quick"}]},
+                    start=False)
+            await wait_until(lambda: objects.loaded_at < 0, 10, "the changes let go")
+            assert len(objects.changed) <= 3 and not objects.prebuilt
+            await face._rewrite_lists(SCOPE, objects)
+            assert {f"B{i}" for i in range(8)} <= set(objects.listed)
+    run(main(), 60)

@@ -72,6 +72,9 @@ CATALOG_EVERY_S = 2.0       # how often the scopes' Work Masters and catalogs ar
 # events (a full read of 10,000 orders takes most of a second; an event the MQTT side
 # dropped under overload is made good here)
 LIST_RELOAD_S = 60.0
+# changes kept for lists nobody watches or reads; past this, the next read loads the
+# lists afresh instead (the changes are in Redis anyway)
+LIST_PENDING_MAX = 5_000
 # the receiver's variables of the config messages, by the catalog kind they list
 CATALOG_VARIABLES = {"equipment": "EquipmentID", "materialclass": "MaterialClassID",
                      "materialdefinition": "MaterialDefinitionID",
@@ -105,6 +108,8 @@ class ScopeObjects:
         self.prebuilt: dict[str, tuple[Change, tuple[bytes, ua.ExtensionObject]]] = {}
         self.loaded_at = -LIST_RELOAD_S
         self.list_task: asyncio.Task[None] | None = None
+        self.list_lock = asyncio.Lock()     # one rewrite at a time: the loop's or a read's
+        self.list_stale = True              # changes (or a reload) the lists lack
 
 
 class OpcUaFace:
@@ -140,9 +145,13 @@ class OpcUaFace:
         """Build the address space of the scopes served now, then listen."""
         self.server, self.ns, self._event_type = await make_server(self.config)
         self._types = EncodedTypes()
-        for kind in (CallbackType.ItemSubscriptionCreated,
-                     CallbackType.ItemSubscriptionModified):
-            self.server.subscribe_server_callback(kind, self._widen_of_type)
+        # one listener a kind: asyncua keeps one per priority, and the server's
+        # subscribe_server_callback gives every listener the same
+        self.server.subscribe_server_callback(CallbackType.ItemSubscriptionCreated,
+                                              self._item_made)
+        self.server.subscribe_server_callback(CallbackType.ItemSubscriptionModified,
+                                              self._widen_of_type)
+        self.server.subscribe_server_callback(CallbackType.PreRead, self._before_read)
         self._folder = await self.server.nodes.objects.add_folder(
             ua.NodeId("Scopes", self.ns.own), ua.QualifiedName("Scopes", self.ns.own))
         for scope in sorted(self.host.streams.scopes):
@@ -252,6 +261,10 @@ class OpcUaFace:
         return call
 
     # ---- event filters
+
+    async def _item_made(self, event: ServerItemCallback, service: Any) -> None:
+        await self._widen_of_type(event, service)
+        await self._list_watch_made(event, service)
 
     async def _widen_of_type(self, event: ServerItemCallback, _: Any) -> None:
         """An event filter's ``OfType T`` takes T's subtypes too, as the standard says:
@@ -385,7 +398,13 @@ class OpcUaFace:
             return
         change = (state, _ENCODE.encode(order))
         objects.changed[job] = change
-        objects.list_due.set()
+        objects.list_stale = True
+        if self._list_watched(objects):
+            objects.list_due.set()
+        elif len(objects.changed) > LIST_PENDING_MAX:
+            objects.changed.clear()
+            objects.prebuilt.clear()
+            objects.loaded_at = -LIST_RELOAD_S
         if not self._watched(objects.provider.nodeid):
             return
         try:
@@ -397,6 +416,51 @@ class OpcUaFace:
                 self._dropped_logged = time.monotonic()
                 log.warning("OPC UA status events dropped: %d changes wait to be raised",
                             EVENT_QUEUE)
+
+    def _list_watched(self, objects: ScopeObjects) -> bool:
+        """Whether a monitored item follows the scope's JobOrderList or
+        JobOrderResponseList: only then are the lists rewritten as orders change;
+        otherwise a read of them brings them up to date first (``_before_read``). The
+        same private map of asyncua's as ``_watched`` (pinned, tested both ways);
+        without it the lists follow every change, as before."""
+        assert self.server is not None
+        lists = {n.nodeid for n in (objects.order_list, objects.response_list)
+                 if n is not None}
+        for sub in self.server.iserver.subscription_service.subscriptions.values():
+            items = getattr(sub.monitored_item_srv, "_monitored_items", None)
+            if items is None:
+                return True
+            for item in items.values():
+                rv = getattr(item, "read_value_id", None)
+                if rv is None or rv.NodeId in lists:
+                    return True
+        return False
+
+    def _scope_of_list(self, node: ua.NodeId) -> ScopeObjects | None:
+        for objects in self.scopes.values():
+            for n in (objects.order_list, objects.response_list):
+                if n is not None and n.nodeid == node:
+                    return objects
+        return None
+
+    async def _list_watch_made(self, event: ServerItemCallback, _: Any) -> None:
+        """A monitored item made on a list: the lists brought up to date now, so its
+        first value is current (they were left while nobody watched)."""
+        for item in getattr(event.request_params, "ItemsToCreate", None) or []:
+            objects = self._scope_of_list(item.ItemToMonitor.NodeId)
+            if objects is not None and objects.list_stale:
+                objects.list_due.set()
+
+    async def _before_read(self, event: ServerItemCallback, _: Any) -> None:
+        """A read of a list that lacks changes waits for them to be written first."""
+        for rv in getattr(event.request_params, "NodesToRead", None) or []:
+            if rv.AttributeId != ua.AttributeIds.Value:
+                continue
+            objects = self._scope_of_list(rv.NodeId)
+            if objects is not None and (objects.list_stale or
+                                        time.monotonic() - objects.loaded_at >= LIST_RELOAD_S):
+                scope = next(k for k, v in self.scopes.items() if v is objects)
+                await self._rewrite_lists(scope, objects)
 
     def _watched(self, node: ua.NodeId) -> bool:
         """Whether a monitored item takes events from ``node``. asyncua keeps them in a
@@ -434,12 +498,17 @@ class OpcUaFace:
         for each subscriber instead of encoding the structures again); what is built
         is kept for the scope's lists."""
         built = await self._build(changes)
+        lists_watched: dict[str, bool] = {}
         for (scope, job, change), entry in zip(changes, built, strict=True):
             objects = self.scopes.get(scope)
             if objects is None or entry is None:
                 continue
             order, response = entry
-            if objects.changed.get(job) is change:
+            keep = lists_watched.get(scope)
+            if keep is None:
+                keep = lists_watched[scope] = self._list_watched(objects)
+            if keep and objects.changed.get(job) is change:
+                # the lists' next rewrite takes it (kept only when one is coming)
                 objects.prebuilt[job] = (change, entry)
             try:
                 ev = objects.events.event
@@ -498,24 +567,32 @@ class OpcUaFace:
             if self._closing:
                 return
             objects.list_due.clear()
-            t0 = time.perf_counter()
             try:
-                await self._follow(scope, objects)
-                entries = [objects.listed[j] for j in sorted(objects.listed)]
-                for node, value in ((objects.order_list, [e[0] for e in entries]),
-                                    (objects.response_list, [e[1] for e in entries])):
-                    if node is not None:
-                        await node.write_value(
-                            ua.Variant(value, ua.VariantType.ExtensionObject, is_array=True))
+                took = await self._rewrite_lists(scope, objects)
             except Exception:
                 if self._closing:
                     return
+                took = 0.0
                 self.metrics.inc("opcua_events_failed")
                 log.exception("JobOrderList of %s not written", scope, extra={"scope": scope})
-            took = time.perf_counter() - t0
-            self.metrics.observe("opcua_list_seconds", took)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closed.wait(), max(interval, LIST_COST_FACTOR * took))
+
+    async def _rewrite_lists(self, scope: str, objects: ScopeObjects) -> float:
+        """The lists brought up to date and written; the seconds it took."""
+        async with objects.list_lock:
+            t0 = time.perf_counter()
+            objects.list_stale = False
+            await self._follow(scope, objects)
+            entries = [objects.listed[j] for j in sorted(objects.listed)]
+            for node, value in ((objects.order_list, [e[0] for e in entries]),
+                                (objects.response_list, [e[1] for e in entries])):
+                if node is not None:
+                    await node.write_value(
+                        ua.Variant(value, ua.VariantType.ExtensionObject, is_array=True))
+            took = time.perf_counter() - t0
+            self.metrics.observe("opcua_list_seconds", took)
+            return took
 
     async def _follow(self, scope: str, objects: ScopeObjects) -> None:
         """The lists' entries brought up to date: read afresh, or the changes since."""
@@ -524,7 +601,9 @@ class OpcUaFace:
             objects.prebuilt.clear()
             objects.loaded_at = time.monotonic()
             objects.listed = await self._lists(scope)
-            objects.list_due.set()          # a change while reading: written next
+            if objects.changed:             # a change while reading: written next
+                objects.list_stale = True
+                objects.list_due.set()
             return
         pending, objects.changed = objects.changed, {}
         todo = []
