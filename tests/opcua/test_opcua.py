@@ -549,3 +549,90 @@ def test_the_changes_of_lists_nobody_reads_are_bounded(
             await face._rewrite_lists(SCOPE, objects)
             assert {f"B{i}" for i in range(8)} <= set(objects.listed)
     run(main(), 60)
+
+
+def _encode_strategies() -> dict[str, Any]:
+    """JSON of every ISA-95 structure the face encodes, each field drawn or left out."""
+    import datetime as dt
+
+    from hypothesis import strategies as st
+
+    text = st.text(max_size=6)
+    ltext = st.fixed_dictionaries({}, optional={"Text": text,
+                                                "Locale": st.sampled_from(["en", "de-DE"])})
+    texts = st.lists(ltext, max_size=2)
+    eu = st.fixed_dictionaries({}, optional={
+        "NamespaceUri": text, "UnitId": st.integers(-2**31, 2**31 - 1),
+        "DisplayName": ltext, "Description": ltext})
+    scalar = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | text
+    value = st.recursive(scalar, lambda inner: st.lists(inner, max_size=3)
+                         | st.dictionaries(text, inner, max_size=2), max_leaves=6)
+    times = st.datetimes(min_value=dt.datetime(1500, 1, 1),
+                         timezones=st.none() | st.just(dt.UTC)).map(
+        lambda d: d.isoformat().replace("+00:00", "Z"))
+    param = st.deferred(lambda: st.fixed_dictionaries({}, optional={
+        "ID": text, "Value": value, "Description": texts, "EngineeringUnits": eu,
+        "Subparameters": st.lists(param, max_size=2)}))
+    prop = st.deferred(lambda: st.fixed_dictionaries({}, optional={
+        "ID": text, "Value": value, "Description": texts, "EngineeringUnits": eu,
+        "Subproperties": st.lists(prop, max_size=2)}))
+
+    def resource(use: str) -> Any:
+        return st.fixed_dictionaries({}, optional={
+            "ID": text, "Description": texts, use: text, "Quantity": text,
+            "EngineeringUnits": eu, "Properties": st.lists(prop, max_size=2)})
+    material = st.fixed_dictionaries({}, optional={
+        **{k: text for k in ("MaterialClassID", "MaterialDefinitionID", "MaterialLotID",
+                             "MaterialSublotID", "MaterialUse", "Quantity")},
+        "Description": texts, "EngineeringUnits": eu, "Properties": st.lists(prop, max_size=2)})
+    lists = {"Personnel": resource("PersonnelUse"), "Equipment": resource("EquipmentUse"),
+             "PhysicalAsset": resource("PhysicalAssetUse"), "Material": material}
+    state = st.fixed_dictionaries({"StateText": ltext, "StateNumber": st.integers(0, 2**32 - 1)})
+    order = st.fixed_dictionaries({"JobOrderID": text}, optional={
+        "Description": texts, "StartTime": times, "EndTime": times,
+        "Priority": st.integers(-2**15, 2**15 - 1),
+        "WorkMasterID": st.lists(st.fixed_dictionaries({"ID": text}, optional={
+            "Description": ltext, "Parameters": st.lists(param, max_size=2)}), max_size=2),
+        "JobOrderParameters": st.lists(param, max_size=2),
+        **{f"{k}Requirements": st.lists(s, max_size=2) for k, s in lists.items()}})
+    response = st.fixed_dictionaries({"JobResponseID": text, "JobOrderID": text}, optional={
+        "Description": ltext, "StartTime": times, "EndTime": times,
+        "JobState": st.lists(state, max_size=2),
+        "JobResponseData": st.lists(param, max_size=2),
+        **{f"{k}Actuals": st.lists(s, max_size=2) for k, s in lists.items()}})
+    return {"JobOrder": order, "JobResponse": response}
+
+
+@pytest.mark.parametrize("name", ["JobOrder", "JobResponse"])
+def test_the_json_encodes_to_the_bytes_asyncua_makes(nodeset: None, name: str) -> None:
+    """``encode.body`` writes, for any order or response, the bytes asyncua encodes the
+    structure ``from_json`` makes to."""
+    from asyncua.ua.ua_binary import struct_to_binary
+    from hypothesis import HealthCheck, given, settings
+
+    from sfc_host.opcua import encode
+    from sfc_host.opcua.convert import from_json
+
+    @settings(max_examples=300, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(_encode_strategies()[name])
+    def check(doc: dict[str, Any]) -> None:
+        assert encode.body(name, doc) == struct_to_binary(from_json(name, doc))
+    check()
+
+
+@pytest.mark.parametrize(("doc", "says"), [
+    ({"JobOrderID": "J", "Priority": "high"}, r"JobOrder.Priority: not an integer"),
+    ({"JobOrderID": "J", "Priority": 40_000}, r"JobOrder.Priority: 40000 is out of"),
+    ({"JobOrderID": "J", "StartTime": "yesterday"}, r"JobOrder.StartTime: 'yesterday'"),
+    ({"JobOrderID": "J", "Description": "x"}, r"JobOrder.Description: not a list"),
+    ({"JobOrderID": "J", "WorkMasterID": [7]}, r"JobOrder.WorkMasterID\[0\]: not an object"),
+    ({"JobOrderID": "J", "Description": [{"Text": 5}]}, r"LocalizedText's Text"),
+])
+def test_what_does_not_fit_is_refused_with_its_path(nodeset: None, doc: dict[str, Any],
+                                                    says: str) -> None:
+    from sfc_host.opcua import encode
+    from sfc_host.opcua.convert import ConvertError
+
+    with pytest.raises(ConvertError, match=says):
+        encode.body("JobOrder", doc)

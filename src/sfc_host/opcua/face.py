@@ -45,6 +45,7 @@ from sfc_host.aio import reap
 from sfc_host.config import HostConfig
 from sfc_host.mqtt import Message, MqttLink
 from sfc_host.mqtt.cloudevents import CloudEventError, decode
+from sfc_host.opcua import encode
 from sfc_host.opcua.convert import ConvertError, from_json, states, ua_class
 from sfc_host.opcua.methods import ID_METHODS, ORDER_METHODS, QUERIES, JobControlCalls
 from sfc_host.opcua.server import (
@@ -543,9 +544,9 @@ class OpcUaFace:
             if stored is not None:
                 stored = model.with_actuals(bytes(stored), order)
             try:
-                out.append((struct_to_binary(_job_order(job, order)),
-                            encoded(from_json("JobResponse", _response_doc(
-                                job, state, stored, started, ended)))))
+                out.append((encode.body("JobOrder", _order_doc(job, order)),
+                            encode.extension_object("JobResponse", _response_doc(
+                                job, state, stored, started, ended))))
             except (ConvertError, ValueError, KeyError):
                 log.warning("order %s/%s (%s) not convertible: left out of its event and "
                             "lists", scope, job, state, extra={"scope": scope, "job": job})
@@ -767,10 +768,6 @@ def _response_doc(job: str, state: str, stored: bytes | None, started: bytes | N
         made["EndTime"] = ended.decode()
     made["JobState"] = model.state_list(state)
     return made
-
-
-def _job_order(job: str, body: str | bytes | None) -> Any:
-    return from_json("JobOrder", _order_doc(job, body))
 
 
 def event_filters(prefix: str, depth: int) -> list[str]:

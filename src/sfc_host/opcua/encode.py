@@ -1,0 +1,242 @@
+"""The MQTT face's JSON of a JobOrder or a JobResponse straight into the OPC UA binary
+body its structure class encodes to.
+
+The face's status events and lists carry these structures as encoded bodies. Building
+asyncua's objects from the JSON only to encode them at once was most of what a status
+event cost the host with a client subscribed. The layout is read once from the classes
+the loaded NodeSet made (the field order, which fields are optional and their bits in
+the encoding mask, the width of each integer), so it follows the NodeSet. The bytes are
+those of ``struct_to_binary(convert.from_json(name, doc))``, and a value that does not
+fit raises ``ConvertError`` with its field's path, as ``from_json`` does; the tests
+compare both over generated orders and responses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import json
+import struct
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from asyncua import ua
+from asyncua.ua.ua_binary import to_binary
+
+from sfc_host.opcua.convert import FIELDS, ConvertError, Kind, ua_class
+
+_I32 = struct.Struct("<i").pack
+_I64 = struct.Struct("<q").pack
+_F64 = struct.Struct("<d").pack
+_U32 = struct.Struct("<I").pack
+_INTS = {"Byte": "<B", "SByte": "<b", "Int16": "<h", "UInt16": "<H", "Int32": "<i",
+         "UInt32": "<I", "Int64": "<q", "UInt64": "<Q"}
+_NULL_VARIANT = b"\x00"
+# VariantType numbers of what a JSON value becomes (convert.variant_from_json)
+_BOOLEAN, _INT64, _DOUBLE, _STRING = 1, 8, 11, 12
+_ARRAY = 0x80
+_ARRAY_KINDS = {bool: (_BOOLEAN, "<?"), int: (_INT64, "<q"), float: (_DOUBLE, "<d")}
+
+# one field of a structure: name, kind (convert.FIELDS), its bit in the encoding mask
+# (-1: not optional), the struct format of an integer, and the bytes of its default
+_Field = tuple[str, Kind, int, str, bytes]
+
+
+def body(name: str, doc: Mapping[str, Any]) -> bytes:
+    """The encoded body of structure ``name`` (``JobOrder``, ``JobResponse``, …)."""
+    out: list[bytes] = []
+    _struct(name, doc, name, out)
+    return b"".join(out)
+
+
+def extension_object(name: str, doc: Mapping[str, Any]) -> ua.ExtensionObject:
+    """``body`` as the ExtensionObject the structure goes out as."""
+    return ua.ExtensionObject(TypeId=_type_id(name), Body=body(name, doc))
+
+
+@functools.cache
+def _type_id(name: str) -> ua.NodeId:
+    return ua.typeid_by_extension_objects[ua_class(name)]     # type: ignore[no-any-return]
+
+
+@functools.cache
+def _layout(name: str) -> tuple[bool, tuple[_Field, ...]]:
+    """Whether the structure starts with an encoding mask, and its fields in wire order."""
+    cls = ua_class(name)
+    hints = typing.get_type_hints(cls, {"ua": ua})
+    kinds = FIELDS[name][1]
+    blank = cls()
+    masked = False
+    bit = 0
+    fields: list[_Field] = []
+    for f in dataclasses.fields(cls):
+        if f.name == "Encoding":
+            masked = True
+            continue
+        kind = kinds.get(f.name)
+        if kind is None or (isinstance(kind, tuple) and kind[0] == "one"):
+            raise RuntimeError(f"{FIELDS[name][0]}.{f.name}: not encoded here")
+        hint = hints[f.name]
+        optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and \
+            type(None) in typing.get_args(hint)
+        base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) \
+            if optional else hint
+        fmt = _INTS.get(getattr(base, "__name__", ""), "") if kind == "int" else ""
+        if kind == "int" and not fmt:
+            raise RuntimeError(f"{FIELDS[name][0]}.{f.name}: an integer of unknown width")
+        default = b"" if optional else to_binary(hint, getattr(blank, f.name))
+        fields.append((f.name, kind, bit if optional else -1, fmt, default))
+        if optional:
+            bit += 1
+    return masked, tuple(fields)
+
+
+def _struct(name: str, doc: Any, path: str, out: list[bytes]) -> None:
+    if not isinstance(doc, Mapping):
+        raise ConvertError(f"{path}: not an object")
+    masked, fields = _layout(name)
+    at = len(out)
+    mask = 0
+    for field, kind, bit, fmt, default in fields:
+        v = doc.get(field)
+        if v is None:
+            if kind == "path" or bit < 0:
+                out.append(default)     # an empty RelativePath, never null
+            continue
+        if bit >= 0:
+            mask |= 1 << bit
+        _field(kind, v, fmt, f"{path}.{field}", out)
+    if masked:
+        out.insert(at, _U32(mask))
+
+
+def _field(kind: Kind, v: Any, fmt: str, path: str, out: list[bytes]) -> None:
+    if isinstance(kind, tuple):
+        if not isinstance(v, list):
+            raise ConvertError(f"{path}: not a list")
+        out.append(_I32(len(v)))
+        for i, x in enumerate(v):
+            _struct(kind[1], x, f"{path}[{i}]", out)
+        return
+    _SCALARS[kind](v, fmt, path, out)
+
+
+def _text(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
+    out.append(_string(v if isinstance(v, str) else str(v)))
+
+
+def _int(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ConvertError(f"{path}: not an integer")
+    try:
+        out.append(struct.pack(fmt, v))
+    except struct.error:
+        raise ConvertError(f"{path}: {v} is out of its range") from None
+
+
+def _time(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
+    if not isinstance(v, str):
+        raise ConvertError(f"{path}: not a time")
+    try:
+        when = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConvertError(f"{path}: {v!r} is not an RFC 3339 time") from None
+    out.append(_I64(ua.datetime_to_win_epoch(when)))
+
+
+def _ltext(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
+    if not isinstance(v, Mapping):
+        raise ConvertError(f"{path}: not a LocalizedText object")
+    out.append(_localized(v.get("Text"), v.get("Locale"), path))
+
+
+def _texts(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
+    if not isinstance(v, list):
+        raise ConvertError(f"{path}: not a list")
+    out.append(_I32(len(v)))
+    for i, x in enumerate(v):
+        _ltext(x, fmt, f"{path}[{i}]", out)
+
+
+def _variant(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
+    out.append(variant(v))
+
+
+def _eu(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
+    if not isinstance(v, Mapping):
+        raise ConvertError(f"{path}: not an object")
+    uri = v.get("NamespaceUri")
+    if uri is not None and not isinstance(uri, str):
+        raise ConvertError(f"{path}.NamespaceUri: not a String")
+    try:
+        unit = _I32(int(v.get("UnitId") or 0))
+    except (ValueError, TypeError, struct.error):
+        raise ConvertError(f"{path}.UnitId: not an Int32") from None
+    display, description = v.get("DisplayName") or {}, v.get("Description") or {}
+    for what, lt in (("DisplayName", display), ("Description", description)):
+        if not isinstance(lt, Mapping):
+            raise ConvertError(f"{path}.{what}: not a LocalizedText object")
+    out += (_string(uri), unit,
+            _localized(display.get("Text"), display.get("Locale"), path),
+            _localized(description.get("Text"), description.get("Locale"), path))
+
+
+def _path(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
+    out.append(_I32(0))     # a state's BrowsePath goes empty, as from_json makes it
+
+
+_SCALARS: dict[str, Callable[[Any, str, str, list[bytes]], None]] = {
+    "text": _text, "int": _int, "time": _time, "ltext": _ltext, "texts": _texts,
+    "variant": _variant, "eu": _eu, "path": _path}
+
+
+def _string(s: str | None) -> bytes:
+    if s is None:
+        return _I32(-1)
+    data = s.encode("utf-8", "surrogateescape")
+    return _I32(len(data)) + data
+
+
+def _localized(text: Any, locale: Any, path: str) -> bytes:
+    for what, s in (("Text", text), ("Locale", locale)):
+        if s is not None and not isinstance(s, str):
+            raise ConvertError(f"{path}: a LocalizedText's {what} must be a string")
+    mask = (1 if locale is not None else 0) | (2 if text is not None else 0)
+    return bytes((mask,)) + (_string(locale) if locale is not None else b"") + \
+        (_string(text) if text is not None else b"")
+
+
+def variant(v: Any) -> bytes:
+    """``convert.variant_from_json(v)`` encoded: a number, text or flag as itself, an
+    array of one of them as an array, anything else as its JSON text."""
+    if v is None:
+        return _NULL_VARIANT
+    if isinstance(v, bool):
+        return bytes((_BOOLEAN, 1 if v else 0))
+    if isinstance(v, int):
+        if -2**63 <= v < 2**63:
+            return bytes((_INT64,)) + _I64(v)
+        try:
+            return bytes((_DOUBLE,)) + _F64(float(v))
+        except OverflowError:
+            raise ConvertError(f"{v} does not fit a Double") from None
+    if isinstance(v, float):
+        return bytes((_DOUBLE,)) + _F64(v)
+    if isinstance(v, str):
+        return bytes((_STRING,)) + _string(v)
+    if isinstance(v, list) and v:
+        kinds = {type(x) for x in v}
+        if len(kinds) == 1:
+            t = next(iter(kinds))
+            if t is str:
+                return bytes((_STRING | _ARRAY,)) + _I32(len(v)) + \
+                    b"".join(_string(x) for x in v)
+            got = _ARRAY_KINDS.get(t)
+            if got is not None and (t is not int or all(-2**63 <= x < 2**63 for x in v)):
+                number, code = got
+                return bytes((number | _ARRAY,)) + _I32(len(v)) + \
+                    struct.pack(f"<{len(v)}{code[1]}", *v)
+    return bytes((_STRING,)) + _string(json.dumps(v, separators=(",", ":")))
