@@ -432,6 +432,26 @@ def test_the_same_limits_on_both_faces(redis_url: str, mqtt_url: str,
     run(main(), 120)
 
 
+def test_an_order_opc_ua_cannot_carry_leaves_the_others_listed(
+        redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """The MQTT face takes any integer Priority (as the original does); OPC UA's is an
+    Int16. An order of Priority 40,000 is left out of the OPC UA lists and events, said
+    in the log, and the orders around it are listed and raised as ever."""
+    async def main() -> None:
+        async with running(tmp_path, redis_url, mqtt_url) as h, connected(h.port) as mes:
+            # P0 starts a rewrite of the lists; P1 and P2 are stored while it rests,
+            # so the next rewrite takes both at once
+            for job, priority in (("P0", 1), ("P1", 40_000), ("P2", 3)):
+                doc, _ = _both(job, [])
+                doc["JobOrder"]["Priority"] = priority
+                rep = await h.mqtt_mes.call(JC + "Store.v2", doc)
+                assert rep["data"]["ReturnStatus"] == NO_ERROR
+            await wait_until(lambda: {"P0", "P2"} <= set(mes.listed()), 10, "P2 listed")
+            await wait_until(lambda: mes.states("P2"), 10, "P2's event")
+            assert "P1" not in mes.listed() and mes.states("P1") == []
+    run(main(), 60)
+
+
 def test_a_second_store_of_a_running_order_is_refused_on_both_faces(
         redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
     """A Store of the id of a running order with another order is refused
