@@ -547,9 +547,10 @@ class OpcUaFace:
                 out.append((encode.body("JobOrder", _order_doc(job, order)),
                             encode.extension_object("JobResponse", _response_doc(
                                 job, state, stored, started, ended))))
-            except (ConvertError, ValueError, KeyError):
-                log.warning("order %s/%s (%s) not convertible: left out of its event and "
-                            "lists", scope, job, state, extra={"scope": scope, "job": job})
+            except (ConvertError, ValueError, KeyError) as e:
+                log.warning("order %s/%s (%s) cannot go over OPC UA (%s): left out of its "
+                            "event and the lists", scope, job, state, e,
+                            extra={"scope": scope, "job": job})
                 out.append(None)
         return out
 
