@@ -461,7 +461,13 @@ class OpcUaFace:
             if objects is not None and (objects.list_stale or
                                         time.monotonic() - objects.loaded_at >= LIST_RELOAD_S):
                 scope = next(k for k, v in self.scopes.items() if v is objects)
-                await self._rewrite_lists(scope, objects)
+                try:
+                    await self._rewrite_lists(scope, objects)
+                except Exception:
+                    # the read goes on with the lists as they were
+                    self.metrics.inc("opcua_events_failed")
+                    log.exception("JobOrderList of %s not brought up to date for a read",
+                                  scope, extra={"scope": scope})
 
     def _watched(self, node: ua.NodeId) -> bool:
         """Whether a monitored item takes events from ``node``. asyncua keeps them in a
@@ -558,8 +564,9 @@ class OpcUaFace:
 
     async def _keep_list(self, scope: str) -> None:
         """Rewrite the scope's JobOrderList and JobOrderResponseList when an order
-        changed: at most every ``opcua_list_interval_ms``, and never more than a tenth
-        of the time. Between full reads from Redis (every ``LIST_RELOAD_S``) the lists
+        changed while a client watches them (else a read brings them up to date,
+        ``_before_read``): at most every ``opcua_list_interval_ms``, and never more than
+        a tenth of the time. Between full reads from Redis (every ``LIST_RELOAD_S``) the lists
         follow the status events, each change encoded once (by its OPC UA event when a
         client takes them), so a rewrite costs a list of the encoded entries."""
         objects = self.scopes[scope]
@@ -585,13 +592,17 @@ class OpcUaFace:
         async with objects.list_lock:
             t0 = time.perf_counter()
             objects.list_stale = False
-            await self._follow(scope, objects)
-            entries = [objects.listed[j] for j in sorted(objects.listed)]
-            for node, value in ((objects.order_list, [e[0] for e in entries]),
-                                (objects.response_list, [e[1] for e in entries])):
-                if node is not None:
-                    await node.write_value(
-                        ua.Variant(value, ua.VariantType.ExtensionObject, is_array=True))
+            try:
+                await self._follow(scope, objects)
+                entries = [objects.listed[j] for j in sorted(objects.listed)]
+                for node, value in ((objects.order_list, [e[0] for e in entries]),
+                                    (objects.response_list, [e[1] for e in entries])):
+                    if node is not None:
+                        await node.write_value(
+                            ua.Variant(value, ua.VariantType.ExtensionObject, is_array=True))
+            except BaseException:
+                objects.list_stale = True       # the next read or watch tries again
+                raise
             took = time.perf_counter() - t0
             self.metrics.observe("opcua_list_seconds", took)
             return took

@@ -1,7 +1,8 @@
 """One OPC UA session per server, shared by every unit, method and event of it: asyncua's
 client, connected with backoff until the server answers, then kept by asyncua's own
-reconnect (its subscriptions re-created, each monitored item's current value delivered
-again, so an outcome missed while away is read from the unit's state)."""
+reconnect. After each connect the units' state feed (one subscription for all of them)
+is made anew, so each unit's first notice is its state now and an outcome missed while
+away is read from it."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ class ServerLink:
         async with self._feed_lock:
             feed = self._feed
             if feed is None:
-                feed = _Feed(client)
+                feed = _Feed()
                 feed.sub = await client.create_subscription(FEED_MS, feed)
                 self._feed = feed
             feed.handlers[node.nodeid] = handler
@@ -233,8 +234,7 @@ async def drop_subscription(sub: Any) -> None:
 class _Feed:
     """The link's state subscription: each node's changes to its own handler."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
+    def __init__(self) -> None:
         self.sub: Any = None
         self.handlers: dict[ua.NodeId, Any] = {}
         self.watched: set[ua.NodeId] = set()
