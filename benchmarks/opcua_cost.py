@@ -31,7 +31,7 @@ from helpers.hosts import work_master
 from helpers.servers import MosquittoServer, RedisServer
 
 from sfc_host.config import HostConfig
-from sfc_host.opcua.face import LIST_COST_FACTOR
+from sfc_host.opcua.lists import COST_FACTOR
 from sfc_host.service.app import App
 
 SCOPE = "line1"
@@ -49,15 +49,15 @@ async def fill(app: App, n: int) -> None:
 async def lists(app: App) -> tuple[float, float, int]:
     """Seconds to build the two lists, to write them; the orders listed."""
     face = app.opcua
-    objects = face.scopes[SCOPE]
+    lists = face.lists.scopes[SCOPE]
     t0 = time.perf_counter()
-    listed = await face._lists(SCOPE)
+    listed = await face.lists.read_all(SCOPE)
     built = time.perf_counter() - t0
     t0 = time.perf_counter()
     entries = [listed[j] for j in sorted(listed)]
     orders = [e[0] for e in entries]
-    for node, value in ((objects.order_list, orders),
-                        (objects.response_list, [e[1] for e in entries])):
+    for node, value in ((lists.order_list, orders),
+                        (lists.response_list, [e[1] for e in entries])):
         await node.write_value(ua.Variant(value, ua.VariantType.ExtensionObject,
                                           is_array=True))
     return built, time.perf_counter() - t0, len(orders)
@@ -131,7 +131,7 @@ async def run(app: App, args: argparse.Namespace) -> None:
         w = med(r[1] for r in rows[who])
         print(f"lists of {listed:,} orders, {who} subscribed: built in {b * 1000:,.0f} ms, "
               f"written in {w * 1000:,.0f} ms; rewritten at most every "
-              f"{LIST_COST_FACTOR * (b + w):,.1f} s")
+              f"{COST_FACTOR * (b + w):,.1f} s")
     print(f"a status event: {rows['events none'][0] * 1e6:,.0f} µs with no subscriber, "
           f"{rows['events one'][0] * 1e6:,.0f} µs with one")
 

@@ -537,16 +537,16 @@ def test_a_value_that_does_not_fit_names_its_field(nodeset: None) -> None:
 
 def test_the_changes_of_lists_nobody_reads_are_bounded(
         redis_url: str, mqtt_url: str, nodeset: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past ``LIST_PENDING_MAX`` changes of lists nobody watches or reads, the face
+    """Past ``PENDING_MAX`` changes of lists nobody watches or reads, the face
     keeps none and loads the lists afresh at the next read: memory does not grow with
     the orders a host runs, and the read still shows every order. (A host in this
     process, after the client tests, with the NodeSet loaded here already.)"""
     from helpers.hosts import flush, one_step, quick_config
 
-    from sfc_host.opcua import face as face_module
+    from sfc_host.opcua import lists as lists_module
     from sfc_host.service.app import App
 
-    monkeypatch.setattr(face_module, "LIST_PENDING_MAX", 3)
+    monkeypatch.setattr(lists_module, "PENDING_MAX", 3)
 
     async def main() -> None:
         await flush(redis_url)
@@ -557,17 +557,17 @@ def test_the_changes_of_lists_nobody_reads_are_bounded(
             face = app.opcua
             assert face is not None
             await app.host.store.put_work_master(SCOPE, one_step())
-            await wait_until(lambda: SCOPE in face.scopes, 10, "the scope's objects")
-            objects = face.scopes[SCOPE]
-            await wait_until(lambda: not objects.list_stale, 10, "the first lists")
+            await wait_until(lambda: SCOPE in face.lists.scopes, 10, "the scope's objects")
+            lists = face.lists.scopes[SCOPE]
+            await wait_until(lambda: not lists.stale, 10, "the first lists")
             for i in range(8):
                 await app.host.orders.store_order(
                     SCOPE, {"JobOrderID": f"B{i}", "WorkMasterID": [{"ID": "quick"}]},
                     start=False)
-            await wait_until(lambda: objects.loaded_at < 0, 10, "the changes let go")
-            assert len(objects.changed) <= 3 and not objects.prebuilt
-            await face._rewrite_lists(SCOPE, objects)
-            assert {f"B{i}" for i in range(8)} <= set(objects.listed)
+            await wait_until(lambda: lists.loaded_at < 0, 10, "the changes let go")
+            assert len(lists.changed) <= 3 and not lists.prebuilt
+            await face.lists.rewrite(SCOPE)
+            assert {f"B{i}" for i in range(8)} <= set(lists.listed)
     run(main(), 60)
 
 

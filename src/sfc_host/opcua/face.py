@@ -38,15 +38,15 @@ import msgspec
 from asyncua import Node, Server, ua
 from asyncua.common.callback import CallbackType, ServerItemCallback
 from asyncua.common.ua_utils import get_node_subtypes
-from asyncua.ua.ua_binary import struct_to_binary
 
 from sfc_host import isa95 as model
 from sfc_host.aio import reap
 from sfc_host.config import HostConfig
 from sfc_host.mqtt import Message, MqttLink
 from sfc_host.mqtt.cloudevents import CloudEventError, decode
-from sfc_host.opcua import encode
-from sfc_host.opcua.convert import ConvertError, from_json, states, ua_class
+from sfc_host.opcua.bodies import Bodies, Change, EncodedTypes
+from sfc_host.opcua.convert import ConvertError, from_json
+from sfc_host.opcua.lists import OrderLists
 from sfc_host.opcua.methods import ID_METHODS, ORDER_METHODS, QUERIES, JobControlCalls
 from sfc_host.opcua.server import (
     PROVIDER_TYPE,
@@ -62,55 +62,31 @@ if TYPE_CHECKING:
 log = logging.getLogger("sfc_host.opcua")
 
 SCOPES_EVERY_S = 1.0        # how often the face looks for scopes the host serves anew
-LIST_COST_FACTOR = 10       # a JobOrderList rewrite is followed by 10x its time of rest
 EVENT_FIELDS = ("JobOrder", "JobState", "JobResponse")
 CLOSE_S = 5.0               # the longest the face's loops get to end on close
-LIST_CHUNK = 200            # list entries built between two turns of the event loop
 EVENT_QUEUE = 20_000        # changes waiting for their OPC UA event; more are dropped
 EVENT_BATCH = 256           # events raised from one round trip
 CATALOG_EVERY_S = 2.0       # how often the scopes' Work Masters and catalogs are read
-# how often a scope's lists are read afresh from Redis: between, they follow the status
-# events (a full read of 10,000 orders takes most of a second; an event the MQTT side
-# dropped under overload is made good here)
-LIST_RELOAD_S = 60.0
-# changes kept for lists nobody watches or reads; past this, the next read loads the
-# lists afresh instead (the changes are in Redis anyway)
-LIST_PENDING_MAX = 5_000
 # the receiver's variables of the config messages, by the catalog kind they list
 CATALOG_VARIABLES = {"equipment": "EquipmentID", "materialclass": "MaterialClassID",
                      "materialdefinition": "MaterialDefinitionID",
                      "personnel": "PersonnelID", "physicalasset": "PhysicalAssetID"}
 
 
-# an order's change: its new state and its JobOrder's JSON (as the status event had it)
-Change = tuple[str, bytes | None]
 _ENCODE = msgspec.json.Encoder()
 
 
 class ScopeObjects:
-    """One scope's nodes: its receiver, provider, order list and event generator, and
-    the variables of its configuration with the values last written to them."""
+    """One scope's nodes: its receiver, provider and event generator, and the variables
+    of its configuration with the values last written to them (its lists: ``lists``)."""
 
-    def __init__(self, receiver: Node, provider: Node, order_list: Node | None,
-                 response_list: Node | None, events: Any,
+    def __init__(self, receiver: Node, provider: Node, events: Any,
                  config_nodes: dict[str, Node]) -> None:
         self.receiver = receiver
         self.provider = provider
-        self.order_list = order_list
-        self.response_list = response_list
         self.events = events
         self.config_nodes = config_nodes
         self.config_values: dict[str, Any] = {}
-        self.list_due = asyncio.Event()
-        # the lists' entries by job, encoded; the changes not yet in them, by job
-        self.listed: dict[str, tuple[ua.ExtensionObject, ua.ExtensionObject]] = {}
-        self.changed: dict[str, Change] = {}
-        # changes whose entries their event built, until the lists take them
-        self.prebuilt: dict[str, tuple[Change, tuple[bytes, ua.ExtensionObject]]] = {}
-        self.loaded_at = -LIST_RELOAD_S
-        self.list_task: asyncio.Task[None] | None = None
-        self.list_lock = asyncio.Lock()     # one rewrite at a time: the loop's or a read's
-        self.list_stale = True              # changes (or a reload) the lists lack
 
 
 class OpcUaFace:
@@ -124,6 +100,8 @@ class OpcUaFace:
         self.control = control
         self.metrics = host.metrics
         self.calls = JobControlCalls(control)
+        self.bodies = Bodies(host.store.keys, control.reads)
+        self.lists = OrderLists(config, host, self.metrics, self.bodies)
         self.server: Server | None = None
         self.ns: Namespaces | None = None
         self.scopes: dict[str, ScopeObjects] = {}
@@ -145,14 +123,15 @@ class OpcUaFace:
     async def start(self) -> None:
         """Build the address space of the scopes served now, then listen."""
         self.server, self.ns, self._event_type = await make_server(self.config)
-        self._types = EncodedTypes()
+        self._types = self.lists.types = EncodedTypes()
+        self.lists.server = self.server
         # one listener a kind: asyncua keeps one per priority, and the server's
         # subscribe_server_callback gives every listener the same
         self.server.subscribe_server_callback(CallbackType.ItemSubscriptionCreated,
                                               self._item_made)
         self.server.subscribe_server_callback(CallbackType.ItemSubscriptionModified,
                                               self._widen_of_type)
-        self.server.subscribe_server_callback(CallbackType.PreRead, self._before_read)
+        self.server.subscribe_server_callback(CallbackType.PreRead, self.lists.before_read)
         self._folder = await self.server.nodes.objects.add_folder(
             ua.NodeId("Scopes", self.ns.own), ua.QualifiedName("Scopes", self.ns.own))
         for scope in sorted(self.host.streams.scopes):
@@ -177,9 +156,7 @@ class OpcUaFace:
             end()
         with contextlib.suppress(asyncio.QueueFull):
             self._changes.put_nowait(None)
-        for s in self.scopes.values():
-            s.list_due.set()
-        tasks = self._tasks + [s.list_task for s in self.scopes.values() if s.list_task]
+        tasks = self._tasks + await self.lists.aclose()
         _, pending = await asyncio.wait(tasks, timeout=CLOSE_S) if tasks else ((), ())
         for t in pending:
             t.cancel()
@@ -236,12 +213,10 @@ class OpcUaFace:
             if node is not None:
                 config_nodes[name] = node
         response_list = await self._child(provider, "JobOrderResponseList")
-        objects = ScopeObjects(receiver, provider, order_list, response_list, events,
-                               config_nodes)
+        objects = ScopeObjects(receiver, provider, events, config_nodes)
         self.scopes[scope] = objects
         await self._write_config(scope, objects)
-        objects.list_task = asyncio.get_running_loop().create_task(self._keep_list(scope))
-        objects.list_due.set()
+        self.lists.add(scope, order_list, response_list)
 
     async def _child(self, obj: Node, name: str) -> Node | None:
         assert self.ns is not None
@@ -265,7 +240,7 @@ class OpcUaFace:
 
     async def _item_made(self, event: ServerItemCallback, service: Any) -> None:
         await self._widen_of_type(event, service)
-        await self._list_watch_made(event, service)
+        await self.lists.item_made(event, service)
 
     async def _widen_of_type(self, event: ServerItemCallback, _: Any) -> None:
         """An event filter's ``OfType T`` takes T's subtypes too, as the standard says:
@@ -398,14 +373,7 @@ class OpcUaFace:
         if not isinstance(job, str):
             return
         change = (state, _ENCODE.encode(order))
-        objects.changed[job] = change
-        objects.list_stale = True
-        if self._list_watched(objects):
-            objects.list_due.set()
-        elif len(objects.changed) > LIST_PENDING_MAX:
-            objects.changed.clear()
-            objects.prebuilt.clear()
-            objects.loaded_at = -LIST_RELOAD_S
+        self.lists.noted(scope, job, change)
         if not self._watched(objects.provider.nodeid):
             return
         try:
@@ -417,57 +385,6 @@ class OpcUaFace:
                 self._dropped_logged = time.monotonic()
                 log.warning("OPC UA status events dropped: %d changes wait to be raised",
                             EVENT_QUEUE)
-
-    def _list_watched(self, objects: ScopeObjects) -> bool:
-        """Whether a monitored item follows the scope's JobOrderList or
-        JobOrderResponseList: only then are the lists rewritten as orders change;
-        otherwise a read of them brings them up to date first (``_before_read``). The
-        same private map of asyncua's as ``_watched`` (pinned, tested both ways);
-        without it the lists follow every change, as before."""
-        assert self.server is not None
-        lists = {n.nodeid for n in (objects.order_list, objects.response_list)
-                 if n is not None}
-        for sub in self.server.iserver.subscription_service.subscriptions.values():
-            items = getattr(sub.monitored_item_srv, "_monitored_items", None)
-            if items is None:
-                return True
-            for item in items.values():
-                rv = getattr(item, "read_value_id", None)
-                if rv is None or rv.NodeId in lists:
-                    return True
-        return False
-
-    def _scope_of_list(self, node: ua.NodeId) -> ScopeObjects | None:
-        for objects in self.scopes.values():
-            for n in (objects.order_list, objects.response_list):
-                if n is not None and n.nodeid == node:
-                    return objects
-        return None
-
-    async def _list_watch_made(self, event: ServerItemCallback, _: Any) -> None:
-        """A monitored item made on a list: the lists brought up to date now, so its
-        first value is current (they were left while nobody watched)."""
-        for item in getattr(event.request_params, "ItemsToCreate", None) or []:
-            objects = self._scope_of_list(item.ItemToMonitor.NodeId)
-            if objects is not None and objects.list_stale:
-                objects.list_due.set()
-
-    async def _before_read(self, event: ServerItemCallback, _: Any) -> None:
-        """A read of a list that lacks changes waits for them to be written first."""
-        for rv in getattr(event.request_params, "NodesToRead", None) or []:
-            if rv.AttributeId != ua.AttributeIds.Value:
-                continue
-            objects = self._scope_of_list(rv.NodeId)
-            if objects is not None and (objects.list_stale or
-                                        time.monotonic() - objects.loaded_at >= LIST_RELOAD_S):
-                scope = next(k for k, v in self.scopes.items() if v is objects)
-                try:
-                    await self._rewrite_lists(scope, objects)
-                except Exception:
-                    # the read goes on with the lists as they were
-                    self.metrics.inc("opcua_events_failed")
-                    log.exception("JobOrderList of %s not brought up to date for a read",
-                                  scope, extra={"scope": scope})
 
     def _watched(self, node: ua.NodeId) -> bool:
         """Whether a monitored item takes events from ``node``. asyncua keeps them in a
@@ -504,19 +421,14 @@ class OpcUaFace:
         """Each change's event, its structures encoded once (asyncua then copies bytes
         for each subscriber instead of encoding the structures again); what is built
         is kept for the scope's lists."""
-        built = await self._build(changes)
+        built = await self.bodies.build(changes)
         lists_watched: dict[str, bool] = {}
         for (scope, job, change), entry in zip(changes, built, strict=True):
             objects = self.scopes.get(scope)
             if objects is None or entry is None:
                 continue
             order, response = entry
-            keep = lists_watched.get(scope)
-            if keep is None:
-                keep = lists_watched[scope] = self._list_watched(objects)
-            if keep and objects.changed.get(job) is change:
-                # the lists' next rewrite takes it (kept only when one is coming)
-                objects.prebuilt[job] = (change, entry)
+            self.lists.built(scope, job, change, entry, lists_watched)
             try:
                 ev = objects.events.event
                 ev.JobOrder = ua.ExtensionObject(TypeId=self._types.order, Body=order)
@@ -531,132 +443,6 @@ class OpcUaFace:
                 self.metrics.inc("opcua_events_failed")
                 log.exception("OPC UA status event of %s/%s (%s) not raised", scope, job,
                               change[0], extra={"scope": scope, "job": job})
-
-    async def _build(self, changes: list[tuple[str, str, Change]]
-                     ) -> list[tuple[bytes, ua.ExtensionObject] | None]:
-        """Per change the encoded body of its JobOrder and its JobResponse (the stored
-        one with the order's actuals once the job wrote it, else one made from the
-        order's times and state), the responses read in one round trip; None for one
-        that cannot be converted (logged)."""
-        keys = self.host.store.keys
-        got = await self.control.reads([c for scope, job, _ in changes for c in (
-            ("GET", keys(scope).response(job)),
-            ("HMGET", keys(scope).order(job), "started", "ended"))]) if changes else []
-        out: list[tuple[bytes, ua.ExtensionObject] | None] = []
-        for i, (scope, job, (state, order)) in enumerate(changes):
-            if i % LIST_CHUNK == LIST_CHUNK - 1:
-                await asyncio.sleep(0)      # a long batch must not hold the loop
-            stored, (started, ended) = got[2 * i], got[2 * i + 1]
-            if stored is not None:
-                stored = model.with_actuals(bytes(stored), order)
-            try:
-                out.append((encode.body("JobOrder", _order_doc(job, order)),
-                            encode.extension_object("JobResponse", _response_doc(
-                                job, state, stored, started, ended))))
-            except (ConvertError, ValueError, KeyError) as e:
-                log.warning("order %s/%s (%s) cannot go over OPC UA (%s): left out of its "
-                            "event and the lists", scope, job, state, e,
-                            extra={"scope": scope, "job": job})
-                out.append(None)
-        return out
-
-    # ---- JobOrderList and JobOrderResponseList
-
-    async def _keep_list(self, scope: str) -> None:
-        """Rewrite the scope's JobOrderList and JobOrderResponseList when an order
-        changed while a client watches them (else a read brings them up to date,
-        ``_before_read``): at most every ``opcua_list_interval_ms``, and never more than
-        a tenth of the time. Between full reads from Redis (every ``LIST_RELOAD_S``) the lists
-        follow the status events, each change encoded once (by its OPC UA event when a
-        client takes them), so a rewrite costs a list of the encoded entries."""
-        objects = self.scopes[scope]
-        interval = self.config.opcua_list_interval_ms / 1000
-        while True:
-            await objects.list_due.wait()
-            if self._closing:
-                return
-            objects.list_due.clear()
-            try:
-                took = await self._rewrite_lists(scope, objects)
-            except Exception:
-                if self._closing:
-                    return
-                took = 0.0
-                self.metrics.inc("opcua_events_failed")
-                log.exception("JobOrderList of %s not written", scope, extra={"scope": scope})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), max(interval, LIST_COST_FACTOR * took))
-
-    async def _rewrite_lists(self, scope: str, objects: ScopeObjects) -> float:
-        """The lists brought up to date and written; the seconds it took."""
-        async with objects.list_lock:
-            t0 = time.perf_counter()
-            objects.list_stale = False
-            try:
-                await self._follow(scope, objects)
-                entries = [objects.listed[j] for j in sorted(objects.listed)]
-                for node, value in ((objects.order_list, [e[0] for e in entries]),
-                                    (objects.response_list, [e[1] for e in entries])):
-                    if node is not None:
-                        await node.write_value(
-                            ua.Variant(value, ua.VariantType.ExtensionObject, is_array=True))
-            except BaseException:
-                objects.list_stale = True       # the next read or watch tries again
-                raise
-            took = time.perf_counter() - t0
-            self.metrics.observe("opcua_list_seconds", took)
-            return took
-
-    async def _follow(self, scope: str, objects: ScopeObjects) -> None:
-        """The lists' entries brought up to date: read afresh, or the changes since."""
-        if time.monotonic() - objects.loaded_at >= LIST_RELOAD_S:
-            objects.changed.clear()         # what is read now is newer
-            objects.prebuilt.clear()
-            objects.loaded_at = time.monotonic()
-            objects.listed = await self._lists(scope)
-            if objects.changed:             # a change while reading: written next
-                objects.list_stale = True
-                objects.list_due.set()
-            return
-        pending, objects.changed = objects.changed, {}
-        todo = []
-        for job, change in pending.items():
-            kept = objects.prebuilt.pop(job, None)
-            if change[0] == "EndState":
-                objects.listed.pop(job, None)
-            elif kept is not None and kept[0] is change:
-                objects.listed[job] = self._entry(change[0], kept[1])
-            else:
-                todo.append((scope, job, change))
-        for (_, job, change), entry in zip(todo, await self._build(todo), strict=True):
-            if entry is not None:
-                objects.listed[job] = self._entry(change[0], entry)
-
-    def _entry(self, state: str, built: tuple[bytes, ua.ExtensionObject]
-               ) -> tuple[ua.ExtensionObject, ua.ExtensionObject]:
-        """A list entry: the order with its state, and its job response."""
-        order, response = built
-        return (ua.ExtensionObject(TypeId=self._types.order_and_state,
-                                   Body=order + self._types.state_body(state)), response)
-
-    async def _lists(self, scope: str) -> dict[str, tuple[ua.ExtensionObject,
-                                                          ua.ExtensionObject]]:
-        """Every order of the scope not cleared, with its state and job response (the
-        stored one with the order's actuals once the job wrote it, else one made from
-        the order), as RequestJobResponseByJobOrderState gives them; by id."""
-        k = self.host.store.keys(scope)
-        client = self.host.client
-        index = await client.hgetall(k.index)
-        jobs = sorted((j.decode(), s.decode()) for j, s in index.items()
-                      if s != b"EndState")
-        pipe = client.pipeline(transaction=False)
-        for job, _ in jobs:
-            pipe.hget(k.order(job), "order")
-        bodies = await pipe.execute() if jobs else []
-        changes = [(scope, job, (state, body))
-                   for (job, state), body in zip(jobs, bodies, strict=True)]
-        return {job: self._entry(change[0], entry) for (_, job, change), entry
-                in zip(changes, await self._build(changes), strict=True) if entry is not None}
 
 
 def share_fields(event: Any) -> None:
@@ -691,54 +477,6 @@ def _shared_event_fields(self: Any, select_clauses: list[ua.SimpleAttributeOpera
     return fields
 
 
-class EncodedTypes:
-    """What the face's encoded structures need, made once the NodeSet is loaded: the
-    type ids, and each state's ``ISA95StateDataType`` array (as an event's JobState,
-    and as the encoded tail of an ``ISA95JobOrderAndStateDataType``)."""
-
-    def __init__(self) -> None:
-        ids = ua.typeid_by_extension_objects
-        self.order = ids[ua_class("JobOrder")]
-        self.order_and_state = ids[ua_class("JobOrderAndState")]
-        self._lists: dict[str, list[ua.ExtensionObject]] = {}
-        self._bodies: dict[str, bytes] = {}
-
-    def state_list(self, state: str) -> list[ua.ExtensionObject]:
-        got = self._lists.get(state)
-        if got is None:
-            got = self._lists[state] = [encoded(s) for s in states(state)]
-        return got
-
-    def state_body(self, state: str) -> bytes:
-        """The encoded ``ISA95StateDataType[]`` of a state (a count, then each body),
-        which follows the JobOrder's body in an ``ISA95JobOrderAndStateDataType``."""
-        got = self._bodies.get(state)
-        if got is None:
-            parts = [struct_to_binary(s) for s in states(state)]
-            got = self._bodies[state] = (len(parts).to_bytes(4, "little", signed=True)
-                                         + b"".join(parts))
-        return got
-
-
-def encoded(value: Any) -> ua.ExtensionObject:
-    """A structure as the ExtensionObject it goes out as, encoded once: asyncua copies a
-    written value for each subscriber, and a list of encoded objects copies 20 times
-    faster than one of structures (the bytes on the wire are the same)."""
-    return ua.ExtensionObject(TypeId=ua.typeid_by_extension_objects[type(value)],
-                              Body=struct_to_binary(value))
-
-
-def _order_doc(job: str, body: str | bytes | None) -> dict[str, Any]:
-    try:
-        doc = json.loads(body) if body else None
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        doc = {}
-    doc.setdefault("JobOrderID", job)
-    return doc
-
-
 def _work_master_doc(wm_id: str, raw: bytes | None) -> dict[str, Any] | None:
     """A stored Work Master as an ``ISA95WorkMasterDataType``'s JSON (its ID,
     Description and Parameters; the recipe stays in the host); None if unreadable."""
@@ -759,27 +497,6 @@ def _work_master_doc(wm_id: str, raw: bytes | None) -> dict[str, Any] | None:
         out.pop("Parameters", None)
         out.pop("Description", None)
     return out
-
-
-def _response_doc(job: str, state: str, stored: bytes | None, started: bytes | None,
-                  ended: bytes | None) -> dict[str, Any]:
-    """The job response an event carries: the stored one once the job wrote it, else
-    one made from the order's times and the event's state (as
-    RequestJobResponseByJobOrderState makes one)."""
-    if stored is not None and state.startswith(("Ended", "Aborted")):
-        try:
-            doc = json.loads(stored)
-        except ValueError:
-            doc = None
-        if isinstance(doc, dict):
-            return doc
-    made: dict[str, Any] = {"JobResponseID": f"{job}-response", "JobOrderID": job}
-    if started:
-        made["StartTime"] = started.decode()
-    if ended:
-        made["EndTime"] = ended.decode()
-    made["JobState"] = model.state_list(state)
-    return made
 
 
 def event_filters(prefix: str, depth: int) -> list[str]:

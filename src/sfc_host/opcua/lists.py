@@ -1,0 +1,264 @@
+"""Each scope's ``JobOrderList`` and ``JobOrderResponseList``: every order not cleared,
+with its state, and their job responses.
+
+The lists cost the host a rewrite for each batch of changes, so they are kept only for
+a client that asks: rewritten as orders change while a monitored item follows one of
+them, brought up to date before a read otherwise (asyncua's PreRead hook), and made
+current for a monitored item when it is made. Between full reads from Redis (every
+``RELOAD_S``) they follow the status events, each change encoded once (by its OPC UA
+event, when a client takes the events), so a rewrite is a list of encoded entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from asyncua import Node, Server, ua
+from asyncua.common.callback import ServerItemCallback
+
+from sfc_host.config import HostConfig
+from sfc_host.metrics import Metrics
+from sfc_host.opcua.bodies import Bodies, Built, Change, EncodedTypes
+
+if TYPE_CHECKING:
+    from sfc_host.execution.host import Host
+
+log = logging.getLogger("sfc_host.opcua")
+
+COST_FACTOR = 10            # a rewrite is followed by 10x its time of rest
+# how often the lists are read afresh from Redis: between, they follow the status events
+# (a full read of 10,000 orders takes most of a second; an event the MQTT side dropped
+# under overload is made good here)
+RELOAD_S = 60.0
+# changes kept for lists nobody watches or reads; past this, the next read loads the
+# lists afresh instead (the changes are in Redis anyway)
+PENDING_MAX = 5_000
+
+Entry = tuple[ua.ExtensionObject, ua.ExtensionObject]
+
+
+class ScopeLists:
+    """One scope's two list variables and what they hold and lack."""
+
+    def __init__(self, order_list: Node | None, response_list: Node | None) -> None:
+        self.order_list = order_list
+        self.response_list = response_list
+        self.due = asyncio.Event()          # a rewrite is wanted
+        self.lock = asyncio.Lock()          # one rewrite at a time: the loop's or a read's
+        self.stale = True                   # changes (or a reload) the lists lack
+        # the entries by job, encoded; the changes not yet in them, by job
+        self.listed: dict[str, Entry] = {}
+        self.changed: dict[str, Change] = {}
+        # changes whose bodies their event built, until a rewrite takes them
+        self.prebuilt: dict[str, tuple[Change, Built]] = {}
+        self.loaded_at = -RELOAD_S
+        self.task: asyncio.Task[None] | None = None
+
+    def nodes(self) -> set[ua.NodeId]:
+        return {n.nodeid for n in (self.order_list, self.response_list) if n is not None}
+
+
+class OrderLists:
+    """The lists of every scope of the face."""
+
+    server: Server | None = None
+    types: EncodedTypes             # both set once the face's server is made
+
+    def __init__(self, config: HostConfig, host: Host, metrics: Metrics,
+                 bodies: Bodies) -> None:
+        self.config = config
+        self.host = host
+        self.metrics = metrics
+        self.bodies = bodies
+        self.scopes: dict[str, ScopeLists] = {}
+        self._closed = asyncio.Event()
+
+    def add(self, scope: str, order_list: Node | None, response_list: Node | None) -> None:
+        lists = self.scopes[scope] = ScopeLists(order_list, response_list)
+        lists.task = asyncio.get_running_loop().create_task(self._keep(scope))
+        lists.due.set()
+
+    async def aclose(self) -> list[asyncio.Task[None]]:
+        """Let the loops end; their tasks, for the face to wait for."""
+        self._closed.set()
+        for lists in self.scopes.values():
+            lists.due.set()
+        return [s.task for s in self.scopes.values() if s.task is not None]
+
+    # ---- what changed
+
+    def noted(self, scope: str, job: str, change: Change) -> None:
+        """An order's change, from its status event."""
+        lists = self.scopes.get(scope)
+        if lists is None:
+            return
+        lists.changed[job] = change
+        lists.stale = True
+        if self.watched(lists):
+            lists.due.set()
+        elif len(lists.changed) > PENDING_MAX:
+            lists.changed.clear()
+            lists.prebuilt.clear()
+            lists.loaded_at = -RELOAD_S
+
+    def built(self, scope: str, job: str, change: Change, entry: Built,
+              watched: dict[str, bool]) -> None:
+        """A change's bodies its event built, for the next rewrite to take (kept only
+        when one is coming; ``watched`` caches that per scope for a batch)."""
+        lists = self.scopes.get(scope)
+        if lists is None:
+            return
+        keep = watched.get(scope)
+        if keep is None:
+            keep = watched[scope] = self.watched(lists)
+        if keep and lists.changed.get(job) is change:
+            lists.prebuilt[job] = (change, entry)
+
+    def watched(self, lists: ScopeLists) -> bool:
+        """Whether a monitored item follows one of the lists. asyncua keeps the items in
+        a private map of each subscription (``_monitored_items``): the ``[opcua]`` extra
+        pins asyncua to 2.1 and tests/opcua/test_opcua.py checks both ways; without the
+        map the lists follow every change."""
+        assert self.server is not None
+        nodes = lists.nodes()
+        for sub in self.server.iserver.subscription_service.subscriptions.values():
+            items = getattr(sub.monitored_item_srv, "_monitored_items", None)
+            if items is None:
+                return True
+            for item in items.values():
+                rv = getattr(item, "read_value_id", None)
+                if rv is None or rv.NodeId in nodes:
+                    return True
+        return False
+
+    # ---- asyncua's hooks
+
+    def _scope_of(self, node: ua.NodeId) -> str | None:
+        for scope, lists in self.scopes.items():
+            if node in lists.nodes():
+                return scope
+        return None
+
+    async def item_made(self, event: ServerItemCallback, _: Any) -> None:
+        """A monitored item made on a list: the lists brought up to date now, so its
+        first value is current (they were left while nobody watched)."""
+        for item in getattr(event.request_params, "ItemsToCreate", None) or []:
+            scope = self._scope_of(item.ItemToMonitor.NodeId)
+            if scope is not None and self.scopes[scope].stale:
+                self.scopes[scope].due.set()
+
+    async def before_read(self, event: ServerItemCallback, _: Any) -> None:
+        """A read of a list that lacks changes waits for them to be written first."""
+        for rv in getattr(event.request_params, "NodesToRead", None) or []:
+            if rv.AttributeId != ua.AttributeIds.Value:
+                continue
+            scope = self._scope_of(rv.NodeId)
+            if scope is None:
+                continue
+            lists = self.scopes[scope]
+            if lists.stale or time.monotonic() - lists.loaded_at >= RELOAD_S:
+                try:
+                    await self.rewrite(scope)
+                except Exception:
+                    # the read goes on with the lists as they were
+                    self.metrics.inc("opcua_events_failed")
+                    log.exception("JobOrderList of %s not brought up to date for a read",
+                                  scope, extra={"scope": scope})
+
+    # ---- rewrites
+
+    async def _keep(self, scope: str) -> None:
+        """Rewrite the lists when they are due: at most every
+        ``opcua_list_interval_ms``, and never more than a tenth of the time."""
+        lists = self.scopes[scope]
+        interval = self.config.opcua_list_interval_ms / 1000
+        while True:
+            await lists.due.wait()
+            if self._closed.is_set():
+                return
+            lists.due.clear()
+            try:
+                took = await self.rewrite(scope)
+            except Exception:
+                if self._closed.is_set():
+                    return
+                took = 0.0
+                self.metrics.inc("opcua_events_failed")
+                log.exception("JobOrderList of %s not written", scope, extra={"scope": scope})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), max(interval, COST_FACTOR * took))
+
+    async def rewrite(self, scope: str) -> float:
+        """The scope's lists brought up to date and written; the seconds it took."""
+        lists = self.scopes[scope]
+        async with lists.lock:
+            t0 = time.perf_counter()
+            lists.stale = False
+            try:
+                await self._follow(scope, lists)
+                entries = [lists.listed[j] for j in sorted(lists.listed)]
+                for node, value in ((lists.order_list, [e[0] for e in entries]),
+                                    (lists.response_list, [e[1] for e in entries])):
+                    if node is not None:
+                        await node.write_value(
+                            ua.Variant(value, ua.VariantType.ExtensionObject, is_array=True))
+            except BaseException:
+                lists.stale = True          # the next read or watch tries again
+                raise
+            took = time.perf_counter() - t0
+            self.metrics.observe("opcua_list_seconds", took)
+            return took
+
+    async def _follow(self, scope: str, lists: ScopeLists) -> None:
+        """The entries brought up to date: read afresh, or the changes since."""
+        if time.monotonic() - lists.loaded_at >= RELOAD_S:
+            lists.changed.clear()           # what is read now is newer
+            lists.prebuilt.clear()
+            lists.loaded_at = time.monotonic()
+            lists.listed = await self.read_all(scope)
+            if lists.changed:               # a change while reading: written next
+                lists.stale = True
+                lists.due.set()
+            return
+        pending, lists.changed = lists.changed, {}
+        todo = []
+        for job, change in pending.items():
+            kept = lists.prebuilt.pop(job, None)
+            if change[0] == "EndState":
+                lists.listed.pop(job, None)
+            elif kept is not None and kept[0] is change:
+                lists.listed[job] = self._entry(change[0], kept[1])
+            else:
+                todo.append((scope, job, change))
+        for (_, job, change), entry in zip(todo, await self.bodies.build(todo), strict=True):
+            if entry is not None:
+                lists.listed[job] = self._entry(change[0], entry)
+
+    def _entry(self, state: str, built: Built) -> Entry:
+        """A list entry: the order with its state, and its job response."""
+        order, response = built
+        return (ua.ExtensionObject(TypeId=self.types.order_and_state,
+                                   Body=order + self.types.state_body(state)), response)
+
+    async def read_all(self, scope: str) -> dict[str, Entry]:
+        """Every order of the scope not cleared, with its state and job response (the
+        stored one with the order's actuals once the job wrote it, else one made from
+        the order), as RequestJobResponseByJobOrderState gives them; by id."""
+        k = self.host.store.keys(scope)
+        client = self.host.client
+        index = await client.hgetall(k.index)
+        jobs = sorted((j.decode(), s.decode()) for j, s in index.items()
+                      if s != b"EndState")
+        pipe = client.pipeline(transaction=False)
+        for job, _ in jobs:
+            pipe.hget(k.order(job), "order")
+        bodies = await pipe.execute() if jobs else []
+        changes = [(scope, job, (state, body))
+                   for (job, state), body in zip(jobs, bodies, strict=True)]
+        built = await self.bodies.build(changes)
+        return {job: self._entry(change[0], entry) for (_, job, change), entry
+                in zip(changes, built, strict=True) if entry is not None}
