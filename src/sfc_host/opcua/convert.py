@@ -238,12 +238,7 @@ def _field_from_json(kind: Kind, v: Any, path: str) -> Any:
             raise ConvertError(f"{path}: not an integer")
         return v
     if kind == "time":
-        if not isinstance(v, str):
-            raise ConvertError(f"{path}: not a time")
-        try:
-            return dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
-        except ValueError:
-            raise ConvertError(f"{path}: {v!r} is not an RFC 3339 time") from None
+        return time_from_json(v, path)
     if kind == "ltext":
         return _ltext_from_json(v, path)
     if kind == "texts":
@@ -270,31 +265,48 @@ def _ltext_from_json(v: Any, path: str) -> ua.LocalizedText:
     return ua.LocalizedText(v.get("Text"), v.get("Locale"))
 
 
-def variant_from_json(v: Any) -> ua.Variant:
-    """A JSON value as the Variant a parameter's ``Value`` is: a number, text or flag
-    as itself, an array of one of them as an array; an object, or a mixed array, as
-    its JSON text."""
+def time_from_json(v: Any, path: str) -> dt.datetime:
+    """An RFC 3339 time of the MQTT face's JSON (``Z`` or an offset; none: UTC)."""
+    if not isinstance(v, str):
+        raise ConvertError(f"{path}: not a time")
+    try:
+        return dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConvertError(f"{path}: {v!r} is not an RFC 3339 time") from None
+
+
+_SCALAR_TYPES = {bool: ua.VariantType.Boolean, int: ua.VariantType.Int64,
+                 float: ua.VariantType.Double, str: ua.VariantType.String}
+
+
+def variant_shape(v: Any) -> tuple[ua.VariantType, Any, bool]:
+    """What a JSON value is as the Variant a parameter's ``Value`` is: its type, its
+    value and whether it is an array. A number, text or flag as itself (an integer past
+    Int64 as a Double), an array of one of them as an array; an object, or a mixed or
+    empty array, as its JSON text; null as the null Variant."""
     if v is None:
-        return ua.Variant()
-    if isinstance(v, bool):
-        return ua.Variant(v, ua.VariantType.Boolean)
-    if isinstance(v, int):
-        if -2**63 <= v < 2**63:
-            return ua.Variant(v, ua.VariantType.Int64)
-        return ua.Variant(float(v), ua.VariantType.Double)
-    if isinstance(v, float):
-        return ua.Variant(v, ua.VariantType.Double)
-    if isinstance(v, str):
-        return ua.Variant(v, ua.VariantType.String)
+        return ua.VariantType.Null, None, False
+    vt = _SCALAR_TYPES.get(type(v))
+    if vt is ua.VariantType.Int64 and not -2**63 <= v < 2**63:
+        return ua.VariantType.Double, float(v), False
+    if vt is not None:
+        return vt, v, False
     if isinstance(v, list) and v:
         kinds = {type(x) for x in v}
         if len(kinds) == 1:
             t = next(iter(kinds))
-            vt = {bool: ua.VariantType.Boolean, int: ua.VariantType.Int64,
-                  float: ua.VariantType.Double, str: ua.VariantType.String}.get(t)
+            vt = _SCALAR_TYPES.get(t)
             if vt is not None and (t is not int or all(-2**63 <= x < 2**63 for x in v)):
-                return ua.Variant(list(v), vt, is_array=True)
-    return ua.Variant(json.dumps(v, separators=(",", ":")), ua.VariantType.String)
+                return vt, list(v), True
+    return ua.VariantType.String, json.dumps(v, separators=(",", ":")), False
+
+
+def variant_from_json(v: Any) -> ua.Variant:
+    """A JSON value as the Variant a parameter's ``Value`` is (``variant_shape``)."""
+    vt, value, array = variant_shape(v)
+    if vt is ua.VariantType.Null:
+        return ua.Variant()
+    return ua.Variant(value, vt, is_array=array)
 
 
 # ---- job order states

@@ -14,9 +14,7 @@ compare both over generated orders and responses.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import functools
-import json
 import struct
 import types
 import typing
@@ -26,7 +24,14 @@ from typing import Any
 from asyncua import ua
 from asyncua.ua.ua_binary import to_binary
 
-from sfc_host.opcua.convert import FIELDS, ConvertError, Kind, ua_class
+from sfc_host.opcua.convert import (
+    FIELDS,
+    ConvertError,
+    Kind,
+    time_from_json,
+    ua_class,
+    variant_shape,
+)
 
 _I32 = struct.Struct("<i").pack
 _I64 = struct.Struct("<q").pack
@@ -35,10 +40,11 @@ _U32 = struct.Struct("<I").pack
 _INTS = {"Byte": "<B", "SByte": "<b", "Int16": "<h", "UInt16": "<H", "Int32": "<i",
          "UInt32": "<I", "Int64": "<q", "UInt64": "<Q"}
 _NULL_VARIANT = b"\x00"
-# VariantType numbers of what a JSON value becomes (convert.variant_from_json)
-_BOOLEAN, _INT64, _DOUBLE, _STRING = 1, 8, 11, 12
 _ARRAY = 0x80
-_ARRAY_KINDS = {bool: (_BOOLEAN, "<?"), int: (_INT64, "<q"), float: (_DOUBLE, "<d")}
+# the types a JSON value becomes (convert.variant_shape): a scalar's bytes, an array's
+# struct code (text: each its own string)
+_ARRAY_CODES = {ua.VariantType.Boolean: "?", ua.VariantType.Int64: "q",
+                ua.VariantType.Double: "d"}
 
 # one field of a structure: name, kind (convert.FIELDS), its bit in the encoding mask
 # (-1: not optional), the struct format of an integer, and the bytes of its default
@@ -138,13 +144,7 @@ def _int(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
 
 
 def _time(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
-    if not isinstance(v, str):
-        raise ConvertError(f"{path}: not a time")
-    try:
-        when = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConvertError(f"{path}: {v!r} is not an RFC 3339 time") from None
-    out.append(_I64(ua.datetime_to_win_epoch(when)))
+    out.append(_I64(ua.datetime_to_win_epoch(time_from_json(v, path))))
 
 
 def _ltext(v: Any, fmt: str, path: str, out: list[bytes]) -> None:
@@ -210,33 +210,22 @@ def _localized(text: Any, locale: Any, path: str) -> bytes:
 
 
 def variant(v: Any) -> bytes:
-    """``convert.variant_from_json(v)`` encoded: a number, text or flag as itself, an
-    array of one of them as an array, anything else as its JSON text."""
-    if v is None:
+    """``convert.variant_from_json(v)`` encoded (the same ``variant_shape``)."""
+    try:
+        vt, value, array = variant_shape(v)
+    except OverflowError:
+        raise ConvertError(f"{v} does not fit a Double") from None
+    if vt is ua.VariantType.Null:
         return _NULL_VARIANT
-    if isinstance(v, bool):
-        return bytes((_BOOLEAN, 1 if v else 0))
-    if isinstance(v, int):
-        if -2**63 <= v < 2**63:
-            return bytes((_INT64,)) + _I64(v)
-        try:
-            return bytes((_DOUBLE,)) + _F64(float(v))
-        except OverflowError:
-            raise ConvertError(f"{v} does not fit a Double") from None
-    if isinstance(v, float):
-        return bytes((_DOUBLE,)) + _F64(v)
-    if isinstance(v, str):
-        return bytes((_STRING,)) + _string(v)
-    if isinstance(v, list) and v:
-        kinds = {type(x) for x in v}
-        if len(kinds) == 1:
-            t = next(iter(kinds))
-            if t is str:
-                return bytes((_STRING | _ARRAY,)) + _I32(len(v)) + \
-                    b"".join(_string(x) for x in v)
-            got = _ARRAY_KINDS.get(t)
-            if got is not None and (t is not int or all(-2**63 <= x < 2**63 for x in v)):
-                number, code = got
-                return bytes((number | _ARRAY,)) + _I32(len(v)) + \
-                    struct.pack(f"<{len(v)}{code[1]}", *v)
-    return bytes((_STRING,)) + _string(json.dumps(v, separators=(",", ":")))
+    if not array:
+        return bytes((vt.value,)) + _PACK[vt](value)
+    code = _ARRAY_CODES.get(vt)
+    items = _I32(len(value)) + (struct.pack(f"<{len(value)}{code}", *value) if code
+                                else b"".join(_string(x) for x in value))
+    return bytes((vt.value | _ARRAY,)) + items
+
+
+_PACK: dict[ua.VariantType, Callable[[Any], bytes]] = {
+    ua.VariantType.Boolean: lambda b: b"\x01" if b else b"\x00",
+    ua.VariantType.Int64: _I64, ua.VariantType.Double: _F64,
+    ua.VariantType.String: _string}

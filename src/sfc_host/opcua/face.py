@@ -53,6 +53,7 @@ from sfc_host.opcua.server import (
     RECEIVER_TYPE,
     Namespaces,
     make_server,
+    takes_events,
 )
 
 if TYPE_CHECKING:
@@ -374,7 +375,7 @@ class OpcUaFace:
             return
         change = (state, _ENCODE.encode(order))
         self.lists.noted(scope, job, change)
-        if not self._watched(objects.provider.nodeid):
+        if self.server is None or not takes_events(self.server, objects.provider.nodeid):
             return
         try:
             self._changes.put_nowait((scope, job, change))
@@ -385,18 +386,6 @@ class OpcUaFace:
                 self._dropped_logged = time.monotonic()
                 log.warning("OPC UA status events dropped: %d changes wait to be raised",
                             EVENT_QUEUE)
-
-    def _watched(self, node: ua.NodeId) -> bool:
-        """Whether a monitored item takes events from ``node``. asyncua keeps them in a
-        private map of each subscription (``_monitored_events``): the ``[opcua]`` extra
-        pins asyncua to 2.1, and tests/opcua/test_opcua.py checks both ways; without the map
-        every event is raised, as before."""
-        assert self.server is not None
-        for sub in self.server.iserver.subscription_service.subscriptions.values():
-            watched = getattr(sub.monitored_item_srv, "_monitored_events", None)
-            if watched is None or watched.get(node):
-                return True
-        return False
 
     async def _raise_events(self) -> None:
         """One event per change, in the order the changes were made; what the queue
@@ -422,13 +411,12 @@ class OpcUaFace:
         for each subscriber instead of encoding the structures again); what is built
         is kept for the scope's lists."""
         built = await self.bodies.build(changes)
-        lists_watched: dict[str, bool] = {}
         for (scope, job, change), entry in zip(changes, built, strict=True):
             objects = self.scopes.get(scope)
             if objects is None or entry is None:
                 continue
             order, response = entry
-            self.lists.built(scope, job, change, entry, lists_watched)
+            self.lists.built(scope, job, change, entry)
             try:
                 ev = objects.events.event
                 ev.JobOrder = ua.ExtensionObject(TypeId=self._types.order, Body=order)

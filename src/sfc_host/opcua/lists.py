@@ -3,8 +3,9 @@ with its state, and their job responses.
 
 The lists cost the host a rewrite for each batch of changes, so they are kept only for
 a client that asks: rewritten as orders change while a monitored item follows one of
-them, brought up to date before a read otherwise (asyncua's PreRead hook), and made
-current for a monitored item when it is made. Between full reads from Redis (every
+them (asked once a rewrite is due, not per change), brought up to date before a read
+otherwise (asyncua's PreRead hook), and made current for a monitored item when it is
+made. Between full reads from Redis (every
 ``RELOAD_S``) they follow the status events, each change encoded once (by its OPC UA
 event, when a client takes the events), so a rewrite is a list of encoded entries.
 """
@@ -23,6 +24,7 @@ from asyncua.common.callback import ServerItemCallback
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
 from sfc_host.opcua.bodies import Bodies, Built, Change, EncodedTypes
+from sfc_host.opcua.server import follows_values
 
 if TYPE_CHECKING:
     from sfc_host.execution.host import Host
@@ -47,9 +49,13 @@ class ScopeLists:
     def __init__(self, order_list: Node | None, response_list: Node | None) -> None:
         self.order_list = order_list
         self.response_list = response_list
+        self.nodes = {n.nodeid for n in (order_list, response_list) if n is not None}
         self.due = asyncio.Event()          # a rewrite is wanted
         self.lock = asyncio.Lock()          # one rewrite at a time: the loop's or a read's
         self.stale = True                   # changes (or a reload) the lists lack
+        # a monitored item followed them at the last rewrite due: only then are bodies
+        # an event built kept for the next one
+        self.followed = True
         # the entries by job, encoded; the changes not yet in them, by job
         self.listed: dict[str, Entry] = {}
         self.changed: dict[str, Change] = {}
@@ -57,9 +63,6 @@ class ScopeLists:
         self.prebuilt: dict[str, tuple[Change, Built]] = {}
         self.loaded_at = -RELOAD_S
         self.task: asyncio.Task[None] | None = None
-
-    def nodes(self) -> set[ua.NodeId]:
-        return {n.nodeid for n in (self.order_list, self.response_list) if n is not None}
 
 
 class OrderLists:
@@ -75,10 +78,13 @@ class OrderLists:
         self.metrics = metrics
         self.bodies = bodies
         self.scopes: dict[str, ScopeLists] = {}
+        self._by_node: dict[ua.NodeId, str] = {}    # a list variable's scope
         self._closed = asyncio.Event()
 
     def add(self, scope: str, order_list: Node | None, response_list: Node | None) -> None:
         lists = self.scopes[scope] = ScopeLists(order_list, response_list)
+        for node in lists.nodes:
+            self._by_node[node] = scope
         lists.task = asyncio.get_running_loop().create_task(self._keep(scope))
         lists.due.set()
 
@@ -92,87 +98,59 @@ class OrderLists:
     # ---- what changed
 
     def noted(self, scope: str, job: str, change: Change) -> None:
-        """An order's change, from its status event."""
+        """An order's change, from its status event: the rewrite loop asks whether a
+        client follows the lists."""
         lists = self.scopes.get(scope)
         if lists is None:
             return
         lists.changed[job] = change
         lists.stale = True
-        if self.watched(lists):
-            lists.due.set()
-        elif len(lists.changed) > PENDING_MAX:
+        lists.due.set()
+        if len(lists.changed) > PENDING_MAX:    # nobody follows or reads them
             lists.changed.clear()
             lists.prebuilt.clear()
             lists.loaded_at = -RELOAD_S
 
-    def built(self, scope: str, job: str, change: Change, entry: Built,
-              watched: dict[str, bool]) -> None:
-        """A change's bodies its event built, for the next rewrite to take (kept only
-        when one is coming; ``watched`` caches that per scope for a batch)."""
+    def built(self, scope: str, job: str, change: Change, entry: Built) -> None:
+        """A change's bodies its event built, kept for the next rewrite to take while a
+        client follows the lists."""
         lists = self.scopes.get(scope)
-        if lists is None:
-            return
-        keep = watched.get(scope)
-        if keep is None:
-            keep = watched[scope] = self.watched(lists)
-        if keep and lists.changed.get(job) is change:
+        if lists is not None and lists.followed and lists.changed.get(job) is change:
             lists.prebuilt[job] = (change, entry)
 
-    def watched(self, lists: ScopeLists) -> bool:
-        """Whether a monitored item follows one of the lists. asyncua keeps the items in
-        a private map of each subscription (``_monitored_items``): the ``[opcua]`` extra
-        pins asyncua to 2.1 and tests/opcua/test_opcua.py checks both ways; without the
-        map the lists follow every change."""
-        assert self.server is not None
-        nodes = lists.nodes()
-        for sub in self.server.iserver.subscription_service.subscriptions.values():
-            items = getattr(sub.monitored_item_srv, "_monitored_items", None)
-            if items is None:
-                return True
-            for item in items.values():
-                rv = getattr(item, "read_value_id", None)
-                if rv is None or rv.NodeId in nodes:
-                    return True
-        return False
-
-    # ---- asyncua's hooks
-
-    def _scope_of(self, node: ua.NodeId) -> str | None:
-        for scope, lists in self.scopes.items():
-            if node in lists.nodes():
-                return scope
-        return None
+    # ---- asyncua's hooks: a client asks for a list
 
     async def item_made(self, event: ServerItemCallback, _: Any) -> None:
-        """A monitored item made on a list: the lists brought up to date now, so its
-        first value is current (they were left while nobody watched)."""
+        """A monitored item about to be made on a list: the lists brought up to date
+        first, so its first value is current (they were left while nobody followed)."""
         for item in getattr(event.request_params, "ItemsToCreate", None) or []:
-            scope = self._scope_of(item.ItemToMonitor.NodeId)
-            if scope is not None and self.scopes[scope].stale:
-                self.scopes[scope].due.set()
+            await self._up_to_date(item.ItemToMonitor.NodeId)
 
     async def before_read(self, event: ServerItemCallback, _: Any) -> None:
         """A read of a list that lacks changes waits for them to be written first."""
         for rv in getattr(event.request_params, "NodesToRead", None) or []:
-            if rv.AttributeId != ua.AttributeIds.Value:
-                continue
-            scope = self._scope_of(rv.NodeId)
-            if scope is None:
-                continue
-            lists = self.scopes[scope]
-            if lists.stale or time.monotonic() - lists.loaded_at >= RELOAD_S:
-                try:
-                    await self.rewrite(scope)
-                except Exception:
-                    # the read goes on with the lists as they were
-                    self.metrics.inc("opcua_events_failed")
-                    log.exception("JobOrderList of %s not brought up to date for a read",
-                                  scope, extra={"scope": scope})
+            if rv.AttributeId == ua.AttributeIds.Value:
+                await self._up_to_date(rv.NodeId)
+
+    async def _up_to_date(self, node: ua.NodeId) -> None:
+        scope = self._by_node.get(node)
+        if scope is None:
+            return
+        lists = self.scopes[scope]
+        if not lists.stale and time.monotonic() - lists.loaded_at < RELOAD_S:
+            return
+        try:
+            await self.rewrite(scope)
+        except Exception:
+            # the client goes on with the lists as they were
+            self.metrics.inc("opcua_events_failed")
+            log.exception("JobOrderList of %s not brought up to date for a client", scope,
+                          extra={"scope": scope})
 
     # ---- rewrites
 
     async def _keep(self, scope: str) -> None:
-        """Rewrite the lists when they are due: at most every
+        """Rewrite the lists when they are due and a client follows them: at most every
         ``opcua_list_interval_ms``, and never more than a tenth of the time."""
         lists = self.scopes[scope]
         interval = self.config.opcua_list_interval_ms / 1000
@@ -181,14 +159,21 @@ class OrderLists:
             if self._closed.is_set():
                 return
             lists.due.clear()
-            try:
-                took = await self.rewrite(scope)
-            except Exception:
-                if self._closed.is_set():
-                    return
+            assert self.server is not None
+            lists.followed = follows_values(self.server, lists.nodes)
+            if not lists.followed:
+                lists.prebuilt.clear()      # a read builds what it needs
                 took = 0.0
-                self.metrics.inc("opcua_events_failed")
-                log.exception("JobOrderList of %s not written", scope, extra={"scope": scope})
+            else:
+                try:
+                    took = await self.rewrite(scope)
+                except Exception:
+                    if self._closed.is_set():
+                        return
+                    took = 0.0
+                    self.metrics.inc("opcua_events_failed")
+                    log.exception("JobOrderList of %s not written", scope,
+                                  extra={"scope": scope})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closed.wait(), max(interval, COST_FACTOR * took))
 

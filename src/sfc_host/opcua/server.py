@@ -159,3 +159,31 @@ def _check_certificate(pki: Pki, uri: str) -> None:
         raise SecurityError(f"setting opcua_pki_dir: {pki.cert} names {uris or 'no URI'}, "
                             f"not this server's {uri} (the endpoint's host and the "
                             "consumer name): make it again with sfc-host opcua cert --force")
+
+
+# ---- who watches what: asyncua keeps each subscription's monitored items in private
+# maps (``_monitored_events``, ``_monitored_items``). The ``[opcua]`` extra pins asyncua
+# to 2.1 and tests/opcua/test_opcua.py checks both answers; without a map both say yes,
+# so the face does everything as if a client watched.
+
+
+def takes_events(server: Server, node: ua.NodeId) -> bool:
+    """Whether a monitored item takes the events ``node`` raises."""
+    for sub in server.iserver.subscription_service.subscriptions.values():
+        watched = getattr(sub.monitored_item_srv, "_monitored_events", None)
+        if watched is None or watched.get(node):
+            return True
+    return False
+
+
+def follows_values(server: Server, nodes: set[ua.NodeId]) -> bool:
+    """Whether a monitored item follows the value of one of ``nodes``."""
+    for sub in server.iserver.subscription_service.subscriptions.values():
+        items = getattr(sub.monitored_item_srv, "_monitored_items", None)
+        if items is None:
+            return True
+        for item in items.values():
+            rv = getattr(item, "read_value_id", None)
+            if rv is None or rv.NodeId in nodes:
+                return True
+    return False

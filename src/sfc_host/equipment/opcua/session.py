@@ -64,10 +64,10 @@ class ServerLink:
                 feed = _Feed()
                 feed.sub = await client.create_subscription(FEED_MS, feed)
                 self._feed = feed
+            new = node.nodeid not in feed.handlers
             feed.handlers[node.nodeid] = handler
-            if node.nodeid not in feed.watched:
+            if new:
                 await feed.sub.subscribe_data_change(node)
-                feed.watched.add(node.nodeid)
 
     def status(self) -> str:
         """'' when connected, else why not (``/readyz``, the web view)."""
@@ -237,7 +237,6 @@ class _Feed:
     def __init__(self) -> None:
         self.sub: Any = None
         self.handlers: dict[ua.NodeId, Any] = {}
-        self.watched: set[ua.NodeId] = set()
 
     def datachange_notification(self, node: Node, val: Any, data: Any) -> None:
         handler = self.handlers.get(node.nodeid)
