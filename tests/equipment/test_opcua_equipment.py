@@ -10,7 +10,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from asyncua import ua
 from helpers.aio import run
 from helpers.hosts import flush, quick_config, wait_until
 from helpers.opcua_equipment import (
@@ -26,7 +25,7 @@ from helpers.servers import free_port
 
 from sfc_host.config import ConfigError
 from sfc_host.equipment.opcua.settings import load
-from sfc_host.examples.packml_unit import URI, build
+from sfc_host.examples.packml_unit import build
 from sfc_host.service.app import App
 
 
@@ -224,24 +223,7 @@ def test_a_variables_data_changes_are_pull_events(redis_url: str, mqtt_url: str,
     async def main() -> None:
         async with Plant(redis_url, mqtt_url, tmp_path) as p:
             assert p.app is not None and p.server is not None
-            ns = await p.server.get_namespace_index(URI)
-            camera = await p.server.nodes.objects.add_variable(
-                ua.NodeId("Camera1.Passed", ns), ua.QualifiedName("Passed", ns), False)
-            await p.app.aclose()
-            eq_file = tmp_path / "equipment.toml"
-            eq_file.write_text(eq_file.read_text() + f"""
-[[event]]
-server = "plc1"
-scope = "{S}"
-type = "com.example.qa_result.v1"
-node = "nsu={URI};s=Camera1.Passed"
-field = "passed"
-""")
-            p.app = App(quick_config(redis_url, mqtt_url=mqtt_url, scopes=[S],
-                                     consumer="opcua-eq", equipment_opcua=str(eq_file)))
-            await p.app.start(connect_timeout_s=5)
-            eq = p.app.opcua_equipment
-            await wait_until(lambda: not eq.not_ready(), 15, "the units bound")
+            camera = await p.with_variable_events("Camera1.Passed", field="passed")
             wm = recipe([("fill", "com.example.fill.v1", {"setpoint": 1.0})], wm_id="wm-qa")
             wm["data"]["Steps"].append({"Name": "Qa"})
             wm["data"]["Transitions"].append(
@@ -270,21 +252,8 @@ def test_a_variables_changes_arrive_once_each_over_a_reconnect(
     async def main() -> None:
         async with Plant(redis_url, mqtt_url, tmp_path) as p:
             assert p.app is not None and p.server is not None
-            ns = await p.server.get_namespace_index(URI)
-            camera = await p.server.nodes.objects.add_variable(
-                ua.NodeId("Camera2.Passed", ns), ua.QualifiedName("Passed", ns), False)
-            await p.app.aclose()
-            eq_file = tmp_path / "equipment.toml"
-            eq_file.write_text(eq_file.read_text() + f"""
-[[event]]
-server = "plc1"
-scope = "{S}"
-type = "com.example.qa_result.v1"
-node = "nsu={URI};s=Camera2.Passed"
-""")
-            p.app = App(quick_config(redis_url, mqtt_url=mqtt_url, scopes=[S],
-                                     consumer="opcua-eq", equipment_opcua=str(eq_file)))
-            await p.app.start(connect_timeout_s=5)
+            camera = await p.with_variable_events("Camera2.Passed")
+            assert p.app is not None
             eq = p.app.opcua_equipment
             metrics = p.app.metrics
             await wait_until(lambda: not eq.not_ready(), 15, "the units bound")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import aiohttp
 
 
@@ -15,3 +17,11 @@ async def get(port: int, path: str) -> tuple[int, str]:
             return r.status, await r.text()
     except aiohttp.ClientConnectionError:
         return 0, ""
+
+
+async def metric(port: int, name: str) -> float:
+    """One sample of ``/metrics`` (its first series of ``name``, labels or not); 0 when
+    the host has not reported it yet."""
+    _, text = await get(port, "/metrics")
+    m = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([\d.e+]+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else 0.0

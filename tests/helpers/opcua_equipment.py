@@ -133,6 +133,30 @@ class Plant:
         if self.server is not None:
             await self.server.stop()
 
+    async def with_variable_events(self, name: str, field: str = "value") -> Any:
+        """A Boolean variable ``name`` added to the server, and the host started again
+        with an ``[[event]]`` of type ``com.example.qa_result.v1`` on it; the variable."""
+        assert self.app is not None and self.server is not None
+        ns = await self.server.get_namespace_index(URI)
+        var = await self.server.nodes.objects.add_variable(
+            ua.NodeId(name, ns), ua.QualifiedName(name.rpartition(".")[2], ns), False)
+        await self.app.aclose()
+        eq_file = self.tmp / "equipment.toml"
+        eq_file.write_text(eq_file.read_text() + f"""
+[[event]]
+server = "plc1"
+scope = "{S}"
+type = "com.example.qa_result.v1"
+node = "nsu={URI};s={name}"
+field = "{field}"
+""")
+        self.app = App(quick_config(self.redis_url, mqtt_url=self.mqtt_url, scopes=[S],
+                                    consumer="opcua-eq", equipment_opcua=str(eq_file)))
+        await self.app.start(connect_timeout_s=5)
+        eq = self.app.opcua_equipment
+        await wait_until(lambda: not eq.not_ready(), 15, "the units bound")
+        return var
+
     async def run_job(self, wm: dict[str, Any], job: str) -> None:
         assert self.app is not None
         await self.app.host.store.put_work_master(S, wm)

@@ -13,8 +13,6 @@ NodeSet here, after every client test).
 from __future__ import annotations
 
 import asyncio
-import re
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import pytest
 from asyncua import Client, ua
 from asyncua.common.events import get_filter_from_event_type
 from helpers.aio import run
+from helpers.health import metric
 from helpers.hosts import stop_cleanly, wait_until
 from helpers.mes import CFG, JC, answer_all, no_tighten_answer, store
 from helpers.mqtt_station import MqttStation
@@ -307,13 +306,7 @@ def test_events_are_built_only_for_a_subscriber(redis_url: str, mqtt_url: str,
         async with running(tmp_path, redis_url, mqtt_url,
                            more=f"metrics_port = {metrics}\n") as h:
             async def raised() -> float:
-                def get() -> str:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics") as r:
-                        return r.read().decode()
-                text = await asyncio.to_thread(get)
-                m = re.search(r"^sfc_opcua_events_total(?:\{[^}]*\})? ([\d.e+]+)$", text,
-                              re.MULTILINE)
-                return float(m.group(1)) if m else 0.0
+                return await metric(metrics, "sfc_opcua_events_total")
             client = Client(f"opc.tcp://127.0.0.1:{h.port}/sfc-host/")
             async with client:
                 await client.load_data_type_definitions()
@@ -343,13 +336,7 @@ def test_the_lists_are_written_for_a_watcher_or_a_reader_only(
         async with running(tmp_path, redis_url, mqtt_url,
                            more=f"metrics_port = {metrics}\n") as h:
             async def rewrites() -> float:
-                def get() -> str:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics") as r:
-                        return r.read().decode()
-                text = await asyncio.to_thread(get)
-                m = re.search(r"^sfc_opcua_list_seconds_count(?:\{[^}]*\})? ([\d.e+]+)$",
-                              text, re.MULTILINE)
-                return float(m.group(1)) if m else 0.0
+                return await metric(metrics, "sfc_opcua_list_seconds_count")
 
             def ids(entries: Any) -> set[str]:
                 return {e.JobOrder.JobOrderID for e in entries or []}
@@ -559,7 +546,8 @@ def test_the_changes_of_lists_nobody_reads_are_bounded(
             await app.host.store.put_work_master(SCOPE, one_step())
             await wait_until(lambda: SCOPE in face.lists.scopes, 10, "the scope's objects")
             lists = face.lists.scopes[SCOPE]
-            await wait_until(lambda: not lists.stale, 10, "the first lists")
+            await face.lists.rewrite(SCOPE)         # loaded from Redis: nothing pending
+            assert lists.loaded_at > 0 and not lists.stale
             for i in range(8):
                 await app.host.orders.store_order(
                     SCOPE, {"JobOrderID": f"B{i}", "WorkMasterID": [{"ID": "quick"}]},
