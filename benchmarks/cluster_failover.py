@@ -37,6 +37,7 @@ from sfc_host.store.keys import ScopeKeys
 
 SCOPES = [f"line{i}" for i in range(1, 13)]
 WM = "wm-tighten"
+IN_FLIGHT_S = 0.05
 
 
 async def ended(rc: RedisCluster, jobs: list[tuple[str, str]]) -> int:
@@ -96,13 +97,15 @@ async def run(cluster: RedisClusterServer, args: argparse.Namespace) -> int:
                 before = len(completions)
                 deadline = t_kill + 30
                 # the first completion after the kill (a job of any shard may complete
-                # while the cluster is down: wait for the first after it is up again)
+                # while the cluster is down: wait for the first after it is up again);
+                # one within IN_FLIGHT_S of the kill had its writes under way already
+                settled = t_kill + IN_FLIGHT_S
                 while time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
-                    if len(completions) > before and completions[-1] > t_kill + 0.05 \
+                    if len(completions) > before and completions[-1] > settled \
                             and cluster.is_ok():
                         break
-                gap = next((c for c in completions[before:] if c > t_kill), deadline) - t_kill
+                gap = next((c for c in completions[before:] if c > settled), deadline) - t_kill
                 await loop.run_in_executor(None, victim.start)   # back, as a replica
                 gaps.append(gap)
                 print(f"kill {k + 1}: port {victim.port}, first completion after "

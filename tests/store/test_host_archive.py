@@ -55,6 +55,9 @@ async def _ended(host: Any, job: str) -> dict[bytes, bytes]:
     await host.orders.store_order(S, {"JobOrderID": job, "WorkMasterID": [{"ID": "chain"}]},
                                   start=True)
     await wait_until(lambda: host.client.exists(K.response(job)), what="response")
+    # a command's sent marker is written once the broker has it, which may come after
+    # its answer ended the job
+    await host.dispatcher.drain()
     return await host.client.hgetall(K.job(job))
 
 
