@@ -17,9 +17,12 @@ from helpers.opcua_equipment import (
     Plant,
     S,
     equipment_file,
+    kill_mid_action,
     recipe,
     response_data,
     secured,
+    weigh_jobs,
+    weigh_puts,
 )
 from helpers.servers import free_port
 
@@ -122,18 +125,7 @@ def test_a_method_call_action_and_its_bad_status(redis_url: str, mqtt_url: str,
                                                  tmp_path: Path) -> None:
     async def main() -> None:
         async with Plant(redis_url, mqtt_url, tmp_path, method=True) as p:
-            wm = recipe([("weigh", "com.example.weigh.v1", {"Tare": 1.5, "Count": 3})],
-                        wm_id="wm-weigh")
-            await p.run_job(wm, "J7")
-            await p.wait_state("J7", "Ended_Completed")
-            assert response_data(await p.response("J7"))["weigh.Net"] == 28.5
-            bad = recipe([("weigh", "com.example.weigh.v1", {"Tare": 0.0, "Count": 0})],
-                         wm_id="wm-zero")
-            await p.run_job(bad, "J8")
-            await p.wait_state("J8", "Aborted")
-            assert p.app is not None
-            reason = await p.app.host.client.hget(f"sfc:{{{S}}}:order:J8", "reason")
-            assert b"BadOutOfRange" in reason
+            await weigh_jobs(p)
     run(main())
 
 
@@ -165,32 +157,19 @@ def test_a_work_master_put_is_checked_against_the_bindings(
     compiler's kind of codes; a matching one is stored."""
     from helpers.mes import WM, Mes
 
-    from sfc_host.store.orders import INVALID_REQUEST, NO_ERROR
+    from sfc_host.store.orders import INVALID_REQUEST
 
     async def main() -> None:
         async with Plant(redis_url, mqtt_url, tmp_path, method=True) as p, \
                 Mes(mqtt_url, scope=S) as mes:
-            good = recipe([("weigh", "com.example.weigh.v1", {"Tare": 1.5, "Count": 3})],
-                          wm_id="wm-good")
-            rep = await mes.call(WM, good, scope=S)
-            assert rep["data"]["ReturnStatus"] == NO_ERROR, rep
-            wrong = recipe([("weigh", "com.example.weigh.v1", {"Tare": "heavy", "Count": 3.5,
-                                                              "Extra": 1})], wm_id="wm-wrong")
-            rep = await mes.call(WM, wrong, scope=S)
-            assert rep["data"]["ReturnStatus"] == INVALID_REQUEST, rep
-            text = rep["data"]["Message"]
-            assert "SFC026 Actions[0].Parameters: parameter 'Tare': expected a number for " \
-                   "Double (method scale1, action 'weigh')" in text
+            assert p.app is not None
+            text = await weigh_puts(p.app, mqtt_url, 3.5)
             assert "parameter 'Count': expected a whole number for UInt16" in text
-            assert "parameter 'Extra' is no input argument of the method" in text
             unbound = recipe([("paint", "com.example.paint.v1", {})], wm_id="wm-unbound")
             rep = await mes.call(WM, unbound, scope=S)
             assert rep["data"]["ReturnStatus"] == INVALID_REQUEST, rep
             assert "SFC025" in rep["data"]["Message"] and "com.example.paint.v1" in \
                 rep["data"]["Message"]
-            assert p.app is not None
-            assert await p.app.host.client.sismember(f"sfc:{{{S}}}:wms", "wm-good")
-            assert not await p.app.host.client.sismember(f"sfc:{{{S}}}:wms", "wm-wrong")
     run(main())
 
 
@@ -283,54 +262,19 @@ def test_a_host_killed_mid_action_is_finished_by_another_with_no_second_start(
     killed (SIGKILL) while the unit works. The other takes over the death, sends the
     open command again, reads from the unit that it took that command already, follows
     it to Complete, and runs the job to its end: each unit started once per action."""
-    import re
-    import signal
-
-    from fault_harness import HostProcess, scrape
-
-    from sfc_host.config import HostConfig
-    from sfc_host.execution.host import Host
-
     async def main() -> None:
-        await flush(redis_url)
         port = free_port()
         server, units = await build(port, ["Filler1", "Capper1"], 3.0)
         await server.start()
-        eq_file = equipment_file(tmp_path, port)
-        settings = {"redis_url": redis_url, "mqtt_url": mqtt_url, "scopes": [S],
-                    "equipment_opcua": str(eq_file), "claim_min_idle_ms": 300,
-                    "claim_interval_ms": 100, "log_level": "WARNING"}
-        hosts = {n: HostProcess(n, tmp_path, settings) for n in ("kh1", "kh2")}
-        orders = Host(HostConfig(redis_url=redis_url, consumer="kill-orders"), loops=False)
+
+        async def executing() -> bool:
+            return bool(units["Filler1"].state == "Execute")
+
+        async def starts(unit: str) -> int:
+            return int(await units[unit].nodes["starts"].read_value())
         try:
-            for h in hosts.values():
-                await h.ready()
-            await orders.store.put_work_master(S, THREE)
-            await orders.orders.store_order(
-                S, {"JobOrderID": "K1", "WorkMasterID": [{"ID": THREE["ID"]}]}, start=True)
-            filler = units["Filler1"]
-            await wait_until(lambda: filler.state == "Execute", 15, "the unit executing")
-
-            def sent(h: HostProcess) -> int:
-                m = re.search(r"^sfc_equipment_opcua_commands_total\{[^}]*\} (\d+)",
-                              scrape(h.metrics_port) or "", re.M)
-                return int(m.group(1)) if m else 0
-            await wait_until(lambda: any(sent(h) for h in hosts.values()), 10, "a sender")
-            victim = next(h for h in hosts.values() if sent(h))
-            victim.signal(signal.SIGKILL)
-
-            async def ended() -> bool:
-                st = await orders.client.hget(f"sfc:{{{S}}}:order:K1", "state")
-                return bool(st) and st.startswith(b"Ended")
-            await wait_until(ended, 30, "the job's end on the other host")
-            st = await orders.client.hget(f"sfc:{{{S}}}:order:K1", "state")
-            assert st == b"Ended_Completed", st
-            assert int(await filler.nodes["starts"].read_value()) == 2   # fill, fill_again
-            assert int(await units["Capper1"].nodes["starts"].read_value()) == 1
+            await kill_mid_action(redis_url, mqtt_url, tmp_path, port, executing, starts)
         finally:
-            for h in hosts.values():
-                h.stop()
-            await orders.aclose()
             await server.stop()
     run(main(), timeout=120)
 

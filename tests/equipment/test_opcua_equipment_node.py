@@ -20,7 +20,17 @@ from asyncua import Client, Node, ua
 from helpers.aio import run
 from helpers.hosts import flush, quick_config, wait_until
 from helpers.node import start_peer
-from helpers.opcua_equipment import THREE, Plant, S, equipment_file, recipe, response_data
+from helpers.opcua_equipment import (
+    THREE,
+    Plant,
+    S,
+    equipment_file,
+    kill_mid_action,
+    recipe,
+    response_data,
+    weigh_jobs,
+    weigh_puts,
+)
 from helpers.servers import free_port
 
 from sfc_host.examples.packml_unit import PACKML_URI, URI
@@ -96,9 +106,10 @@ class NodePlant:
     job helpers."""
 
     def __init__(self, node: str, redis_url: str, mqtt_url: str, tmp_path: Path, *,
-                 work_s: float = 0.05) -> None:
+                 work_s: float = 0.05, method: bool = False) -> None:
         self.redis_url, self.mqtt_url, self.tmp = redis_url, mqtt_url, tmp_path
         self.units = NodeUnits(node, tmp_path, free_port(), work_s)
+        self.method = method        # the scale's Weigh bound too
         self.app: App | None = None
 
     async def __aenter__(self) -> NodePlant:
@@ -106,7 +117,8 @@ class NodePlant:
         await self.units.start()
         cfg = quick_config(self.redis_url, mqtt_url=self.mqtt_url, scopes=[S],
                            consumer="opcua-eq-node",
-                           equipment_opcua=str(equipment_file(self.tmp, self.units.port)))
+                           equipment_opcua=str(equipment_file(self.tmp, self.units.port,
+                                                              method=self.method)))
         self.app = App(cfg)
         await self.app.start(connect_timeout_s=5)
         eq = self.app.opcua_equipment
@@ -236,3 +248,44 @@ def test_set_parameter_takes_an_array_of_descriptors_on_the_asyncua_units_too(
             data = response_data(await p.response("J5"))
             assert data["cap.torque"] == 0.5 and data["fill.filled"] == 3.0, data
     run(main())
+
+
+def test_a_method_call_on_a_node_opcua_server_and_its_bad_status(
+        node: str, redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """The method binding against node-opcua's server: its declared arguments (read from
+    node-opcua's InputArguments) type the recipe's parameters, the output argument is the
+    result, a Bad status fails the action with its name."""
+    async def main() -> None:
+        async with NodePlant(node, redis_url, mqtt_url, tmp_path, method=True) as p:
+            await weigh_jobs(p)
+    run(main())
+
+
+def test_a_work_master_put_is_checked_against_a_node_opcua_methods_arguments(
+        node: str, redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """Over the MES wire: parameters that do not match node-opcua's declared arguments by
+    name and type are refused with the compiler's codes, and nothing is stored."""
+    async def main() -> None:
+        async with NodePlant(node, redis_url, mqtt_url, tmp_path, method=True) as p:
+            assert p.app is not None
+            text = await weigh_puts(p.app, mqtt_url, 70000)
+            assert "parameter 'Count': 70000 is out of UInt16's range" in text, text
+    run(main())
+
+
+def test_a_host_killed_mid_action_on_node_opcua_units_is_finished_by_another(
+        node: str, redis_url: str, mqtt_url: str, tmp_path: Path) -> None:
+    """The kill -9 of the asyncua units' test, on node-opcua's units: the host that takes
+    over recognises from the unit's CommandId that it took the command already, and
+    starts no unit twice."""
+    async def main() -> None:
+        units = NodeUnits(node, tmp_path, free_port(), 3.0)
+        await units.start()
+        ok = False
+        try:
+            await kill_mid_action(redis_url, mqtt_url, tmp_path, units.port,
+                                  lambda: units.in_state("Filler1", "Execute"), units.starts)
+            ok = True
+        finally:
+            await units.stop(check=ok)
+    run(main(), timeout=150)

@@ -7,6 +7,9 @@ data."""
 from __future__ import annotations
 
 import json
+import re
+import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,9 @@ from asyncua import Server, ua
 
 from helpers.hosts import V110, flush, quick_config, wait_until
 from helpers.servers import free_port
+from sfc_host.config import HostConfig
 from sfc_host.examples.packml_unit import URI, build
+from sfc_host.execution.host import Host
 from sfc_host.service.app import App
 
 S = "pk1"
@@ -214,3 +219,91 @@ async def secured(tmp: Path, eq_file: Path, server_uri: str) -> tuple[Path, Path
         f'trust_dir = "{trust}"\nusername = "sfc"\npassword_env = "PLC1_PASSWORD"\n'
         'endpoint = "opc.tcp://'))
     return pki, trust
+
+
+async def kill_mid_action(redis_url: str, mqtt_url: str, tmp: Path, port: int,
+                          executing: Callable[[], Awaitable[bool]],
+                          starts: Callable[[str], Awaitable[int]]) -> None:
+    """Two ``sfc-host run`` processes share the units' server at ``port``; the one that
+    started the filler is killed (SIGKILL) while ``executing()``. The other must take
+    over the death, send the open command again, read from the unit that it took that
+    command already, follow it to Complete and run ``THREE`` to its end: each unit
+    started once per action (``starts(unit)``)."""
+    from fault_harness import HostProcess, scrape
+
+    await flush(redis_url)
+    settings = {"redis_url": redis_url, "mqtt_url": mqtt_url, "scopes": [S],
+                "equipment_opcua": str(equipment_file(tmp, port)), "claim_min_idle_ms": 300,
+                "claim_interval_ms": 100, "log_level": "WARNING"}
+    hosts = {n: HostProcess(n, tmp, settings) for n in ("kh1", "kh2")}
+    orders = Host(HostConfig(redis_url=redis_url, consumer="kill-orders"), loops=False)
+    order_key = f"sfc:{{{S}}}:order:K1"
+
+    def sent(h: HostProcess) -> int:
+        m = re.search(r"^sfc_equipment_opcua_commands_total\{[^}]*\} (\d+)",
+                      scrape(h.metrics_port) or "", re.M)
+        return int(m.group(1)) if m else 0
+
+    async def ended() -> bool:
+        st = await orders.client.hget(order_key, "state")
+        return bool(st) and st.startswith(b"Ended")
+    try:
+        for h in hosts.values():
+            await h.ready()
+        await orders.store.put_work_master(S, THREE)
+        await orders.orders.store_order(
+            S, {"JobOrderID": "K1", "WorkMasterID": [{"ID": THREE["ID"]}]}, start=True)
+        await wait_until(executing, 15, "the unit executing")
+        await wait_until(lambda: any(sent(h) for h in hosts.values()), 10, "a sender")
+        victim = next(h for h in hosts.values() if sent(h))
+        victim.signal(signal.SIGKILL)
+        await wait_until(ended, 30, "the job's end on the other host")
+        st = await orders.client.hget(order_key, "state")
+        assert st == b"Ended_Completed", (st, await orders.client.hget(order_key, "reason"))
+        assert await starts("Filler1") == 2         # fill, fill_again
+        assert await starts("Capper1") == 1
+    finally:
+        for h in hosts.values():
+            h.stop()
+        await orders.aclose()
+
+
+async def weigh_jobs(plant: Any) -> None:
+    """The scale's method as an action, on ``plant`` (bound with its method): Weigh's
+    output argument is the job's result; a Bad status fails the action with its name."""
+    wm = recipe([("weigh", "com.example.weigh.v1", {"Tare": 1.5, "Count": 3})],
+                wm_id="wm-weigh")
+    await plant.run_job(wm, "J7")
+    await plant.wait_state("J7", "Ended_Completed")
+    assert response_data(await plant.response("J7"))["weigh.Net"] == 28.5
+    bad = recipe([("weigh", "com.example.weigh.v1", {"Tare": 0.0, "Count": 0})],
+                 wm_id="wm-zero")
+    await plant.run_job(bad, "J8")
+    await plant.wait_state("J8", "Aborted")
+    reason = await plant.app.host.client.hget(f"sfc:{{{S}}}:order:J8", "reason")
+    assert b"BadOutOfRange" in reason, reason
+
+
+async def weigh_puts(app: App, mqtt_url: str, wrong_count: float) -> str:
+    """Over the MES wire, as an MES of the original sends it: a Work Master whose
+    parameters match Weigh's arguments is stored; one with a Tare of the wrong type,
+    a Count of ``wrong_count`` and a parameter Weigh lacks is refused, and not stored;
+    the refusal's message."""
+    from helpers.mes import WM, Mes
+    from sfc_host.store.orders import INVALID_REQUEST, NO_ERROR
+    async with Mes(mqtt_url, scope=S) as mes:
+        good = recipe([("weigh", "com.example.weigh.v1", {"Tare": 1.5, "Count": 3})],
+                      wm_id="wm-good")
+        rep = await mes.call(WM, good, scope=S)
+        assert rep["data"]["ReturnStatus"] == NO_ERROR, rep
+        wrong = recipe([("weigh", "com.example.weigh.v1",
+                         {"Tare": "heavy", "Count": wrong_count, "Extra": 1})], wm_id="wm-wrong")
+        rep = await mes.call(WM, wrong, scope=S)
+        assert rep["data"]["ReturnStatus"] == INVALID_REQUEST, rep
+        text: str = rep["data"]["Message"]
+        assert "SFC026 Actions[0].Parameters: parameter 'Tare': expected a number for " \
+               "Double (method scale1, action 'weigh')" in text, text
+        assert "parameter 'Extra' is no input argument of the method" in text, text
+        assert await app.host.client.sismember(f"sfc:{{{S}}}:wms", "wm-good")
+        assert not await app.host.client.sismember(f"sfc:{{{S}}}:wms", "wm-wrong")
+    return text

@@ -12,7 +12,9 @@
 // BaseStateMachine/CurrentState, Admin/StopReason (PackMLAlarmDataType), and beside the
 // model {name}.CommandId (String), {name}.Setpoint (Double, writable), {name}.Result
 // (Double), {name}.Starts (UInt32), {name}.Fault (Boolean, writable: the next Start
-// aborts). A command the state does not allow returns BadInvalidState. Security None,
+// aborts). A command the state does not allow returns BadInvalidState. Beside the units, a
+// method as a weighing station offers one: Scale1.Weigh(Tare: Double, Count: UInt16) ->
+// (Net: Double) = 10 * Count - Tare, BadOutOfRange for a Count of 0. Security None,
 // anonymous; the server's certificate store is --pki (else node-opcua's default). Prints
 // one ready line once listening; SIGTERM or SIGINT shuts it down and exits 0.
 
@@ -272,6 +274,30 @@ function addUnit(addressSpace, ns, packml, name) {
     return u;
 }
 
+function addScale(addressSpace, ns) {
+    const obj = ns.addObject({
+        nodeId: `ns=${ns.index};s=Scale1`,
+        browseName: { name: "Scale1", namespaceIndex: ns.index },
+        organizedBy: addressSpace.rootFolder.objects,
+    });
+    const weigh = ns.addMethod(obj, {
+        nodeId: `ns=${ns.index};s=Scale1.Weigh`,
+        browseName: { name: "Weigh", namespaceIndex: ns.index },
+        inputArguments: [
+            { name: "Tare", dataType: DataType.Double, valueRank: -1 },
+            { name: "Count", dataType: DataType.UInt16, valueRank: -1 }],
+        outputArguments: [{ name: "Net", dataType: DataType.Double, valueRank: -1 }],
+    });
+    weigh.bindMethod(async (inputArguments, _context) => {
+        const [tare, count] = inputArguments.map((v) => v.value);
+        if (count === 0) return { statusCode: StatusCodes.BadOutOfRange };
+        return {
+            statusCode: StatusCodes.Good,
+            outputArguments: [{ dataType: DataType.Double, value: 10 * count - tare }],
+        };
+    });
+}
+
 async function main() {
     const serverCertificateManager = opts.pki
         ? new OPCUACertificateManager({ rootFolder: opts.pki,
@@ -307,6 +333,7 @@ async function main() {
     const ns = addressSpace.registerNamespace(URI);
     const packml = addressSpace.getNamespace(PACKML_URI);
     const units = names.map((name) => addUnit(addressSpace, ns, packml, name));
+    addScale(addressSpace, ns);
     await server.start();
     console.log(`PackML units ${names.join(", ")} on opc.tcp://127.0.0.1:${port}/units/`);
 
