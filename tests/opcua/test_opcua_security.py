@@ -148,6 +148,10 @@ def test_the_security_matrix(redis_url: str, mqtt_url: str, tmp_path: Path) -> N
             # an operator over SignAndEncrypt, and over Sign: calls go through
             async with site.client() as mes:
                 assert rs(await mes.store("Store", order("S1"))) == 1
+                # a query, which an MES may poll: answered, logged at DEBUG only
+                got = await mes.call("RequestJobResponseByJobOrderID",
+                                     ua.Variant("S1", ua.VariantType.String))
+                assert got.StatusCode.is_good() or got.StatusCode.is_uncertain()
             async with site.client(mode=SIGN) as mes:
                 assert rs(await mes.on_order("Cancel", "S1")) == 1
             # an X.509 user token: alice may call
@@ -195,6 +199,7 @@ def test_the_security_matrix(redis_url: str, mqtt_url: str, tmp_path: Path) -> N
         assert "OPC UA Store in line1 by op: ReturnStatus 1" in log
         assert "OPC UA Store in line1 by alice: ReturnStatus 1" in log
         assert "a call by viewer refused" in log
+        assert "OPC UA RequestJobResponseByJobOrderID" not in log
     run(main(), 120)
 
 
