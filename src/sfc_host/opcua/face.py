@@ -441,26 +441,54 @@ def share_fields(event: Any) -> None:
     sharing them is safe. A subclass of the event's own class, overriding that method:
     the ``[opcua]`` extra pins asyncua to 2.1, and the events tests of
     tests/opcua/test_opcua.py check what subscribers receive. The owner clears
-    ``shared_fields`` before each trigger."""
+    ``shared_fields`` before each trigger.
+
+    The same event object is triggered again and again, and most of its fields (its
+    type, source, severity, the null ones) hold the same object each time: a field's
+    Variant is made again only when the field holds another object than last time
+    (``field_variants``), and a select clause list's names are resolved once
+    (``clause_names``)."""
     base = type(event)
     event.__class__ = type(f"Shared{base.__name__}", (base,), {
         "to_event_fields": _shared_event_fields})
     event.shared_fields = {}
-    event.internal_properties.append("shared_fields")
+    event.field_variants = {}
+    event.clause_names = {}
+    event.internal_properties.extend(("shared_fields", "field_variants", "clause_names"))
+
+
+_NULL = ua.Variant(None)
+CLAUSE_LISTS_KEPT = 1024        # the select clause lists whose names are kept resolved
 
 
 def _shared_event_fields(self: Any, select_clauses: list[ua.SimpleAttributeOperand]
                          ) -> list[ua.Variant]:
-    key = tuple((c.AttributeId, tuple(q.Name for q in c.BrowsePath)) for c in select_clauses)
+    known = self.clause_names.get(id(select_clauses))
+    if known is None or known[0] is not select_clauses:
+        # a monitored item keeps its filter's list: resolved once per list (held here,
+        # so its id stays its own)
+        key = tuple((c.AttributeId, tuple(q.Name for q in c.BrowsePath))
+                    for c in select_clauses)
+        names = [ua.AttributeIds(c.AttributeId).name if not c.BrowsePath else
+                 self.browse_path_to_attribute_name(c.BrowsePath) for c in select_clauses]
+        known = (select_clauses, key, names)
+        if len(self.clause_names) >= CLAUSE_LISTS_KEPT:    # items of sessions long gone
+            self.clause_names.clear()
+        self.clause_names[id(select_clauses)] = known
+    _, key, names = known
     fields: list[ua.Variant] | None = self.shared_fields.get(key)
     if fields is None:
+        made = self.field_variants
         fields = []
-        for c in select_clauses:
-            name = ua.AttributeIds(c.AttributeId).name if not c.BrowsePath else \
-                self.browse_path_to_attribute_name(c.BrowsePath)
+        for name in names:
             val = getattr(self, name, None)
-            fields.append(ua.Variant(None) if val is None
-                          else ua.Variant(val, self.data_types[name]))
+            if val is None:
+                fields.append(_NULL)
+                continue
+            last = made.get(name)
+            if last is None or last[0] is not val:
+                last = made[name] = (val, ua.Variant(val, self.data_types[name]))
+            fields.append(last[1])
         self.shared_fields[key] = fields
     return fields
 
