@@ -136,7 +136,7 @@ class JobControlCalls:
         # poll, only at DEBUG (counted either way)
         log.log(logging.DEBUG if method in QUERIES else logging.INFO,
                 "OPC UA %s in %s by %s: ReturnStatus %s", method, scope, user, rs,
-                 extra={"scope": scope})
+                extra={"scope": scope})
         return result
 
     async def _run(self, scope: str, method: str, data: dict[str, Any]
