@@ -15,7 +15,7 @@ from asyncua.ua.ua_binary import struct_to_binary
 
 from sfc_host import isa95 as model
 from sfc_host.opcua import encode
-from sfc_host.opcua.convert import ConvertError, states, ua_class
+from sfc_host.opcua.convert import ConvertError, states
 from sfc_host.store.keys import ScopeKeys
 
 log = logging.getLogger("sfc_host.opcua")
@@ -70,9 +70,8 @@ class EncodedTypes:
     and as the encoded tail of an ``ISA95JobOrderAndStateDataType``)."""
 
     def __init__(self) -> None:
-        ids = ua.typeid_by_extension_objects
-        self.order = ids[ua_class("JobOrder")]
-        self.order_and_state = ids[ua_class("JobOrderAndState")]
+        self.order = encode.type_id("JobOrder")
+        self.order_and_state = encode.type_id("JobOrderAndState")
         self._lists: dict[str, list[ua.ExtensionObject]] = {}
         self._bodies: dict[str, bytes] = {}
 

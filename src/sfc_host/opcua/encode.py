@@ -60,11 +60,12 @@ def body(name: str, doc: Mapping[str, Any]) -> bytes:
 
 def extension_object(name: str, doc: Mapping[str, Any]) -> ua.ExtensionObject:
     """``body`` as the ExtensionObject the structure goes out as."""
-    return ua.ExtensionObject(TypeId=_type_id(name), Body=body(name, doc))
+    return ua.ExtensionObject(TypeId=type_id(name), Body=body(name, doc))
 
 
 @functools.cache
-def _type_id(name: str) -> ua.NodeId:
+def type_id(name: str) -> ua.NodeId:
+    """The binary encoding id structure ``name`` goes out with."""
     return ua.typeid_by_extension_objects[ua_class(name)]     # type: ignore[no-any-return]
 
 

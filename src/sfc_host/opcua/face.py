@@ -466,17 +466,16 @@ def _shared_event_fields(self: Any, select_clauses: list[ua.SimpleAttributeOpera
     known = self.clause_names.get(id(select_clauses))
     if known is None or known[0] is not select_clauses:
         # a monitored item keeps its filter's list: resolved once per list (held here,
-        # so its id stays its own)
-        key = tuple((c.AttributeId, tuple(q.Name for q in c.BrowsePath))
-                    for c in select_clauses)
-        names = [ua.AttributeIds(c.AttributeId).name if not c.BrowsePath else
-                 self.browse_path_to_attribute_name(c.BrowsePath) for c in select_clauses]
-        known = (select_clauses, key, names)
+        # so its id stays its own); the names alone say which fields it gets
+        names = tuple(ua.AttributeIds(c.AttributeId).name if not c.BrowsePath else
+                      self.browse_path_to_attribute_name(c.BrowsePath)
+                      for c in select_clauses)
+        known = (select_clauses, names)
         if len(self.clause_names) >= CLAUSE_LISTS_KEPT:    # items of sessions long gone
             self.clause_names.clear()
         self.clause_names[id(select_clauses)] = known
-    _, key, names = known
-    fields: list[ua.Variant] | None = self.shared_fields.get(key)
+    names = known[1]
+    fields: list[ua.Variant] | None = self.shared_fields.get(names)
     if fields is None:
         made = self.field_variants
         fields = []
@@ -489,7 +488,7 @@ def _shared_event_fields(self: Any, select_clauses: list[ua.SimpleAttributeOpera
             if last is None or last[0] is not val:
                 last = made[name] = (val, ua.Variant(val, self.data_types[name]))
             fields.append(last[1])
-        self.shared_fields[key] = fields
+        self.shared_fields[names] = fields
     return fields
 
 

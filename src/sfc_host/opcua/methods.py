@@ -22,7 +22,6 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from asyncua import ua
 
 from sfc_host import isa95 as model
@@ -43,7 +42,6 @@ if TYPE_CHECKING:
     from sfc_host.mes.control import MesControl
 
 log = logging.getLogger("sfc_host.opcua")
-_DECODE = msgspec.json.Decoder().decode
 
 # the methods on a stored order: (JobOrderID, Comment)
 ID_METHODS = ("Start", "RevokeStart", "Pause", "Resume", "Stop", "Abort", "Cancel", "Clear")
@@ -209,8 +207,4 @@ def _encoded_response(served: bytes) -> ua.ExtensionObject:
     """A stored job response as the JobResponse structure goes out, encoded from its
     JSON at once: building asyncua's objects only for asyncua to encode them was most
     of a query's own cost."""
-    try:
-        doc = _DECODE(served)
-    except msgspec.DecodeError:     # NaN and the like, which only the stdlib parser takes
-        doc = json.loads(served)
-    return extension_object("JobResponse", doc)
+    return extension_object("JobResponse", json.loads(served))
