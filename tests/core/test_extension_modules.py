@@ -11,7 +11,8 @@ import pytest
 HOT = ["sfc_fast.recipe", "sfc_fast.problems", "sfc_fast.canonical", "sfc_fast.checks",
        "sfc_fast.compiler", "sfc_fast.graph", "sfc_fast.conditions", "sfc_fast.evolve",
        "sfc_fast.state", "sfc_fast.events", "sfc_fast.deadlines", "sfc_fast.runner",
-       "sfc_fast.machines", "sfc_fast.wire.mqtt5", "sfc_fast.wire.resp"]
+       "sfc_fast.machines", "sfc_fast.wire.mqtt5", "sfc_fast.wire.resp",
+       "sfc_fast.wire.uabinary"]
 
 
 @pytest.mark.parametrize("name", HOT)

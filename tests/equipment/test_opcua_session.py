@@ -5,7 +5,6 @@ starts again, so it never ends in silence."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import pytest
 from helpers.aio import run
@@ -21,16 +20,16 @@ from sfc_host.examples.packml_unit import build
 def test_a_link_that_fails_on_a_fault_of_ours_says_so_and_starts_again(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(session, "BACKOFF_S", (0.05, 0.1, 0.2))
-    follow = ServerLink._follow
+    hooks = ServerLink._hooks
     calls = 0
 
-    async def failing_once(self: ServerLink, client: Any) -> None:
+    async def failing_once(self: ServerLink) -> None:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("a fault of ours")
-        await follow(self, client)
-    monkeypatch.setattr(ServerLink, "_follow", failing_once)
+        await hooks(self)
+    monkeypatch.setattr(ServerLink, "_hooks", failing_once)
 
     async def main() -> None:
         port = free_port()

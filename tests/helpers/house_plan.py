@@ -55,10 +55,13 @@ ALLOWED: dict[str, set[str]] = {
     # running jobs: the host, settle, work entries, dispatch, recovery, sweeps, wake-ups
     "execution": {"aio", "core", "store", "config", "isa95", "metrics", "names", "tracing",
                   "errors"},
+    # the OPC UA client of our own: secure channel, session, services, subscriptions,
+    # on the compiled codec
+    "opcua_client": {"wire", "errors"},
     # station equipment over MQTT and over OPC UA: commands out, answers and events in,
     # capabilities
-    "equipment": {"aio", "core", "execution", "store", "mqtt", "config", "metrics", "names",
-                  "tracing", "errors"},
+    "equipment": {"aio", "core", "execution", "store", "mqtt", "opcua_client", "wire",
+                  "config", "metrics", "names", "tracing", "errors"},
     # the MES face: ISA-95 job control over MQTT, and the MES client of the CLI
     "mes": {"aio", "execution", "equipment", "store", "mqtt", "wire", "isa95", "config", "metrics",
             "names", "sfc_host", "times", "tracing", "errors"},

@@ -196,23 +196,31 @@ THREE = recipe([("fill", "com.example.fill.v1", {"setpoint": 2.5}),
                 ("fill_again", "com.example.fill.v1", {"setpoint": 4.0})])
 
 
-async def secured(tmp: Path, eq_file: Path, server_uri: str) -> tuple[Path, Path]:
-    """The host's and a server's certificates (``pki/host.*``, ``pki/plc.*``, the
-    server's for application URI ``server_uri``), and ``eq_file``'s server set to
-    SignAndEncrypt as user ``sfc`` (password in ``$PLC1_PASSWORD``) trusting what is in
-    ``pki/plc1``, empty so far; (the pki folder, that trust folder)."""
+async def make_pki(tmp: Path, server_uri: str) -> Path:
+    """``tmp/pki`` with the host's certificate and key (``host.der``, ``host.pem``) and
+    a server's for application URI ``server_uri`` (``plc.der``, ``plc.pem``)."""
     from asyncua.crypto.cert_gen import setup_self_signed_certificate
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     pki = tmp / "pki"
-    trust = pki / "plc1"
-    trust.mkdir(parents=True)
+    pki.mkdir(parents=True)
     await setup_self_signed_certificate(
         pki / "host.pem", pki / "host.der", "urn:sfc-fast:equipment-client", "localhost",
         [ExtendedKeyUsageOID.CLIENT_AUTH], {"commonName": "sfc-host"})
     await setup_self_signed_certificate(
         pki / "plc.pem", pki / "plc.der", server_uri, "localhost",
         [ExtendedKeyUsageOID.SERVER_AUTH], {"commonName": "plc1"})
+    return pki
+
+
+async def secured(tmp: Path, eq_file: Path, server_uri: str) -> tuple[Path, Path]:
+    """The host's and a server's certificates (``pki/host.*``, ``pki/plc.*``, the
+    server's for application URI ``server_uri``), and ``eq_file``'s server set to
+    SignAndEncrypt as user ``sfc`` (password in ``$PLC1_PASSWORD``) trusting what is in
+    ``pki/plc1``, empty so far; (the pki folder, that trust folder)."""
+    pki = await make_pki(tmp, server_uri)
+    trust = pki / "plc1"
+    trust.mkdir()
     eq_file.write_text(eq_file.read_text().replace(
         'endpoint = "opc.tcp://', f'security = "SignAndEncrypt"\n'
         f'certificate = "{pki / "host.der"}"\nprivate_key = "{pki / "host.pem"}"\n'

@@ -18,13 +18,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asyncua import Node, ua
-
 from sfc_fast import Command
 from sfc_fast.events import BaseEvent, Completed, Failed
-from sfc_host.equipment.opcua.session import ServerLink, node_of, status_name
+from sfc_fast.wire.uabinary import STRING, NodeId, QualifiedName, Variant
+from sfc_host.equipment.opcua.session import ServerLink
 from sfc_host.equipment.opcua.settings import MethodSettings
 from sfc_host.equipment.opcua.values import builtin, problem, to_json, to_variant, type_name
+from sfc_host.opcua_client.client import Client
+from sfc_host.opcua_client.errors import BadStatus, status_name
+from sfc_host.opcua_client.services import Argument, read_arguments
 
 log = logging.getLogger("sfc_host.equipment.opcua")
 
@@ -40,10 +42,10 @@ class MethodBinding:
         self.name = settings.equipment
         self.link = link
         self.answer = answer
-        self.inputs: list[tuple[str, ua.VariantType | None]] = []
+        self.inputs: list[tuple[str, int | None]] = []
         self.outputs: list[str] = []
-        self._object: Node | None = None
-        self._method: Node | None = None
+        self._object: NodeId | None = None
+        self._method: NodeId | None = None
         self.problem = "not bound yet"
         self.bound = asyncio.Event()          # the method found at least once
         link.on_connect.append(self.bind)
@@ -56,16 +58,17 @@ class MethodBinding:
         client = self.link.client
         assert client is not None
         try:
-            self._object = await node_of(client, self.settings.object)
-            self._method = await node_of(client, self.settings.method)
-            self.inputs = [(a.Name, builtin(a.DataType))
-                           for a in await _arguments(self._method, "InputArguments")]
-            self.outputs = [a.Name for a in await _arguments(self._method, "OutputArguments")]
+            self._object = await client.node(self.settings.object)
+            self._method = await client.node(self.settings.method)
+            self.inputs = [(a.name, builtin(a.data_type))
+                           for a in await _arguments(client, self._method, "InputArguments")]
+            self.outputs = [a.name for a in
+                            await _arguments(client, self._method, "OutputArguments")]
             self.problem = ""
             self.bound.set()
         except Exception as e:
             self.problem = (f"method {self.settings.method} of {self.name}: "
-                            f"{status_name(e.code) if isinstance(e, ua.UaStatusCodeError) else e}")
+                            f"{e.name if isinstance(e, BadStatus) else e}")
             log.error("OPC UA %s", self.problem)
 
     def check(self, params: dict[str, Any]) -> list[str]:
@@ -99,32 +102,33 @@ class MethodBinding:
             self.answer(cmd.scope, Failed(cmd.command_id, self.problem or "not bound"))
             return
         try:
-            args = [ua.Variant(cmd.command_id, ua.VariantType.String) if name == COMMAND_ID
+            args = [Variant(STRING, cmd.command_id) if name == COMMAND_ID
                     else to_variant(params.get(name), vt) for name, vt in self.inputs]
         except ValueError as e:
             handed.set_result(None)
             self.answer(cmd.scope, Failed(cmd.command_id, f"{e} ({self.check(params)})"))
             return
+        client = self.link.client
         try:
-            result = await self._object.call_method(self._method, *args)
-        except ua.UaStatusCodeError as e:
-            handed.set_result(None)
-            self.answer(cmd.scope, Failed(cmd.command_id, status_name(e.code)))
-            return
+            if client is None:
+                raise ConnectionError("not connected")
+            [result] = await client.call([(self._object, self._method, args)])
         except Exception as e:
             handed.cancel()         # not known to have reached the server
             log.warning("method %s: %s not called: %s", self.settings.method,
                         cmd.command_id, e)
             return
         handed.set_result(None)
-        values = result if isinstance(result, list) else ([] if result is None else [result])
+        if result.status & 0x80000000:
+            self.answer(cmd.scope, Failed(cmd.command_id, status_name(result.status)))
+            return
         self.answer(cmd.scope, Completed(cmd.command_id, {
-            name: to_json(v) for name, v in zip(self.outputs, values, strict=False)}))
+            name: to_json(v) for name, v in zip(self.outputs, result.outputs, strict=False)}))
 
 
-async def _arguments(method: Node, name: str) -> list[Any]:
-    try:
-        prop = await method.get_child(f"0:{name}")
-    except ua.UaStatusCodeError:
+async def _arguments(client: Client, method: NodeId, name: str) -> list[Argument]:
+    [prop] = await client.translate([(method, [QualifiedName(name, 0)])])
+    if prop is None:
         return []
-    return list(await prop.read_value() or [])
+    [value] = await client.read_values([prop])
+    return read_arguments(value)

@@ -23,13 +23,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asyncua import Node, ua
-
 from sfc_fast import Command, job_of_command
 from sfc_fast.events import BaseEvent, Completed, Failed, Held, NotHeld
-from sfc_host.equipment.opcua.session import ServerLink, node_of, status_name
+from sfc_fast.wire.uabinary import (
+    EXTENSION_OBJECT,
+    STRING,
+    DataValue,
+    ExtensionObject,
+    LocalizedText,
+    NodeId,
+    QualifiedName,
+    Reader,
+    Variant,
+    Writer,
+)
+from sfc_host.equipment.opcua.session import ServerLink
 from sfc_host.equipment.opcua.settings import UnitSettings
 from sfc_host.equipment.opcua.values import builtin, problem, to_json, to_variant
+from sfc_host.opcua_client.client import Client
+from sfc_host.opcua_client.errors import BadStatus, OpcUaError
+from sfc_host.opcua_client.services import DATA_TYPE, HAS_ENCODING, VALUE, read_arguments
 
 log = logging.getLogger("sfc_host.equipment.opcua")
 
@@ -44,6 +57,7 @@ ACTING = frozenset(("Resetting", "Clearing", "Stopping", "Aborting", "Completing
 MOVING = (RUNNING | ACTING) - {"Held", "Suspended"}
 SETTLE_S = 30.0          # how long the unit may take to reach a resting state on a Stop
 BIND_WAIT_S = 30.0       # a command's wait for its unit to be bound, with no deadline
+DESCRIPTOR_TYPE = 16     # PackMLDescriptorDataType's id in the PackML namespace
 Answer = Callable[[str, BaseEvent], None]
 
 
@@ -66,9 +80,10 @@ class PackMLUnit:
         self.current: Attempt | None = None
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()           # one command at a time on a unit
-        self._nodes: dict[str, Node] = {}
-        self._param_types: dict[str, ua.VariantType | None] = {}
+        self._nodes: dict[str, NodeId] = {}
+        self._param_types: dict[str, int | None] = {}
         self._set_parameter_array = False     # SetParameter takes a list of descriptors
+        self._descriptor_encoding: NodeId | None = None
         # the source timestamp of the Idle read before the running attempt's Start: a
         # notice of that same Idle, published late, is not a PLC that lost the command
         self._idle_at: Any = None
@@ -94,29 +109,36 @@ class PackMLUnit:
         client = self.link.client
         assert client is not None
         try:
-            ns = await client.get_namespace_index(PACKML_URI)
-            unit = await node_of(client, self.settings.node)
-            sm = await unit.get_child(f"{ns}:BaseStateMachine")
-            nodes = {"unit": unit, "sm": sm, "state": await sm.get_child("0:CurrentState"),
-                     "command_id": await node_of(client, self.settings.command_id)}
-            for m in ("Start", "Stop", "Abort", "Hold", "Unhold", "Reset", "Clear"):
-                nodes[m] = await _child(sm, ns, m)
-            nodes["SetParameter"] = await _child(unit, ns, "SetParameter")
+            ns = await client.namespace_index(PACKML_URI, fresh=True)
+            unit = await client.node(self.settings.node)
+            sm = await client.child(unit, QualifiedName("BaseStateMachine", ns))
+            nodes: dict[str, NodeId | None] = {
+                "unit": unit, "sm": sm,
+                "state": await client.child(sm, QualifiedName("CurrentState", 0)),
+                "command_id": await client.node(self.settings.command_id)}
+            methods = ("Start", "Stop", "Abort", "Hold", "Unhold", "Reset", "Clear")
+            found = await client.translate(
+                [(sm, [QualifiedName(m, ns)]) for m in methods]
+                + [(unit, [QualifiedName("SetParameter", ns)]),
+                   (unit, [QualifiedName("Admin", ns), QualifiedName("StopReason", ns)])])
+            nodes.update(zip((*methods, "SetParameter", "StopReason"), found, strict=True))
             # OPC 30050 declares its argument an array of descriptors: a server that checks
             # the arguments' value rank (node-opcua) refuses a scalar
-            self._set_parameter_array = await _takes_array(nodes["SetParameter"])
-            admin = await _child(unit, ns, "Admin")
-            nodes["StopReason"] = await _child(admin, ns, "StopReason") if admin else None
+            self._set_parameter_array = await _takes_array(client, nodes["SetParameter"])
             for name, nid in self.settings.results.items():
-                nodes[f"result:{name}"] = await node_of(client, nid)
-            for name, nid in self.settings.parameters.items():
-                node = await node_of(client, nid)
+                nodes[f"result:{name}"] = await client.node(nid)
+            params = {name: await client.node(nid)
+                      for name, nid in self.settings.parameters.items()}
+            types = await client.read([(n, DATA_TYPE) for n in params.values()])
+            for (name, node), dv in zip(params.items(), types, strict=True):
                 nodes[f"param:{name}"] = node
-                self._param_types[name] = builtin(await node.read_data_type())
+                self._param_types[name] = builtin(dv.value.value) if dv.value else None
             missing = [m for m in ("Start", "Stop", "Hold", "Unhold", "Reset")
                        if nodes.get(m) is None]
             if missing:
                 raise ValueError(f"no {', '.join(missing)} method on its BaseStateMachine")
+            self._descriptor_encoding = await _binary_encoding(client,
+                                                               NodeId(DESCRIPTOR_TYPE, ns))
             self._nodes = {k: v for k, v in nodes.items() if v is not None}
             await self.link.watch(self._nodes["state"], self)
             self.problem = ""
@@ -125,10 +147,10 @@ class PackMLUnit:
             self.problem = f"unit {self.name} ({self.settings.node}): {_why(e)}"
             log.error("OPC UA %s", self.problem)
 
-    def datachange_notification(self, node: Node, val: Any, data: Any) -> None:
-        """asyncua's subscription handler: the unit's state changed (or, on a new
+    def state_changed(self, value: DataValue) -> None:
+        """The state feed's notice: the unit's state changed (or, on a new
         subscription, is what it is)."""
-        state = val.Text if isinstance(val, ua.LocalizedText) else str(val or "")
+        state = _text(value)
         self.state = state
         self._notices += 1
         if self._waiters:
@@ -136,16 +158,13 @@ class PackMLUnit:
         if self.current is not None:
             if state in OUTCOMES:
                 self._spawn(self._settle(state))
-            elif state == "Idle" and not self._same_idle(data):
+            elif state == "Idle" and not self._same_idle(value):
                 self._spawn(self._lost())
 
-    def _same_idle(self, data: Any) -> bool:
+    def _same_idle(self, value: DataValue) -> bool:
         """The notice is of the Idle read before the attempt's Start (the same source
         timestamp): published after the Start, yet no news."""
-        try:
-            at = data.monitored_item.Value.SourceTimestamp
-        except AttributeError:
-            return False
+        at = value.source_time
         return at is not None and at == self._idle_at
 
     async def _lost(self) -> None:
@@ -160,7 +179,7 @@ class PackMLUnit:
             return
         try:
             state, last = await self._read()
-        except (ConnectionError, OSError, TimeoutError, ua.UaError):
+        except (ConnectionError, OSError, TimeoutError, OpcUaError):
             return      # the link is away again: its next notification tells
         if self.current is not a or state != "Idle" or last == a.command_id:
             return
@@ -206,20 +225,20 @@ class PackMLUnit:
             return {}
         try:
             values = await client.read_values([self._nodes[k] for k in keys])
-        except Exception as e:
+        except (ConnectionError, OSError, TimeoutError, OpcUaError) as e:
             log.warning("unit %s: results not read: %s", self.name, e)
             return {}
         return {k[7:]: to_json(v) for k, v in zip(keys, values, strict=True)}
 
     async def _stop_reason(self, state: str) -> str:
         node = self._nodes.get("StopReason")
+        client = self.link.client
         text = ""
-        if node is not None:
+        if node is not None and client is not None:
             try:
-                v = await node.read_value()
-                text = getattr(v, "Message", "") or ""
-                text = getattr(text, "Text", text) or ""
-            except Exception:
+                [v] = await client.read_values([node])
+                text = _alarm_message(v)
+            except (ConnectionError, OSError, TimeoutError, OpcUaError, ValueError):
                 text = ""
         return f"unit {self.name} went {state}" + (f": {text}" if text else "")
 
@@ -274,13 +293,11 @@ class PackMLUnit:
         if client is None:
             raise ConnectionError("not connected")
         self._read_notices = self._notices
-        got, had = await client.read_attributes([self._nodes["state"],
-                                                 self._nodes["command_id"]])
-        state = got.Value.Value if got.Value is not None else None
-        last = had.Value.Value if had.Value is not None else None
-        text = state.Text if isinstance(state, ua.LocalizedText) else str(state or "")
-        self._read_at = got.SourceTimestamp
-        return text or "", str(last or "")
+        got, had = await client.read([(self._nodes["state"], VALUE),
+                                      (self._nodes["command_id"], VALUE)])
+        last = had.value.value if had.value is not None else None
+        self._read_at = got.source_time
+        return _text(got), str(last or "")
 
     async def _start(self, cmd: Command, state: str, last: str) -> None:
         cid = cmd.command_id
@@ -291,7 +308,7 @@ class PackMLUnit:
         await self._write_parameters(cmd.parameters or {}, cid)
         self._idle_at = self._read_at
         self.current = Attempt(cmd.scope, cid)
-        await self._call("Start", _descriptor(cid))
+        await self._call("Start", self._descriptor(cid))
 
     def _adopt(self, cmd: Command, state: str) -> None:
         """The unit took this command already (a resend, or another host's send): its
@@ -377,15 +394,15 @@ class PackMLUnit:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise _Refused(f"parameter {name!r}: SetParameter takes numbers, not "
                                f"{type(value).__name__}")
-            d = _descriptor(name, float(value))
-            await self._call("SetParameter", [d] if self._set_parameter_array else d,
-                             on="unit")
+            d = self._descriptor(name, float(value))
+            await self._call("SetParameter", Variant(EXTENSION_OBJECT, [d.value])
+                             if self._set_parameter_array else d, on="unit")
         nodes.append(self._nodes["command_id"])
-        values.append(ua.Variant(cid, ua.VariantType.String))
+        values.append(Variant(STRING, cid))
         client = self.link.client
         if client is None:
             raise ConnectionError("not connected")
-        await client.write_values(nodes, values)
+        await client.write_values(list(zip(nodes, values, strict=True)))
 
     def check(self, params: dict[str, Any]) -> list[str]:
         """What of an action's parameters the unit cannot take, one line each."""
@@ -415,8 +432,11 @@ class PackMLUnit:
         await self._call("Hold")
 
     async def _unhold(self, cmd: Command) -> None:
-        await self._nodes["command_id"].write_value(
-            ua.Variant(cmd.command_id, ua.VariantType.String))
+        client = self.link.client
+        if client is None:
+            raise ConnectionError("not connected")
+        await client.write_values([(self._nodes["command_id"],
+                                    Variant(STRING, cmd.command_id))])
         self.current = Attempt(cmd.scope, cmd.command_id)
         await self._call("Unhold")
 
@@ -428,21 +448,42 @@ class PackMLUnit:
         self.current = None
         self._spawn(self._call(self.settings.cancel, quiet=True))
 
-    async def _call(self, method: str, *args: Any, on: str = "sm", quiet: bool = False) -> None:
+    async def _call(self, method: str, *args: Variant, on: str = "sm",
+                    quiet: bool = False) -> None:
         node = self._nodes.get(method)
         if node is None:
             raise _Refused(f"unit {self.name} has no {method} method")
+        client = self.link.client
+        if client is None:
+            raise ConnectionError("not connected")
         parent = self._nodes["unit"] if on == "unit" else self._nodes["sm"]
-        try:
-            await parent.call_method(node, *args)
-        except ua.UaStatusCodeError as e:
-            why = f"unit {self.name}: {method} refused ({status_name(e.code)})"
+        [res] = await client.call([(parent, node, list(args))])
+        if res.status & 0x80000000:
+            why = f"unit {self.name}: {method} refused ({BadStatus(res.status).name})"
             if quiet:
                 # a reset or stop that raced another (the unit on its way already): the
                 # next step reads the unit's state anyway
                 log.debug("%s", why)
                 return
-            raise _Refused(why) from None
+            raise _Refused(why)
+
+    def _descriptor(self, name: str, value: float = 0.0) -> Variant:
+        """A PackMLDescriptorDataType (ID Int32, Name String, Unit EUInformation,
+        Value Float; OPC 30050), encoded by its fields with the encoding the server
+        names for it."""
+        if self._descriptor_encoding is None:
+            raise _Refused(f"unit {self.name}: the server has no binary encoding of "
+                           "PackMLDescriptorDataType")
+        w = Writer()
+        w.int32(0)
+        w.string(name)
+        w.string(None)                  # Unit, an EUInformation: no unit
+        w.int32(-1)
+        w.localized_text(LocalizedText(None))
+        w.localized_text(LocalizedText(None))
+        w.float32(value)                # Value is a Float
+        return Variant(EXTENSION_OBJECT, ExtensionObject(self._descriptor_encoding,
+                                                         w.getvalue()))
 
     async def _wait(self, done: Callable[[str], bool], timeout: float) -> None:
         """Until the subscription shows a state ``done`` accepts, or ``timeout``."""
@@ -475,33 +516,45 @@ def _done(f: asyncio.Future[None]) -> None:
         f.set_result(None)
 
 
-def _descriptor(name: str, value: float = 0.0) -> Any:
-    """A PackMLDescriptorDataType (the type generated from the server's definitions)."""
-    cls = getattr(ua, "PackMLDescriptorDataType", None)
-    if cls is None:
-        raise _Refused("the server's PackML structures are not loaded")
-    return cls(ID=0, Name=name, Unit=ua.EUInformation(), Value=value)
-
-
-async def _takes_array(method: Node | None) -> bool:
+async def _takes_array(client: Client, method: NodeId | None) -> bool:
     """The method's first input argument is an array (its ValueRank 0 or more)."""
     if method is None:
         return False
-    try:
-        args = await (await method.get_child("0:InputArguments")).read_value()
-    except ua.UaStatusCodeError:
+    [prop] = await client.translate([(method, [QualifiedName("InputArguments", 0)])])
+    if prop is None:
         return False
-    return bool(args) and args[0].ValueRank >= 0
+    [args] = await client.read_values([prop])
+    parsed = read_arguments(args)
+    return bool(parsed) and parsed[0].value_rank >= 0
 
 
-async def _child(node: Node, ns: int, name: str) -> Node | None:
-    try:
-        return await node.get_child(f"{ns}:{name}")
-    except ua.UaStatusCodeError:
-        return None
+async def _binary_encoding(client: Client, data_type: NodeId) -> NodeId | None:
+    """The node of a structure's Default Binary encoding."""
+    for ref in await client.browse(data_type, HAS_ENCODING):
+        if ref.browse_name.name == "Default Binary":
+            return ref.node
+    return None
+
+
+def _text(value: DataValue) -> str:
+    """A state variable's value as text (a LocalizedText, or a String)."""
+    v = value.value.value if value.value is not None else None
+    if isinstance(v, LocalizedText):
+        return v.text or ""
+    return str(v or "")
+
+
+def _alarm_message(value: object) -> str:
+    """A PackMLAlarmDataType's Message (ID Int32, Value Int32, Message String, ...)."""
+    if not isinstance(value, ExtensionObject) or not value.body:
+        return ""
+    r = Reader(value.body)
+    r.int32()
+    r.int32()
+    return r.string() or ""
 
 
 def _why(e: BaseException) -> str:
-    if isinstance(e, ua.UaStatusCodeError):
-        return status_name(e.code)
+    if isinstance(e, BadStatus):
+        return e.name
     return str(e) or type(e).__name__

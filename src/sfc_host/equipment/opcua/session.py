@@ -1,8 +1,9 @@
-"""One OPC UA session per server, shared by every unit, method and event of it: asyncua's
-client, connected with backoff until the server answers, then kept by asyncua's own
-reconnect. After each connect the units' state feed (one subscription for all of them)
-is made anew, so each unit's first notice is its state now and an outcome missed while
-away is read from it."""
+"""One OPC UA session per server, shared by every unit, method and event of it: the
+host's own client (``sfc_host.opcua_client``), connected with backoff until the server
+answers, and connected again the same way whenever the connection is lost. After each
+connect the units' state feed (one subscription for all of them) and the event
+subscriptions are made anew, so each unit's first notice is its state now and an
+outcome missed while away is read from it."""
 
 from __future__ import annotations
 
@@ -14,24 +15,28 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from asyncua import Client, Node, ua
-from asyncua.client.ua_client import UaClientState
-from asyncua.crypto import security_policies, uacrypto
 from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.hazmat.primitives.serialization import Encoding, load_pem_private_key
 
+from sfc_fast.wire.uabinary import DataValue, NodeId
 from sfc_host.aio import reap
 from sfc_host.equipment.opcua.settings import ServerSettings
 from sfc_host.errors import SfcHostError
+from sfc_host.opcua_client.client import Client, find_endpoint, get_endpoints
+from sfc_host.opcua_client.errors import BadStatus, OpcUaError, status_name
+from sfc_host.opcua_client.security import MODE_NONE, MODE_SIGN, MODE_SIGN_AND_ENCRYPT
+from sfc_host.opcua_client.services import Endpoint
+
+__all__ = ["ServerLink", "Untrusted", "status_name"]
 
 log = logging.getLogger("sfc_host.equipment.opcua")
 
 BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 FEED_MS = 10             # the state feed's publishing interval: an outcome's delay
+FEED_QUEUE = 16          # each state a unit passes, not only the last of an interval
 APPLICATION_URI = "urn:sfc-fast:equipment-client"
 
-_MODES = {"Sign": ua.MessageSecurityMode.Sign,
-          "SignAndEncrypt": ua.MessageSecurityMode.SignAndEncrypt}
+_MODES = {"None": MODE_NONE, "Sign": MODE_SIGN, "SignAndEncrypt": MODE_SIGN_AND_ENCRYPT}
 
 
 class ServerLink:
@@ -50,24 +55,24 @@ class ServerLink:
         self._feed: _Feed | None = None
         self._feed_lock = asyncio.Lock()
 
-    async def watch(self, node: Node, handler: Any) -> None:
-        """Data changes of ``node`` to ``handler.datachange_notification``, on the link's
-        one state feed: one subscription for every unit, so one publish response
-        carries the changes of many. Made anew after each connect (``_hooks``), its
-        first notice of each node is the node's value now."""
+    async def watch(self, node: NodeId, handler: Any) -> None:
+        """Data changes of ``node`` to ``handler.state_changed(DataValue)``, on the
+        link's one state feed: one subscription for every unit, so one publish response
+        carries the changes of many. Made anew after each connect, its first notice of
+        each node is the node's value now."""
         client = self.client
         if client is None:
             raise ConnectionError("not connected")
         async with self._feed_lock:
             feed = self._feed
-            if feed is None:
-                feed = _Feed()
+            if feed is None or feed.client is not client:
+                feed = _Feed(client)
                 feed.sub = await client.create_subscription(FEED_MS, feed)
                 self._feed = feed
-            new = node.nodeid not in feed.handlers
-            feed.handlers[node.nodeid] = handler
-            if new:
-                await feed.sub.subscribe_data_change(node)
+            if node not in feed.nodes:
+                [handle] = await feed.sub.watch([node], queue=FEED_QUEUE)
+                feed.nodes[node] = handle
+            feed.handlers[feed.nodes[node]] = handler
 
     def status(self) -> str:
         """'' when connected, else why not (``/readyz``, the web view)."""
@@ -91,7 +96,7 @@ class ServerLink:
         loop = asyncio.get_running_loop()
         client, self.client = self.client, None
         if client is not None:          # the next start makes a session of its own
-            self._dropping = loop.create_task(self._drop(client))
+            self._dropping = loop.create_task(client.close())
         loop.call_later(BACKOFF_S[-1], self._again)
 
     def _again(self) -> None:
@@ -104,46 +109,37 @@ class ServerLink:
             self._task.cancel()
             await reap(self._task)
         client, self.client = self.client, None
+        self.connected.clear()
         if client is not None:
-            await self._drop(client)
+            try:
+                await asyncio.wait_for(client.close(), 2.0)
+            except Exception as e:      # the server may be gone already
+                log.debug("OPC UA server %s: close: %s", self.name, e)
 
-    async def _drop(self, client: Client) -> None:
-        try:
-            await asyncio.wait_for(client.disconnect(), 2.0)
-        except Exception as e:      # the server may be gone already
-            log.debug("OPC UA server %s: disconnect: %s", self.name, e)
-
-    async def _make(self) -> Client:
+    async def _connect(self) -> Client:
         s = self.settings
-        client = Client(s.endpoint, timeout=s.timeout_s, auto_reconnect=True,
-                        reconnect_max_delay=10.0)
-        client.application_uri = APPLICATION_URI
-        client.name = client.description = "sfc-host"
-        if s.username:
-            client.set_user(s.username)
-            client.set_password(s.password)
-        if s.security != "None":
-            own = await uacrypto.load_certificate(s.certificate)
-            client.application_uri = _uri_of(own) or APPLICATION_URI
-            server_cert = await self._trusted_server_certificate()
-            await client.set_security(security_policies.SecurityPolicyBasic256Sha256,
-                                      s.certificate, s.private_key,
-                                      server_certificate=uacrypto.CertProperties(
-                                          server_cert, "der"),
-                                      mode=_MODES[s.security])
+        mode = _MODES[s.security]
+        endpoint = find_endpoint(await get_endpoints(s.endpoint, s.timeout_s), mode)
+        kwargs: dict[str, Any] = {}
+        if mode != MODE_NONE:
+            own = Path(s.certificate).read_bytes()
+            kwargs = {"certificate": _der(own),
+                      "private_key": load_pem_private_key(Path(s.private_key).read_bytes(),
+                                                          None),
+                      "server_certificate": self._trusted(endpoint),
+                      "application_uri": _uri_of(_der(own)) or APPLICATION_URI}
+        client = Client(s.endpoint, mode=mode, username=s.username, password=s.password,
+                        timeout_s=s.timeout_s, name="sfc-host", **kwargs)
+        await client.connect(endpoint)
         return client
 
-    async def _trusted_server_certificate(self) -> bytes:
-        """The server's certificate, from its endpoints, if ``trust_dir`` holds it. An
+    def _trusted(self, endpoint: Endpoint) -> bytes:
+        """The server's certificate, from its endpoint, if ``trust_dir`` holds it. An
         untrusted one is refused and kept in ``trust_dir/rejected/`` for an
         administrator, who trusts it by moving it into ``trust_dir`` (taken at the next
         attempt, no restart)."""
         s = self.settings
-        probe = Client(s.endpoint, timeout=s.timeout_s)
-        endpoints = await probe.connect_and_get_server_endpoints()
-        ep = Client.find_endpoint(endpoints, _MODES[s.security],
-                                  security_policies.SecurityPolicyBasic256Sha256.URI)
-        der = _first_certificate(ep.ServerCertificate)
+        der = _first_certificate(endpoint.server_certificate)
         trusted = _trusted(Path(s.trust_dir))
         if der in trusted:
             return der
@@ -156,7 +152,7 @@ class ServerLink:
 
     def _hint(self, e: BaseException) -> str:
         """What to check, for a refusal whose status code alone does not say it."""
-        if type(e).__name__ not in _IDENTITY_REFUSED:
+        if not isinstance(e, BadStatus) or e.name not in _IDENTITY_REFUSED:
             return ""
         user = self.settings.username
         if not user:
@@ -168,8 +164,7 @@ class ServerLink:
         fails = 0
         while not self._closing:
             try:
-                client = await self._make()
-                await client.connect()
+                client = await self._connect()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -181,36 +176,22 @@ class ServerLink:
                 fails += 1
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 continue
-            fails = 0
             self.client = client
             log.info("OPC UA server %s at %s connected", self.name, self.settings.endpoint)
-            await self._follow(client)
-            return
-
-    async def _follow(self, client: Client) -> None:
-        """Until closed: the hooks after each (re)connect, the state for ``status``."""
-        was = UaClientState.DISCONNECTED
-        async with client.subscribe_state() as sub:
-            state = client.state
-            while not self._closing:
-                if state is UaClientState.CONNECTED and was is not UaClientState.CONNECTED:
-                    self.connected.set()
-                    self.last_error = ""
-                    await self._hooks()
-                elif state is not UaClientState.CONNECTED and self.connected.is_set():
-                    self.connected.clear()
-                    self.last_error = f"OPC UA server {self.name}: connection lost, " \
-                                      "reconnecting"
-                    log.warning("%s", self.last_error)
-                was = state
-                try:
-                    state = await sub.next_change(5.0)
-                except TimeoutError:
-                    state = client.state
+            self.connected.set()
+            self.last_error = ""
+            await self._hooks()
+            await asyncio.shield(client.closed)
+            self.connected.clear()
+            self.client = None
+            self._feed = None
+            self.last_error = f"OPC UA server {self.name}: connection lost, reconnecting"
+            log.warning("%s", self.last_error)
+            await client.close()
+            fails = 1
+            await asyncio.sleep(BACKOFF_S[0] * random.uniform(0.5, 1.0))
 
     async def _hooks(self) -> None:
-        await drop_subscription(self._feed.sub if self._feed is not None else None)
-        self._feed = None
         for hook in self.on_connect:
             try:
                 await hook()
@@ -219,41 +200,22 @@ class ServerLink:
                               self.name)
 
 
-async def drop_subscription(sub: Any) -> None:
-    """Delete a subscription made before a reconnect: asyncua keeps or restores it, and
-    a restore cut short leaves it deaf, so each connect makes its own anew; left, the
-    kept one would deliver every change a second time."""
-    if sub is None or sub.is_deleted:
-        return
-    try:
-        await sub.delete()
-    except Exception as e:      # gone with the old session: nothing to delete
-        log.debug("an old subscription not deleted: %s", e)
-
-
 class _Feed:
     """The link's state subscription: each node's changes to its own handler."""
 
-    def __init__(self) -> None:
+    def __init__(self, client: Client) -> None:
+        self.client = client
         self.sub: Any = None
-        self.handlers: dict[ua.NodeId, Any] = {}
+        self.nodes: dict[NodeId, int] = {}          # node: client handle
+        self.handlers: dict[int, Any] = {}          # client handle: handler
 
-    def datachange_notification(self, node: Node, val: Any, data: Any) -> None:
-        handler = self.handlers.get(node.nodeid)
+    def data_changed(self, handle: int, value: DataValue) -> None:
+        handler = self.handlers.get(handle)
         if handler is not None:
-            handler.datachange_notification(node, val, data)
+            handler.state_changed(value)
 
-
-async def node_of(client: Client, text: str) -> Node:
-    """A node from its id as the equipment file writes it: ``ns=3;s=Filler1``, or with
-    the namespace's URI, ``nsu=urn:plant:units;s=Filler1``, which stays right when a
-    server numbers its namespaces anew."""
-    if text.startswith("nsu="):
-        uri, sep, rest = text[4:].partition(";")
-        if not sep:
-            raise ValueError(f"node id {text!r}: nsu=URI;s=… or nsu=URI;i=…")
-        text = f"ns={await client.get_namespace_index(uri)};{rest}"
-    return client.get_node(text)
+    def event(self, handle: int, fields: list[Any]) -> None:
+        pass
 
 
 class Untrusted(SfcHostError):
@@ -277,6 +239,13 @@ def _trusted(folder: Path) -> set[bytes]:
     return out
 
 
+def _der(data: bytes) -> bytes:
+    """A certificate file's bytes as DER (the file may be PEM)."""
+    if b"-----BEGIN" in data:
+        return x509.load_pem_x509_certificate(data).public_bytes(Encoding.DER)
+    return data
+
+
 def _first_certificate(chain: bytes) -> bytes:
     """The leaf of a DER chain (a server may send its chain in one field)."""
     cert = x509.load_der_x509_certificate(chain[:_der_length(chain)])
@@ -291,10 +260,11 @@ def _der_length(data: bytes) -> int:
     return 2 + n + int.from_bytes(data[2:2 + n], "big")
 
 
-def _uri_of(cert: Any) -> str:
+def _uri_of(der: bytes) -> str:
     try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-    except x509.ExtensionNotFound:
+        san = x509.load_der_x509_certificate(der).extensions.get_extension_for_class(
+            x509.SubjectAlternativeName)
+    except (x509.ExtensionNotFound, ValueError):
         return ""
     uris = san.value.get_values_for_type(x509.UniformResourceIdentifier)
     return uris[0] if uris else ""
@@ -308,14 +278,8 @@ _IDENTITY_REFUSED = frozenset(("BadUserAccessDenied", "BadIdentityTokenRejected"
 def _why(e: BaseException) -> str:
     if isinstance(e, Untrusted):
         return str(e)
-    if isinstance(e, ua.UaStatusCodeError):
-        return f"{type(e).__name__} ({e})"
+    if isinstance(e, BadStatus):
+        return f"{e.name} ({e})" if str(e) != e.name else e.name
+    if isinstance(e, OpcUaError | OSError):
+        return str(e) or type(e).__name__
     return str(e) or type(e).__name__
-
-
-def status_name(code: Any) -> str:
-    """The name of a status code (``BadNodeIdUnknown``)."""
-    try:
-        return ua.StatusCode(code.value if hasattr(code, "value") else code).name
-    except Exception:
-        return str(code)

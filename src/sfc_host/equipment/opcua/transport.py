@@ -13,19 +13,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from asyncua import Node
-from asyncua.common.events import get_event_properties_from_type_node
-
 from sfc_fast import Command, Graph, Problem, job_of_command
 from sfc_fast.events import BaseEvent, Completed, Failed
+from sfc_fast.wire.uabinary import DataValue, NodeId, QualifiedName
 from sfc_host.aio import reap
 from sfc_host.equipment.mqtt_transport import MqttSink
 from sfc_host.equipment.opcua.method import MethodBinding
 from sfc_host.equipment.opcua.packml import PackMLUnit
-from sfc_host.equipment.opcua.session import ServerLink, drop_subscription, node_of
+from sfc_host.equipment.opcua.session import ServerLink
 from sfc_host.equipment.opcua.settings import EquipmentFile, EventSettings
 from sfc_host.equipment.opcua.values import to_json
 from sfc_host.execution.host import Host
+from sfc_host.opcua_client.client import Client
+from sfc_host.opcua_client.errors import OpcUaError
+from sfc_host.opcua_client.services import BASE_EVENT_TYPE, HAS_PROPERTY, HAS_SUBTYPE
 
 log = logging.getLogger("sfc_host.equipment.opcua")
 
@@ -39,8 +40,6 @@ class OpcuaEquipment:
         self.host = host
         self.metrics = host.metrics
         self.links = {name: ServerLink(s) for name, s in equipment.servers.items()}
-        for link in self.links.values():
-            link.on_connect.append(_loader(link))
         self.bindings: dict[str, PackMLUnit | MethodBinding] = {}
         for u in equipment.units:
             self.bindings[u.equipment] = PackMLUnit(u, self.links[u.server], self._answer)
@@ -161,53 +160,64 @@ class EventSource:
         # item's first), not a change
         self._last: str | None = None
         self._sub: Any = None
+        self._names: list[str] = []             # the data keys of the selected fields
         self._tasks: set[asyncio.Task[None]] = set()
         link.on_connect.append(self.bind)
 
     async def bind(self) -> None:
-        """Subscribe, after each connect, in place of the subscription made before
-        (``drop_subscription``)."""
+        """Subscribe, after each connect (a new session has no subscription of the one
+        before)."""
         client = self.link.client
         assert client is not None
         s = self.settings
-        old, self._sub = self._sub, None
-        await drop_subscription(old)
+        self._sub = None
         try:
-            sub = self._sub = await client.create_subscription(50, self)
+            sub = await client.create_subscription(50, self)
             if s.event_type:
-                etype = await node_of(client, s.event_type)
-                await self._check_fields(etype)
-                await sub.subscribe_events(await node_of(client, s.source), etype)
+                etype = await client.node(s.event_type)
+                fields = await self._fields(client, etype)
+                self._names = list(fields)
+                await sub.watch_events(await client.node(s.source),
+                                       [(fields[k][0], [fields[k][1]]) for k in self._names],
+                                       await _subtypes(client, etype))
             else:
-                await sub.subscribe_data_change(await node_of(client, s.node))
-        except Exception as e:      # asyncua's faults have no common root
+                await sub.watch([await client.node(s.node)])
+            self._sub = sub
+        except (ConnectionError, OSError, TimeoutError, OpcUaError, ValueError) as e:
             log.error("OPC UA event %s on %s: %s", s.type, s.event_type or s.node, e)
 
-    async def _check_fields(self, etype: Node) -> None:
-        """A field the event type does not have is said once, at the bind (its key
-        would be missing from every event's data)."""
-        props = await get_event_properties_from_type_node(etype) or []
-        have = {(await p.read_browse_name()).Name for p in props}
-        missing = sorted(set(self.settings.fields.values()) - have)
+    async def _fields(self, client: Client,
+                      etype: NodeId) -> dict[str, tuple[NodeId, QualifiedName]]:
+        """The selected fields (data key: the type that declares the property, and its
+        browse name) the event type or a supertype has. A field it does not have is
+        said once, at the bind (its key would be missing from every event's data)."""
+        have: dict[str, tuple[NodeId, QualifiedName]] = {}
+        node: NodeId | None = etype
+        while node is not None:
+            for ref in await client.browse(node, HAS_PROPERTY):
+                have.setdefault(ref.browse_name.name, (node, ref.browse_name))
+            if node == BASE_EVENT_TYPE:
+                break
+            parents = await client.browse(node, HAS_SUBTYPE, forward=False)
+            node = parents[0].node if parents else None
+        missing = sorted(set(self.settings.fields.values()) - set(have))
         if missing:
             log.error("OPC UA event %s: the event type %s has no field %s (it has %s); "
                       "those keys stay out of the events' data", self.settings.type,
                       self.settings.event_type, ", ".join(missing), ", ".join(sorted(have)))
+        return {key: have[name] for key, name in self.settings.fields.items()
+                if name in have}
 
-    def datachange_notification(self, node: Node, val: Any, data: Any) -> None:
-        value = to_json(val)
-        text = json.dumps(value, sort_keys=True, default=str)
+    def data_changed(self, handle: int, value: DataValue) -> None:
+        v = to_json(value.value)
+        text = json.dumps(v, sort_keys=True, default=str)
         last, self._last = self._last, text
         if last is None or text == last:
             return
-        self._queue({self.settings.field: value})
+        self._queue({self.settings.field: v})
 
-    def event_notification(self, event: Any) -> None:
-        data = {}
-        for key, name in self.settings.fields.items():
-            if hasattr(event, name):
-                data[key] = to_json(getattr(event, name))
-        self._queue(data)
+    def event(self, handle: int, fields: list[Any]) -> None:
+        self._queue({key: to_json(v) for key, v in zip(self._names, fields, strict=False)})
 
     def _queue(self, data: dict[str, Any]) -> None:
         s = self.settings
@@ -262,13 +272,13 @@ class RoutingSink:
         return [f is not None and f.done() and not f.cancelled() for f in acks]
 
 
-def _loader(link: ServerLink) -> Any:
-    async def load() -> None:
-        # the server's structures (PackML's descriptor among them) as Python classes
-        assert link.client is not None
-        try:
-            await link.client.load_data_type_definitions()
-        except Exception as e:
-            log.warning("OPC UA server %s: its structures not loaded: %s", link.name, e)
-    return load
-
+async def _subtypes(client: Client, etype: NodeId) -> list[NodeId]:
+    """The event type and every subtype of it, as the server has them at the bind."""
+    out, todo = [etype], [etype]
+    while todo and len(out) < 10_000:
+        node = todo.pop()
+        for ref in await client.browse(node, HAS_SUBTYPE):
+            if ref.node not in out:
+                out.append(ref.node)
+                todo.append(ref.node)
+    return out
