@@ -288,9 +288,9 @@ class HostConfig:
                 raise ConfigError(f"setting {name}: {v!r} is not a file")
         if self.web_token_file:
             self.web_access_token()     # readable and not empty
-        if self.equipment_opcua and not _installed("asyncua"):
-            raise ConfigError("setting equipment_opcua: the OPC UA stack is not installed: "
-                              "pip install 'sfc-fast[opcua]'")
+        if self.equipment_opcua and not _installed("cryptography"):
+            raise ConfigError("setting equipment_opcua: the OPC UA client's crypto "
+                              "(cryptography) is not installed: pip install 'sfc-fast[opcua]'")
         if self.equipment_opcua and not Path(self.equipment_opcua).is_file():
             raise ConfigError(f"setting equipment_opcua: {self.equipment_opcua!r} is not a "
                               "file")

@@ -109,6 +109,16 @@ async def run_unit(client: Client) -> None:
     assert await client.read_values([NodeId("Filler1.Setpoint", ns), cid]) == [12.5, "c-1"]
     [bad] = await client.write([(NodeId("Filler1.Result", ns), Variant(DOUBLE, 1.0))])
     assert bad & 0x80000000                        # not writable: its status, not a raise
+    # the reads of one event-loop pass go in one request; each caller gets its own
+    # results, and a node that is not there fails its caller only
+    assert client.channel is not None
+    sent = client.channel.requests
+    got = await asyncio.gather(*(client.read_values([cid, NodeId(2259)]) for _ in range(30)),
+                               client.read_values([NodeId("NoSuchNode", ns)]),
+                               return_exceptions=True)
+    assert client.channel.requests == sent + 1
+    assert got[:30] == [["c-1", 0]] * 30
+    assert isinstance(got[30], BadStatus) and got[30].name == "BadNodeIdUnknown"
     names = {r.browse_name.name for r in await client.browse(NodeId(85))}   # Objects
     assert {"Filler1", "Server"} <= names
 

@@ -32,6 +32,7 @@ from sfc_fast.wire.uabinary import (
     Writer,
 )
 from sfc_host.opcua_client import services
+from sfc_host.opcua_client.batch import Batch
 from sfc_host.opcua_client.channel import Channel
 from sfc_host.opcua_client.errors import BadStatus, ChannelError, OpcUaError
 from sfc_host.opcua_client.security import (
@@ -107,6 +108,7 @@ class Client:
         self._namespaces: list[str] | None = None
         self._keepalive: asyncio.Task[None] | None = None
         self._publisher: Publisher | None = None
+        self._batches: dict[tuple[int, int], Batch] = {}
 
     @property
     def closed(self) -> asyncio.Future[None]:
@@ -239,12 +241,11 @@ class Client:
         return await ch.request(type_id, w.getvalue(), timeout_s)
 
     async def read(self, items: list[tuple[NodeId, int]], timestamps: int = 0) -> list[DataValue]:
-        """DataValues of (node, attribute) pairs, in one request."""
+        """DataValues of (node, attribute) pairs, in one request with the other reads
+        of this event-loop pass (``batch``)."""
         if not items:
             return []                       # a server refuses an empty request
-        w = Writer()
-        services.write_read(w, items, timestamps)
-        return services.read_read(await self.request(services.READ, w))
+        return await self._batch(services.READ, timestamps).add(items)
 
     async def read_values(self, nodes: Sequence[NodeId]) -> list[Any]:
         """The nodes' values; a Bad status raises ``BadStatus`` naming the node."""
@@ -257,13 +258,11 @@ class Client:
         return out
 
     async def write(self, items: list[tuple[NodeId, Variant]]) -> list[int]:
-        """Write values; the status of each (0 Good)."""
+        """Write values; the status of each (0 Good). One request with the other
+        writes of this event-loop pass."""
         if not items:
             return []                       # a server refuses an empty request
-        w = Writer()
-        services.write_write(w, items)
-        r = await self.request(services.WRITE, w)
-        return services.read_statuses(r)
+        return await self._batch(services.WRITE).add(items)
 
     async def write_values(self, items: list[tuple[NodeId, Variant]]) -> None:
         """Write values; the first Bad status raises ``BadStatus`` naming its node."""
@@ -272,12 +271,31 @@ class Client:
                 raise BadStatus(status, f"write {node}")
 
     async def call(self, calls: list[tuple[NodeId, NodeId, list[Variant]]]) -> list[CallResult]:
-        """Call methods (object, method, input arguments), in one request."""
+        """Call methods (object, method, input arguments), in one request with the
+        other calls of this event-loop pass."""
         if not calls:
             return []                       # a server refuses an empty request
-        w = Writer()
-        services.write_call(w, calls)
-        return services.read_call(await self.request(services.CALL, w))
+        return await self._batch(services.CALL).add(calls)
+
+    def _batch(self, type_id: int, option: int = 0) -> Batch:
+        b = self._batches.get((type_id, option))
+        if b is None:
+            if type_id == services.READ:
+                def write(w: Writer, items: list[Any]) -> None:
+                    services.write_read(w, items, option)
+                b = Batch(self._send, type_id, write, services.read_read)
+            elif type_id == services.WRITE:
+                b = Batch(self._send, type_id, services.write_write, services.read_statuses)
+            else:
+                b = Batch(self._send, type_id, services.write_call, services.read_call)
+            self._batches[(type_id, option)] = b
+        return b
+
+    def _send(self, type_id: int, body: bytes) -> asyncio.Future[Reader]:
+        ch = self.channel
+        if ch is None:
+            raise ChannelError(f"{self.url}: not connected")
+        return ch.request(type_id, body)
 
     async def browse(self, node: NodeId, reference_type: int = services.HIERARCHICAL, *,
                      forward: bool = True, node_class_mask: int = 0) -> list[Reference]:

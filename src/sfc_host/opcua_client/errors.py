@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sfc_host.errors import SfcHostError
+from sfc_host.opcua_client.status_codes import NAMES
 
 __all__ = ["BadStatus", "ChannelError", "OpcUaError", "status_name"]
 
@@ -32,28 +33,6 @@ class ChannelError(OpcUaError, ConnectionError):
 
 def status_name(code: int) -> str:
     """The symbolic name of a status code; its hex form where the name is unknown.
-
-    The names come from asyncua's table of the specification's codes when asyncua is
-    installed (the ``opcua`` extra, which brings the client too); only the severity and
-    sub-code bits of the code select the name, as the low 16 bits are flags."""
+    Only the severity and sub-code bits select the name: the low 16 bits are flags."""
     base = code & 0xFFFF0000
-    if base == 0:
-        return "Good"
-    name = _names().get(base)
-    return name if name else f"0x{code:08X}"
-
-
-_NAMES: dict[int, str] | None = None
-
-
-def _names() -> dict[int, str]:
-    global _NAMES
-    if _NAMES is None:
-        try:
-            from asyncua.ua import status_codes
-            table = {v: k for k, v in vars(status_codes.StatusCodes).items()
-                     if isinstance(v, int) and not k.startswith("_")}
-        except ImportError:
-            table = {}
-        _NAMES = table
-    return _NAMES
+    return NAMES.get(base) or f"0x{code:08X}"

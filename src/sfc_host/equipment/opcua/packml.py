@@ -78,7 +78,6 @@ class PackMLUnit:
         self.answer = answer
         self.state = ""                       # the unit's CurrentState, as last seen
         self.current: Attempt | None = None
-        self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()           # one command at a time on a unit
         self._nodes: dict[str, NodeId] = {}
         self._param_types: dict[str, int | None] = {}
@@ -92,7 +91,8 @@ class PackMLUnit:
         self._read_notices = 0                # of them, when the last read was sent
         self.problem = "not bound yet"
         self.bound = asyncio.Event()          # the nodes found at least once
-        self._waiters = 0                     # tasks waiting for a state change
+        # those waiting for a state: its test, and the future a notice that passes it ends
+        self._waiters: list[tuple[Callable[[str], bool], asyncio.Future[None]]] = []
         self._settling = ""                   # the command whose Complete is being reset
         self._tasks: set[asyncio.Task[None]] = set()
         link.on_connect.append(self.bind)
@@ -154,7 +154,7 @@ class PackMLUnit:
         self.state = state
         self._notices += 1
         if self._waiters:
-            self._spawn(self._notify())
+            self._wake(state)
         if self.current is not None:
             if state in OUTCOMES:
                 self._spawn(self._settle(state))
@@ -190,9 +190,10 @@ class PackMLUnit:
         if a.hold_id:
             self.answer(a.scope, NotHeld(a.hold_id))
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    def _wake(self, state: str) -> None:
+        for done, fut in self._waiters:
+            if not fut.done() and done(state):
+                fut.set_result(None)
 
     # ---- the attempt's outcome, from the state
 
@@ -486,15 +487,20 @@ class PackMLUnit:
                                                          w.getvalue()))
 
     async def _wait(self, done: Callable[[str], bool], timeout: float) -> None:
-        """Until the subscription shows a state ``done`` accepts, or ``timeout``."""
-        self._waiters += 1
+        """Until a state notice passes ``done`` (or the state now does), or
+        ``timeout``: checked in the notice's own call, with no task per notice."""
+        if done(self.state):
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        entry = (done, fut)
+        self._waiters.append(entry)
+        timer = loop.call_later(timeout, _done, fut)
         try:
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._changed.wait_for(lambda: done(self.state)), timeout)
+            await fut
         finally:
-            self._waiters -= 1
+            timer.cancel()
+            self._waiters.remove(entry)
 
 
 async def _bound(bound: asyncio.Event, deadline_ms: int | None) -> None:
