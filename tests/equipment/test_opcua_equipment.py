@@ -141,6 +141,12 @@ def test_the_equipment_file_mistakes_are_one_line(tmp_path: Path) -> None:
         ("[[server]]\nname='a'\nendpoint='opc.tcp://h:1'\nsecurity='SignAndEncrypt'\n",
          "certificate and private_key"),
         ("[[thing]]\n", "unknown section 'thing'"),
+        ("[[server]]\nname='a'\nendpoint='opc.tcp://h:1'\nuser_certificate='u.der'\n",
+         "user_certificate and user_private_key go together"),
+        ("[[server]]\nname='a'\nendpoint='opc.tcp://h:1'\nuser_certificate='u.der'\n"
+         "user_private_key='u.pem'\nusername='sfc'\n", "a session has one user"),
+        ("[[server]]\nname='a'\nendpoint='opc.tcp://h:1'\nuser_certificate='u.der'\n"
+         "user_private_key='u.pem'\n", "user_certificate 'u.der' is not a file"),
     ]
     for text, want in cases:
         f.write_text(text)

@@ -279,3 +279,61 @@ def test_a_session_on_node_opcua_units_plain_and_secured(node: str, tmp_path: Pa
             finally:
                 await stop_peer(proc)
     run(main())
+
+
+def test_an_x509_user_on_asyncuas_units(tmp_path: Path) -> None:
+    """A session whose user is a certificate (its token signed with the user's key):
+    the server's user manager takes the one it knows and refuses another."""
+    from asyncua.crypto.cert_gen import setup_self_signed_certificate
+    from asyncua.crypto.permission_rules import User, UserRole
+    from asyncua.server.user_managers import UserManager
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    async def main() -> None:
+        pki = await make_pki(tmp_path, "urn:freeopcua:python:server")
+        for name in ("operator", "stranger"):
+            await setup_self_signed_certificate(
+                pki / f"{name}.pem", pki / f"{name}.der", f"urn:test:{name}", "localhost",
+                [ExtendedKeyUsageOID.CLIENT_AUTH], {"commonName": name})
+        known = (pki / "operator.der").read_bytes()
+        seen: list[bytes] = []
+
+        class Certificates(UserManager):
+            def get_user(self, iserver: Any, username: str | None = None,
+                         password: str | None = None, certificate: Any = None) -> Any:
+                der = certificate.public_bytes(Encoding.DER) \
+                    if isinstance(certificate, x509.Certificate) else certificate
+                seen.append(der or b"")
+                return User(role=UserRole.User, name="operator") if der == known else None
+
+        port = free_port()
+        server, _units = await build(port, ["Filler1"], 0.02,
+                                     certificate=str(pki / "plc.der"),
+                                     private_key=str(pki / "plc.pem"))
+        server.iserver.set_user_manager(Certificates())
+        server.set_security_IDs(["Basic256Sha256"])
+        async with server:
+            url = f"opc.tcp://127.0.0.1:{port}/units/"
+
+            def client(user: str) -> Client:
+                return Client(url, mode=MODE_SIGN_AND_ENCRYPT,
+                              certificate=(pki / "host.der").read_bytes(),
+                              private_key=load_pem_private_key(
+                                  (pki / "host.pem").read_bytes(), None),
+                              user_certificate=(pki / f"{user}.der").read_bytes(),
+                              user_key=load_pem_private_key(
+                                  (pki / f"{user}.pem").read_bytes(), None),
+                              application_uri="urn:sfc-fast:equipment-client")
+            with pytest.raises(BadStatus):
+                await client("stranger").connect()
+            c = client("operator")
+            await c.connect()
+            try:
+                [state] = await c.read_values([NodeId(2259)])
+                assert state == 0                       # Running
+            finally:
+                await c.close()
+            assert known in seen
+    run(main())

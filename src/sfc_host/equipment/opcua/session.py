@@ -128,6 +128,10 @@ class ServerLink:
                                                           None),
                       "server_certificate": self._trusted(endpoint),
                       "application_uri": _uri_of(_der(own)) or APPLICATION_URI}
+        if s.user_certificate:
+            kwargs["user_certificate"] = _der(Path(s.user_certificate).read_bytes())
+            kwargs["user_key"] = load_pem_private_key(Path(s.user_private_key).read_bytes(),
+                                                      None)
         client = Client(s.endpoint, mode=mode, username=s.username, password=s.password,
                         timeout_s=s.timeout_s, name="sfc-host", **kwargs)
         await client.connect(endpoint)
@@ -155,6 +159,9 @@ class ServerLink:
         if not isinstance(e, BadStatus) or e.name not in _IDENTITY_REFUSED:
             return ""
         user = self.settings.username
+        if self.settings.user_certificate:
+            return (f": the server refused the X.509 user of {self.settings.user_certificate}"
+                    "; check that the server trusts it")
         if not user:
             return ": the server takes no anonymous session; set username and password_env"
         return (f": the server refused user {user!r}; check username and the password in "

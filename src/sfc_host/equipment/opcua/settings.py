@@ -10,6 +10,7 @@ line naming the file and the entry.
     # certificate = "pki/own/cert.der"; private_key = "pki/own/key.pem" (secure modes)
     # trust_dir = "pki/plc1"           # the server certificates trusted (DER or PEM)
     # username = "sfc"; password_env = "PLC1_PASSWORD"
+    # or an X.509 user: user_certificate = "pki/sfc-user.der"; user_private_key = "….pem"
 
     [[unit]]                           # a PackML unit (OPC 30050)
     equipment = "filler1"
@@ -77,6 +78,8 @@ class ServerSettings:
     username: str = ""
     password: str = field(default="", repr=False)
     timeout_s: float = 5.0
+    user_certificate: str = ""         # an X.509 user: its certificate and key
+    user_private_key: str = ""
 
 
 @dataclass
@@ -252,7 +255,7 @@ class _Entry:
 def _server(raw: dict[str, Any], where: str, entry: str, env: Any) -> ServerSettings:
     e = _Entry(raw, where, entry, {"name", "endpoint", "security", "certificate",
                                    "private_key", "trust_dir", "username", "password_env",
-                                   "timeout_s"})
+                                   "timeout_s", "user_certificate", "user_private_key"})
     endpoint = e.text("endpoint")
     u = urlsplit(endpoint)
     if u.scheme != "opc.tcp" or not u.hostname:
@@ -282,8 +285,17 @@ def _server(raw: dict[str, Any], where: str, entry: str, env: Any) -> ServerSett
     timeout = raw.get("timeout_s", 5.0)
     if not isinstance(timeout, int | float) or timeout <= 0:
         raise _err(where, entry, "timeout_s is a number of seconds above 0")
+    ucert, ukey = e.text("user_certificate", ""), e.text("user_private_key", "")
+    if bool(ucert) != bool(ukey):
+        raise _err(where, entry, "user_certificate and user_private_key go together (an "
+                                 "X.509 user)")
+    if ucert and e.text("username", ""):
+        raise _err(where, entry, "username or user_certificate: a session has one user")
+    for k, v in (("user_certificate", ucert), ("user_private_key", ukey)):
+        if v and not Path(v).is_file():
+            raise _err(where, entry, f"{k} {v!r} is not a file")
     return ServerSettings(e.text("name"), endpoint, security, cert, key, trust,
-                          e.text("username", ""), password, float(timeout))
+                          e.text("username", ""), password, float(timeout), ucert, ukey)
 
 
 def _unit(raw: dict[str, Any], where: str, entry: str,
