@@ -55,3 +55,17 @@ def test_the_check_sees_every_kind_of_import() -> None:
               "from . import test_e\nprint('test_f')\n")
     assert sorted(m for _, m in imported_modules(ast.parse(source))) == [
         "helpers.x", "test_a", "test_b", "test_c", "test_d"]
+
+
+def test_every_test_module_has_a_name_of_its_own() -> None:
+    """The test folders are no packages, so pytest imports each test module by its
+    file name alone: two of one name in two folders stop the whole run at collection."""
+    seen: dict[str, Path] = {}
+    twice = []
+    for path in TESTS.rglob("test_*.py"):
+        if "node_modules" in path.parts:
+            continue
+        other = seen.setdefault(path.name, path)
+        if other != path:
+            twice.append(f"{other.relative_to(TESTS)} and {path.relative_to(TESTS)}")
+    assert not twice, "; ".join(twice)
