@@ -88,11 +88,12 @@ ALLOWED: dict[str, set[str]] = {
 # The packages whose ``__init__.py`` is a face: code outside imports their names
 # through it, never from their modules (a module the face names in ``__all__``, like
 # ``sfc_fast.events``, is public as a whole). The core's public API, the host's version,
-# the asyncio helpers, the command's entry point, the script API and our MQTT client.
+# the asyncio helpers, the command's entry point, the script API, our MQTT client and
+# our OPC UA client.
 # Every other package's ``__init__.py`` is only its map: a docstring saying which module
 # holds what, and the code imports from the modules.
 FACES = {"sfc_fast", "sfc_host", "sfc_host.aio", "sfc_host.cli", "sfc_host.engine",
-         "sfc_host.mqtt"}
+         "sfc_host.mqtt", "sfc_host.opcua_client"}
 # Beside the standard library, the recipe core imports only these
 CORE_THIRD_PARTY = {"numpy", "cython", "cpython", "libc"}
 

@@ -107,10 +107,12 @@ def test_opcua_calls_measures_the_host_against_the_bare_server() -> None:
 def test_opcua_equipment_runs_units_and_the_mqtt_yardstick() -> None:
     out = _run("opcua_equipment.py", "--units", "1,3", "--jobs", "2", timeout=240)
     rows = re.findall(r"^ +(\d+) units: OPC UA ([\d,]+) actions/s, host CPU ([\d,]+) µs an "
-                      r"action, .*\| MQTT ([\d,]+) actions/s, ([\d,]+) µs an action.*"
-                      r"CPU ([\d.]+)x MQTT's$", out, re.MULTILINE)
+                      r"action, .*\| MQTT at the same rate ([\d,]+) actions/s, ([\d,]+) µs an "
+                      r"action, .*: CPU ([\d.]+)x \| MQTT saturated ([\d,]+) actions/s, "
+                      r"([\d,]+) µs an action: CPU ([\d.]+)x$", out, re.MULTILINE)
     assert [r[0] for r in rows] == ["1", "3"], out
-    assert all(_number(r[1]) > 0 and _number(r[3]) > 0 and float(r[5]) > 0 for r in rows)
+    assert all(_number(r[1]) > 0 and _number(r[3]) > 0 and float(r[5]) > 0
+               and _number(r[6]) > 0 and float(r[8]) > 0 for r in rows), out
 
 
 def test_opcua_events_measures_saturation_with_subscribers_and_counts_them() -> None:

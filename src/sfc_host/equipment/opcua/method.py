@@ -24,9 +24,7 @@ from sfc_fast.wire.uabinary import STRING, NodeId, QualifiedName, Variant
 from sfc_host.equipment.opcua.session import ServerLink
 from sfc_host.equipment.opcua.settings import MethodSettings
 from sfc_host.equipment.opcua.values import builtin, problem, to_json, to_variant, type_name
-from sfc_host.opcua_client.client import Client
-from sfc_host.opcua_client.errors import BadStatus, status_name
-from sfc_host.opcua_client.services import Argument, read_arguments
+from sfc_host.opcua_client import Argument, BadStatus, Client, read_arguments, status_name
 
 log = logging.getLogger("sfc_host.equipment.opcua")
 

@@ -40,9 +40,8 @@ from sfc_fast.wire.uabinary import (
 from sfc_host.equipment.opcua.session import ServerLink
 from sfc_host.equipment.opcua.settings import UnitSettings
 from sfc_host.equipment.opcua.values import builtin, problem, to_json, to_variant
-from sfc_host.opcua_client.client import Client
-from sfc_host.opcua_client.errors import BadStatus, OpcUaError
-from sfc_host.opcua_client.services import DATA_TYPE, HAS_ENCODING, VALUE, read_arguments
+from sfc_host.opcua_client import BadStatus, Client, OpcUaError, read_arguments
+from sfc_host.opcua_client.services import DATA_TYPE, HAS_ENCODING, VALUE
 
 log = logging.getLogger("sfc_host.equipment.opcua")
 

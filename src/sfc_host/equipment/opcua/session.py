@@ -22,12 +22,20 @@ from sfc_fast.wire.uabinary import DataValue, NodeId
 from sfc_host.aio import reap
 from sfc_host.equipment.opcua.settings import ServerSettings
 from sfc_host.errors import SfcHostError
-from sfc_host.opcua_client.client import Client, find_endpoint, get_endpoints
-from sfc_host.opcua_client.errors import BadStatus, OpcUaError, status_name
-from sfc_host.opcua_client.security import MODE_NONE, MODE_SIGN, MODE_SIGN_AND_ENCRYPT
-from sfc_host.opcua_client.services import Endpoint
 
 __all__ = ["ServerLink", "Untrusted", "status_name"]
+from sfc_host.opcua_client import (
+    MODE_NONE,
+    MODE_SIGN,
+    MODE_SIGN_AND_ENCRYPT,
+    BadStatus,
+    Client,
+    Endpoint,
+    OpcUaError,
+    find_endpoint,
+    get_endpoints,
+    status_name,
+)
 
 log = logging.getLogger("sfc_host.equipment.opcua")
 

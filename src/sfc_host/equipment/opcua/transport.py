@@ -24,8 +24,7 @@ from sfc_host.equipment.opcua.session import ServerLink
 from sfc_host.equipment.opcua.settings import EquipmentFile, EventSettings
 from sfc_host.equipment.opcua.values import to_json
 from sfc_host.execution.host import Host
-from sfc_host.opcua_client.client import Client
-from sfc_host.opcua_client.errors import OpcUaError
+from sfc_host.opcua_client import Client, OpcUaError
 from sfc_host.opcua_client.services import BASE_EVENT_TYPE, HAS_PROPERTY, HAS_SUBTYPE
 
 log = logging.getLogger("sfc_host.equipment.opcua")
