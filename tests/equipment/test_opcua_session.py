@@ -5,6 +5,7 @@ starts again, so it never ends in silence."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from helpers.aio import run
@@ -48,4 +49,47 @@ def test_a_link_that_fails_on_a_fault_of_ours_says_so_and_starts_again(
         finally:
             await link.aclose()
             await server.stop()
+    run(main())
+
+
+def test_a_link_with_an_x509_user_connects_and_a_stranger_is_told_why(
+        tmp_path: Path) -> None:
+    """The equipment file's ``user_certificate`` and ``user_private_key``: a server
+    that knows the certificate takes the session; one it does not know is refused, and
+    the link's status says which user to check."""
+    import shutil
+
+    from helpers.opcua_equipment import certificate_users, make_pki, x509_users
+
+    async def main() -> None:
+        pki = await make_pki(tmp_path, "urn:freeopcua:python:server")
+        trust = pki / "plc1"
+        trust.mkdir()
+        shutil.copy(pki / "plc.der", trust / "plc.der")
+        await x509_users(pki)
+        port = free_port()
+        server, _units = await build(port, ["Filler1"], 0.05,
+                                     certificate=str(pki / "plc.der"),
+                                     private_key=str(pki / "plc.pem"))
+        server.iserver.set_user_manager(
+            certificate_users((pki / "operator.der").read_bytes()))
+        server.set_security_IDs(["Basic256Sha256"])
+        async with server:
+            for user, ok in (("stranger", False), ("operator", True)):
+                link = ServerLink(ServerSettings(
+                    "plc1", f"opc.tcp://127.0.0.1:{port}/units/", "SignAndEncrypt",
+                    str(pki / "host.der"), str(pki / "host.pem"), str(trust),
+                    user_certificate=str(pki / f"{user}.der"),
+                    user_private_key=str(pki / f"{user}.pem")))
+                try:
+                    link.start()
+                    if ok:
+                        await wait_until(lambda link=link: link.status() == "", 20,
+                                         "connected")
+                    else:
+                        await wait_until(lambda link=link: "X.509 user" in link.status(),
+                                         20, "the refusal said")
+                        assert "stranger.der" in link.status()
+                finally:
+                    await link.aclose()
     run(main())

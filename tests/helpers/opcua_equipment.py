@@ -315,3 +315,34 @@ async def weigh_puts(app: App, mqtt_url: str, wrong_count: float) -> str:
         assert await app.host.client.sismember(f"sfc:{{{S}}}:wms", "wm-good")
         assert not await app.host.client.sismember(f"sfc:{{{S}}}:wms", "wm-wrong")
     return text
+
+
+async def x509_users(pki: Path, names: tuple[str, ...] = ("operator", "stranger")) -> None:
+    """Certificates and keys of users (``pki/{name}.der``, ``pki/{name}.pem``)."""
+    from asyncua.crypto.cert_gen import setup_self_signed_certificate
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    for name in names:
+        await setup_self_signed_certificate(
+            pki / f"{name}.pem", pki / f"{name}.der", f"urn:test:{name}", "localhost",
+            [ExtendedKeyUsageOID.CLIENT_AUTH], {"commonName": name})
+
+
+def certificate_users(known: bytes, seen: list[bytes] | None = None) -> Any:
+    """An asyncua user manager that takes the X.509 user of certificate ``known``
+    (DER) and no other; each certificate it is shown goes to ``seen``."""
+    from asyncua.crypto.permission_rules import User, UserRole
+    from asyncua.server.user_managers import UserManager
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    class Certificates(UserManager):
+        def get_user(self, iserver: Any, username: str | None = None,
+                     password: str | None = None, certificate: Any = None) -> Any:
+            der = certificate.public_bytes(Encoding.DER) \
+                if isinstance(certificate, x509.Certificate) else certificate
+            if seen is not None:
+                seen.append(der or b"")
+            return User(role=UserRole.User, name="operator") if der == known else None
+    return Certificates()
+

@@ -284,35 +284,18 @@ def test_a_session_on_node_opcua_units_plain_and_secured(node: str, tmp_path: Pa
 def test_an_x509_user_on_asyncuas_units(tmp_path: Path) -> None:
     """A session whose user is a certificate (its token signed with the user's key):
     the server's user manager takes the one it knows and refuses another."""
-    from asyncua.crypto.cert_gen import setup_self_signed_certificate
-    from asyncua.crypto.permission_rules import User, UserRole
-    from asyncua.server.user_managers import UserManager
-    from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import Encoding
-    from cryptography.x509.oid import ExtendedKeyUsageOID
+    from helpers.opcua_equipment import certificate_users, x509_users
 
     async def main() -> None:
         pki = await make_pki(tmp_path, "urn:freeopcua:python:server")
-        for name in ("operator", "stranger"):
-            await setup_self_signed_certificate(
-                pki / f"{name}.pem", pki / f"{name}.der", f"urn:test:{name}", "localhost",
-                [ExtendedKeyUsageOID.CLIENT_AUTH], {"commonName": name})
+        await x509_users(pki)
         known = (pki / "operator.der").read_bytes()
         seen: list[bytes] = []
-
-        class Certificates(UserManager):
-            def get_user(self, iserver: Any, username: str | None = None,
-                         password: str | None = None, certificate: Any = None) -> Any:
-                der = certificate.public_bytes(Encoding.DER) \
-                    if isinstance(certificate, x509.Certificate) else certificate
-                seen.append(der or b"")
-                return User(role=UserRole.User, name="operator") if der == known else None
-
         port = free_port()
         server, _units = await build(port, ["Filler1"], 0.02,
                                      certificate=str(pki / "plc.der"),
                                      private_key=str(pki / "plc.pem"))
-        server.iserver.set_user_manager(Certificates())
+        server.iserver.set_user_manager(certificate_users(known, seen))
         server.set_security_IDs(["Basic256Sha256"])
         async with server:
             url = f"opc.tcp://127.0.0.1:{port}/units/"
@@ -336,4 +319,50 @@ def test_an_x509_user_on_asyncuas_units(tmp_path: Path) -> None:
             finally:
                 await c.close()
             assert known in seen
+    run(main())
+
+
+@pytest.mark.parametrize("mode", ["None", "Sign", "SignAndEncrypt"])
+def test_messages_over_one_chunk_both_ways_in_each_mode(tmp_path: Path, mode: str) -> None:
+    """A value of 200,000 bytes written (our request in chunks) and read back (the
+    server's response in chunks), on asyncua's server in each security mode."""
+    from sfc_host.opcua_client.security import MODE_SIGN
+
+    async def main() -> None:
+        pki = await make_pki(tmp_path, "urn:freeopcua:python:server")
+        port = free_port()
+        server = Server()
+        await server.init()
+        server.set_endpoint(f"opc.tcp://127.0.0.1:{port}/big/")
+        if mode == "None":
+            server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+        else:
+            await server.load_certificate(str(pki / "plc.der"))
+            await server.load_private_key(str(pki / "plc.pem"))
+            server.set_security_policy([ua.SecurityPolicyType.Basic256Sha256_Sign
+                                        if mode == "Sign" else
+                                        ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt])
+        ns = await server.register_namespace("urn:test:big")
+        var = await server.nodes.objects.add_variable(
+            ua.NodeId("Big", ns), ua.QualifiedName("Big", ns),
+            ua.Variant([0.0], ua.VariantType.Double))
+        await var.set_writable()
+        async with server:
+            url = f"opc.tcp://127.0.0.1:{port}/big/"
+            modes = {"None": MODE_NONE, "Sign": MODE_SIGN,
+                     "SignAndEncrypt": MODE_SIGN_AND_ENCRYPT}
+            client = Client(url, mode=modes[mode],
+                            certificate=(pki / "host.der").read_bytes(),
+                            private_key=load_pem_private_key((pki / "host.pem").read_bytes(),
+                                                             None),
+                            application_uri="urn:sfc-fast:equipment-client")
+            await client.connect()
+            try:
+                big = [i / 7 for i in range(25_000)]        # 200,000 bytes of doubles
+                await client.write_values([(NodeId("Big", ns), Variant(DOUBLE, big))])
+                assert await var.read_value() == big
+                [back] = await client.read_values([NodeId("Big", ns)])
+                assert back == big
+            finally:
+                await client.close()
     run(main())
