@@ -17,18 +17,18 @@ from sfc_host.opcua_client.security import (
     MODE_SIGN,
     MODE_SIGN_AND_ENCRYPT,
     SecurityError,
+    first_certificate,
 )
 from sfc_host.opcua_client.services import (
     Argument,
     CallResult,
     Endpoint,
     Reference,
-    read_arguments,
 )
 from sfc_host.opcua_client.subscription import Subscription
 
 __all__ = ["MODE_NONE", "MODE_SIGN", "MODE_SIGN_AND_ENCRYPT", "Argument", "BadStatus",
            "CallResult", "ChannelError", "Client", "DataValue", "Endpoint", "ExtensionObject",
            "LocalizedText", "NodeId", "OpcUaError", "Reference", "SecurityError",
-           "Subscription", "Variant", "find_endpoint", "get_endpoints", "read_arguments",
+           "Subscription", "Variant", "find_endpoint", "first_certificate", "get_endpoints",
            "services", "status_name"]

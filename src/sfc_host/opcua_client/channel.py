@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from sfc_fast.wire.uabinary import DecodeError, NodeId, Reader, Writer, ticks_now
 from sfc_host.opcua_client import services
-from sfc_host.opcua_client.errors import BadStatus, ChannelError
+from sfc_host.opcua_client.errors import BadStatus, ChannelError, status_name
 from sfc_host.opcua_client.security import ChannelSecurity, SecurityError
 
 log = logging.getLogger("sfc_host.opcua_client")
@@ -161,6 +161,20 @@ class Channel(asyncio.Protocol):
         timeout = self.timeout_s if timeout_s is None else timeout_s
         rid = self._next_id
         self._next_id = rid + 1 if rid < 0xFFFFFFF0 else 1
+        message = self._message(type_id, rid, timeout, body)
+        timer = loop.call_later(timeout, self._timed_out, rid)
+        self._pending[rid] = (fut, type_id + 3, timer)
+        self.requests += 1
+        if kind == b"OPN":
+            payload = _SEQ.pack(self._next_seq(), rid) + message
+            self._write(self.security.encode_open(self._channel_id, payload))
+        else:
+            self._write_chunks(kind, rid, message)
+        return fut
+
+    def _message(self, type_id: int, rid: int, timeout: float, body: bytes) -> bytes:
+        """A request: its type, the RequestHeader (the session's token, the request id
+        as its handle, the timeout as its hint), then ``body``."""
         w = Writer()
         w.nodeid(NodeId(type_id))
         w.nodeid(self.auth_token)
@@ -171,16 +185,7 @@ class Channel(asyncio.Protocol):
         w.uint32(int(timeout * 1000))
         w.extension_object(None)
         w.raw(body)
-        message = w.getvalue()
-        timer = loop.call_later(timeout, self._timed_out, rid)
-        self._pending[rid] = (fut, type_id + 3, timer)
-        self.requests += 1
-        if kind == b"OPN":
-            payload = _SEQ.pack(self._next_seq(), rid) + message
-            self._write(self.security.encode_open(self._channel_id, payload))
-        else:
-            self._write_chunks(kind, rid, message)
-        return fut
+        return w.getvalue()
 
     def _write_chunks(self, kind: bytes, rid: int, message: bytes) -> None:
         room = self._max_chunk_body
@@ -227,18 +232,10 @@ class Channel(asyncio.Protocol):
         """Close the secure channel and the connection, politely."""
         if self._transport is not None and self._error is None and self._channel_id:
             try:
-                w = Writer()
-                w.nodeid(NodeId(services.CLOSE_CHANNEL))
-                w.nodeid(self.auth_token)
-                w.datetime(ticks_now())
-                w.uint32(0)
-                w.uint32(0)
-                w.string(None)
-                w.uint32(0)
-                w.extension_object(None)
                 self._write(self.security.encode_message(
                     b"CLO", b"F", self._channel_id, self._token_id,
-                    _SEQ.pack(self._next_seq(), 0) + w.getvalue()))
+                    _SEQ.pack(self._next_seq(), 0)
+                    + self._message(services.CLOSE_CHANNEL, 0, 0.0, b"")))
                 self._flush()
             except Exception as e:      # closing anyway
                 log.debug("OPC UA %s: CloseSecureChannel not sent: %s", self.url, e)
@@ -317,7 +314,7 @@ class Channel(asyncio.Protocol):
             code = r.uint32()
             reason = r.string() or ""
             raise ChannelError(f"{self.url}: the server closed the channel: "
-                               f"{BadStatus(code).name}" + (f" ({reason})" if reason else ""))
+                               f"{status_name(code)}" + (f" ({reason})" if reason else ""))
         else:
             raise ChannelError(f"{self.url}: a message of type {kind!r}")
 

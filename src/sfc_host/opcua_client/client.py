@@ -18,11 +18,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import padding
-
 from sfc_fast.wire.uabinary import (
     DataValue,
     NodeId,
@@ -41,6 +36,8 @@ from sfc_host.opcua_client.security import (
     POLICY_NONE,
     ChannelSecurity,
     encrypt_secret,
+    first_certificate,
+    verify_signature,
 )
 from sfc_host.opcua_client.services import CallResult, Endpoint, Reference
 from sfc_host.opcua_client.subscription import Publisher, Subscription
@@ -153,11 +150,12 @@ class Client:
         s = services.read_create_session(await ch.request(services.CREATE_SESSION,
                                                           w.getvalue()))
         if self.mode != MODE_NONE:
-            if s.certificate and _leaf(s.certificate) != _leaf(server_cert):
+            if s.certificate and \
+                    first_certificate(s.certificate) != first_certificate(server_cert):
                 raise OpcUaError(f"{self.url}: the session's server certificate is not "
                                  "the endpoint's")
-            _verify(server_cert, s.signature, (self.certificate or b"") + nonce,
-                    f"{self.url}: the server's session signature")
+            verify_signature(server_cert, s.signature, (self.certificate or b"") + nonce,
+                             f"{self.url}: the server's session signature")
         self.session = s
         ch.auth_token = s.token
         algorithm, signature = ch.security.client_signature(server_cert, s.nonce)
@@ -235,10 +233,7 @@ class Client:
     # ---- services
 
     async def request(self, type_id: int, w: Writer, timeout_s: float | None = None) -> Reader:
-        ch = self.channel
-        if ch is None:
-            raise ChannelError(f"{self.url}: not connected")
-        return await ch.request(type_id, w.getvalue(), timeout_s)
+        return await self._send(type_id, w.getvalue(), timeout_s)
 
     async def read(self, items: list[tuple[NodeId, int]], timestamps: int = 0) -> list[DataValue]:
         """DataValues of (node, attribute) pairs, in one request with the other reads
@@ -291,11 +286,12 @@ class Client:
             self._batches[(type_id, option)] = b
         return b
 
-    def _send(self, type_id: int, body: bytes) -> asyncio.Future[Reader]:
+    def _send(self, type_id: int, body: bytes,
+              timeout_s: float | None = None) -> asyncio.Future[Reader]:
         ch = self.channel
         if ch is None:
             raise ChannelError(f"{self.url}: not connected")
-        return ch.request(type_id, body)
+        return ch.request(type_id, body, timeout_s)
 
     async def browse(self, node: NodeId, reference_type: int = services.HIERARCHICAL, *,
                      forward: bool = True, node_class_mask: int = 0) -> list[Reference]:
@@ -340,6 +336,16 @@ class Client:
             raise BadStatus(0x806F0000, f"{node} has no {path}")
         return found
 
+    async def arguments(self, method: NodeId,
+                        which: str = "InputArguments") -> list[services.Argument]:
+        """A method's declared input (or ``OutputArguments``) arguments; none when the
+        method declares none."""
+        [prop] = await self.translate([(method, [QualifiedName(which, 0)])])
+        if prop is None:
+            return []
+        [value] = await self.read_values([prop])
+        return services.read_arguments(value)
+
     async def namespace_index(self, uri: str, *, fresh: bool = False) -> int:
         """The index of a namespace URI in the server's namespace array."""
         if self._namespaces is None or fresh or uri not in self._namespaces:
@@ -368,28 +374,3 @@ class Client:
             self._publisher = Publisher(self)
         return await Subscription.create(self, self._publisher, interval_ms, handler,
                                          keepalive=keepalive, lifetime=lifetime)
-
-
-def _leaf(der: bytes) -> bytes:
-    """The first certificate of a DER chain, as DER."""
-    try:
-        from cryptography.hazmat.primitives.serialization import Encoding
-        return x509.load_der_x509_certificate(der[:_der_length(der)]).public_bytes(
-            Encoding.DER)
-    except ValueError as e:
-        raise OpcUaError(f"a certificate that cannot be read: {e}") from None
-
-
-def _der_length(data: bytes) -> int:
-    if len(data) < 2 or data[1] < 0x80:
-        return 2 + (data[1] if len(data) > 1 else 0)
-    n = data[1] & 0x7F
-    return 2 + n + int.from_bytes(data[2:2 + n], "big")
-
-
-def _verify(cert_der: bytes, signature: bytes, data: bytes, what: str) -> None:
-    key = x509.load_der_x509_certificate(_leaf(cert_der)).public_key()
-    try:
-        key.verify(signature, data, padding.PKCS1v15(), hashes.SHA256())  # type: ignore[union-attr,call-arg]
-    except InvalidSignature:
-        raise OpcUaError(f"{what} is wrong") from None

@@ -41,7 +41,7 @@ from sfc_host.opcua_client.errors import OpcUaError
 
 __all__ = ["BASIC256SHA256", "MODE_NONE", "MODE_SIGN", "MODE_SIGN_AND_ENCRYPT",
            "POLICY_NONE", "RSA_OAEP", "RSA_SHA256", "ChannelSecurity", "SecurityError",
-           "encrypt_secret", "thumbprint"]
+           "encrypt_secret", "first_certificate", "thumbprint", "verify_signature"]
 
 POLICY_NONE = "http://opcfoundation.org/UA/SecurityPolicy#None"
 BASIC256SHA256 = "http://opcfoundation.org/UA/SecurityPolicy#Basic256Sha256"
@@ -170,7 +170,7 @@ class ChannelSecurity:
                                 f"{self.policy_uri}")
         if self.mode == MODE_NONE:
             return channel_id, chunk[at:]
-        if not sender or _leaf(sender) != self._peer_certificate:
+        if not sender or first_certificate(sender) != self._peer_certificate:
             raise SecurityError("the OPN's sender certificate is not the server's")
         if receiver != self._our_thumbprint:
             raise SecurityError("the OPN is encrypted for another certificate than ours")
@@ -310,7 +310,7 @@ _OAEP = padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes
 
 def _public_key(der: bytes, whose: str) -> rsa.RSAPublicKey:
     try:
-        key = x509.load_der_x509_certificate(_leaf(der)).public_key()
+        key = x509.load_der_x509_certificate(first_certificate(der)).public_key()
     except (ValueError, SecurityError):
         raise SecurityError(f"{whose} certificate is no DER X.509 certificate") from None
     if not isinstance(key, rsa.RSAPublicKey):
@@ -321,8 +321,9 @@ def _public_key(der: bytes, whose: str) -> rsa.RSAPublicKey:
     return key
 
 
-def _leaf(der: bytes) -> bytes:
-    """The first certificate of a DER chain (a sender may send its chain after it)."""
+def first_certificate(der: bytes) -> bytes:
+    """The first certificate of a DER chain (a sender may send its chain after it), as
+    the DER bytes it was sent as."""
     if len(der) < 2 or der[0] != 0x30:
         raise SecurityError("a certificate that is no DER SEQUENCE")
     n = der[1]
@@ -334,6 +335,16 @@ def _leaf(der: bytes) -> bytes:
     if end > len(der):
         raise SecurityError("a certificate cut short")
     return der[:end]
+
+
+def verify_signature(certificate: bytes, signature: bytes, data: bytes, what: str) -> None:
+    """An RSA PKCS#1 v1.5 SHA-256 signature by the key of ``certificate`` (a server's
+    session signature); ``SecurityError`` naming ``what`` when it is wrong."""
+    try:
+        _public_key(certificate, what).verify(signature, data, padding.PKCS1v15(),
+                                              hashes.SHA256())
+    except InvalidSignature:
+        raise SecurityError(f"{what} is wrong") from None
 
 
 def _oaep_encrypt(key: rsa.RSAPublicKey, plain: bytes, block: int = 0) -> bytes:

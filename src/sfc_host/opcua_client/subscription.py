@@ -158,7 +158,8 @@ class Subscription:
         that declares it: BaseEventType, i=2041, for its own fields) arrive in that
         order."""
         flt: ExtensionObject = services.event_filter(select, types)
-        req = MonitorRequest(notifier, next(self._handles), 12, 0.0, queue, flt)  # EventNotifier
+        req = MonitorRequest(notifier, next(self._handles), services.EVENT_NOTIFIER, 0.0,
+                             queue, flt)
         [handle] = await self._monitor([req])
         return handle
 

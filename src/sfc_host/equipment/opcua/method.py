@@ -20,11 +20,11 @@ from typing import Any
 
 from sfc_fast import Command
 from sfc_fast.events import BaseEvent, Completed, Failed
-from sfc_fast.wire.uabinary import STRING, NodeId, QualifiedName, Variant
+from sfc_fast.wire.uabinary import STRING, NodeId, Variant
 from sfc_host.equipment.opcua.session import ServerLink
 from sfc_host.equipment.opcua.settings import MethodSettings
 from sfc_host.equipment.opcua.values import builtin, problem, to_json, to_variant, type_name
-from sfc_host.opcua_client import Argument, BadStatus, Client, read_arguments, status_name
+from sfc_host.opcua_client import BadStatus, status_name
 
 log = logging.getLogger("sfc_host.equipment.opcua")
 
@@ -59,9 +59,9 @@ class MethodBinding:
             self._object = await client.node(self.settings.object)
             self._method = await client.node(self.settings.method)
             self.inputs = [(a.name, builtin(a.data_type))
-                           for a in await _arguments(client, self._method, "InputArguments")]
+                           for a in await client.arguments(self._method)]
             self.outputs = [a.name for a in
-                            await _arguments(client, self._method, "OutputArguments")]
+                            await client.arguments(self._method, "OutputArguments")]
             self.problem = ""
             self.bound.set()
         except Exception as e:
@@ -122,11 +122,3 @@ class MethodBinding:
             return
         self.answer(cmd.scope, Completed(cmd.command_id, {
             name: to_json(v) for name, v in zip(self.outputs, result.outputs, strict=False)}))
-
-
-async def _arguments(client: Client, method: NodeId, name: str) -> list[Argument]:
-    [prop] = await client.translate([(method, [QualifiedName(name, 0)])])
-    if prop is None:
-        return []
-    [value] = await client.read_values([prop])
-    return read_arguments(value)

@@ -40,7 +40,7 @@ from sfc_fast.wire.uabinary import (
 from sfc_host.equipment.opcua.session import ServerLink
 from sfc_host.equipment.opcua.settings import UnitSettings
 from sfc_host.equipment.opcua.values import builtin, problem, to_json, to_variant
-from sfc_host.opcua_client import BadStatus, Client, OpcUaError, read_arguments
+from sfc_host.opcua_client import BadStatus, Client, OpcUaError, status_name
 from sfc_host.opcua_client.services import DATA_TYPE, HAS_ENCODING, VALUE
 
 log = logging.getLogger("sfc_host.equipment.opcua")
@@ -459,7 +459,7 @@ class PackMLUnit:
         parent = self._nodes["unit"] if on == "unit" else self._nodes["sm"]
         [res] = await client.call([(parent, node, list(args))])
         if res.status & 0x80000000:
-            why = f"unit {self.name}: {method} refused ({BadStatus(res.status).name})"
+            why = f"unit {self.name}: {method} refused ({status_name(res.status)})"
             if quiet:
                 # a reset or stop that raced another (the unit on its way already): the
                 # next step reads the unit's state anyway
@@ -523,14 +523,8 @@ def _done(f: asyncio.Future[None]) -> None:
 
 async def _takes_array(client: Client, method: NodeId | None) -> bool:
     """The method's first input argument is an array (its ValueRank 0 or more)."""
-    if method is None:
-        return False
-    [prop] = await client.translate([(method, [QualifiedName("InputArguments", 0)])])
-    if prop is None:
-        return False
-    [args] = await client.read_values([prop])
-    parsed = read_arguments(args)
-    return bool(parsed) and parsed[0].value_rank >= 0
+    args = await client.arguments(method) if method is not None else []
+    return bool(args) and args[0].value_rank >= 0
 
 
 async def _binary_encoding(client: Client, data_type: NodeId) -> NodeId | None:

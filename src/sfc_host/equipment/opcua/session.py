@@ -33,6 +33,7 @@ from sfc_host.opcua_client import (
     Endpoint,
     OpcUaError,
     find_endpoint,
+    first_certificate,
     get_endpoints,
     status_name,
 )
@@ -151,7 +152,7 @@ class ServerLink:
         administrator, who trusts it by moving it into ``trust_dir`` (taken at the next
         attempt, no restart)."""
         s = self.settings
-        der = _first_certificate(endpoint.server_certificate)
+        der = first_certificate(endpoint.server_certificate)
         trusted = _trusted(Path(s.trust_dir))
         if der in trusted:
             return der
@@ -259,20 +260,6 @@ def _der(data: bytes) -> bytes:
     if b"-----BEGIN" in data:
         return x509.load_pem_x509_certificate(data).public_bytes(Encoding.DER)
     return data
-
-
-def _first_certificate(chain: bytes) -> bytes:
-    """The leaf of a DER chain (a server may send its chain in one field)."""
-    cert = x509.load_der_x509_certificate(chain[:_der_length(chain)])
-    return cert.public_bytes(Encoding.DER)
-
-
-def _der_length(data: bytes) -> int:
-    """The length of the first DER element (a SEQUENCE) of ``data``."""
-    if len(data) < 2 or data[1] < 0x80:
-        return 2 + (data[1] if len(data) > 1 else 0)
-    n = data[1] & 0x7F
-    return 2 + n + int.from_bytes(data[2:2 + n], "big")
 
 
 def _uri_of(der: bytes) -> str:
