@@ -58,6 +58,9 @@ ALLOWED: dict[str, set[str]] = {
     # the OPC UA client of our own: secure channel, session, services, subscriptions,
     # on the compiled codec
     "opcua_client": {"wire", "errors"},
+    # the OPC UA server of our own: address space, NodeSets, secure channel, sessions,
+    # services, subscriptions; its crypto is the client's
+    "opcua_server": {"wire", "opcua_client", "errors"},
     # station equipment over MQTT and over OPC UA: commands out, answers and events in,
     # capabilities
     "equipment": {"aio", "core", "execution", "store", "mqtt", "opcua_client", "wire",
@@ -67,7 +70,7 @@ ALLOWED: dict[str, set[str]] = {
             "names", "sfc_host", "times", "tracing", "errors"},
     # the OPC UA face: ISA-95 Job Control over OPC UA, on the MES side's job control
     "opcua": {"aio", "mes", "execution", "store", "mqtt", "isa95", "config", "metrics", "sfc_host",
-              "errors"},
+              "opcua_server", "wire", "errors"},
     # the script engine: Tasks and Missions under their state machines
     "engine": {"aio", "core", "mqtt", "tracing", "errors"},
     "examples": {"engine"},
@@ -88,12 +91,12 @@ ALLOWED: dict[str, set[str]] = {
 # The packages whose ``__init__.py`` is a face: code outside imports their names
 # through it, never from their modules (a module the face names in ``__all__``, like
 # ``sfc_fast.events``, is public as a whole). The core's public API, the host's version,
-# the asyncio helpers, the command's entry point, the script API, our MQTT client and
-# our OPC UA client.
+# the asyncio helpers, the command's entry point, the script API, our MQTT client, our
+# OPC UA client and our OPC UA server.
 # Every other package's ``__init__.py`` is only its map: a docstring saying which module
 # holds what, and the code imports from the modules.
 FACES = {"sfc_fast", "sfc_host", "sfc_host.aio", "sfc_host.cli", "sfc_host.engine",
-         "sfc_host.mqtt", "sfc_host.opcua_client"}
+         "sfc_host.mqtt", "sfc_host.opcua_client", "sfc_host.opcua_server"}
 # Beside the standard library, the recipe core imports only these
 CORE_THIRD_PARTY = {"numpy", "cython", "cpython", "libc"}
 

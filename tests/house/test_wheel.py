@@ -115,7 +115,8 @@ def test_wheel_is_manylinux_stripped_and_licensed(installed: Installed) -> None:
         # the Lua scripts beside the store that loads them, the wire codecs' stubs, the
         # OPC UA face's Job Control NodeSet
         assert {"sfc_host/store/lua/cas.lua", "sfc_fast/wire/mqtt5.pyi", "sfc_fast/wire/otlp.pyi",
-                "sfc_host/opcua/nodeset/opc.ua.isa95-jobcontrol.nodeset2.xml"} <= set(names)
+                "sfc_host/opcua/nodeset/opc.ua.isa95-jobcontrol.nodeset2.xml",
+                "sfc_host/opcua_server/nodeset/Opc.Ua.NodeSet2.Base.xml"} <= set(names)
         meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
         assert "License-Expression: Apache-2.0" in z.read(meta).decode()
     # stripped: the unstripped build was 5.8 MB

@@ -469,65 +469,11 @@ def test_a_second_store_of_a_running_order_is_refused_on_both_faces(
 # ---- the conversions, with the NodeSet loaded in this process (after the client tests)
 
 
-@pytest.fixture(scope="module")
-def nodeset() -> None:
-    from sfc_host.config import HostConfig
-    from sfc_host.opcua.server import make_server
-
-    async def load() -> None:
-        server, _, _ = await make_server(HostConfig(
-            opcua=True, opcua_security=["None"], opcua_endpoint="opc.tcp://127.0.0.1:4840/x/"))
-        del server
-    asyncio.run(load())
-
-
-def test_a_job_order_goes_both_ways_unchanged(nodeset: None) -> None:
-    from sfc_host.opcua.convert import from_json, to_json
-
-    doc = {"JobOrderID": "J1", "Description": [{"Locale": "en", "Text": "first"}],
-           "WorkMasterID": [{"ID": "WM", "Parameters": [{"ID": "speed", "Value": 1.5}]}],
-           "StartTime": "2026-12-05T10:00:00.000Z", "Priority": 3,
-           "JobOrderParameters": [{"ID": "qty", "Value": 10},
-                                  {"ID": "tags", "Value": ["a", "b"]},
-                                  {"ID": "on", "Value": True},
-                                  {"ID": "spec", "Value": {"nested": 1}}],
-           "EquipmentRequirements": [{"ID": "Station-3", "EquipmentUse": "Production",
-                                      "Quantity": "1"}],
-           "MaterialRequirements": [{"MaterialDefinitionID": "M1", "Quantity": "5"}]}
-    back = to_json("JobOrder", from_json("JobOrder", doc))
-    # an object value goes as its JSON text (a Variant holds no JSON object)
-    want = dict(doc)
-    want["JobOrderParameters"] = [*doc["JobOrderParameters"][:3],
-                                  {"ID": "spec", "Value": '{"nested":1}'}]
-    assert back == want
-
-
-def test_a_value_that_does_not_fit_names_its_field(nodeset: None) -> None:
-    from asyncua import ua as ua_
-
-    from sfc_host.opcua.convert import ConvertError, from_json, state_of, to_json
-
-    with pytest.raises(ConvertError, match=r"JobOrder.Priority: not an integer"):
-        from_json("JobOrder", {"JobOrderID": "J", "Priority": "high"})
-    with pytest.raises(ConvertError, match=r"JobOrder.StartTime"):
-        from_json("JobOrder", {"JobOrderID": "J", "StartTime": "yesterday"})
-    with pytest.raises(ConvertError, match="not an ISA95JobOrderDataType"):
-        to_json("JobOrder", "J")
-    state = ua_.ISA95StateDataType(BrowsePath=ua_.RelativePath(),
-                                   StateText=ua_.LocalizedText("Running", "en"), StateNumber=3)
-    assert state_of([state]) == "Running"
-    wrong = ua_.ISA95StateDataType(BrowsePath=ua_.RelativePath(),
-                                   StateText=ua_.LocalizedText("Running", "en"), StateNumber=4)
-    with pytest.raises(ConvertError, match="StateNumber 3, not 4"):
-        state_of([wrong])
-
-
 def test_the_changes_of_lists_nobody_reads_are_bounded(
-        redis_url: str, mqtt_url: str, nodeset: None, monkeypatch: pytest.MonkeyPatch) -> None:
+        redis_url: str, mqtt_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past ``PENDING_MAX`` changes of lists nobody watches or reads, the face
     keeps none and loads the lists afresh at the next read: memory does not grow with
-    the orders a host runs, and the read still shows every order. (A host in this
-    process, after the client tests, with the NodeSet loaded here already.)"""
+    the orders a host runs, and the read still shows every order."""
     from helpers.hosts import flush, one_step, quick_config
 
     from sfc_host.opcua import lists as lists_module
@@ -557,90 +503,3 @@ def test_the_changes_of_lists_nobody_reads_are_bounded(
             await face.lists.rewrite(SCOPE)
             assert {f"B{i}" for i in range(8)} <= set(lists.listed)
     run(main(), 60)
-
-
-def _encode_strategies() -> dict[str, Any]:
-    """JSON of every ISA-95 structure the face encodes, each field drawn or left out."""
-    import datetime as dt
-
-    from hypothesis import strategies as st
-
-    text = st.text(max_size=6)
-    ltext = st.fixed_dictionaries({}, optional={"Text": text,
-                                                "Locale": st.sampled_from(["en", "de-DE"])})
-    texts = st.lists(ltext, max_size=2)
-    eu = st.fixed_dictionaries({}, optional={
-        "NamespaceUri": text, "UnitId": st.integers(-2**31, 2**31 - 1),
-        "DisplayName": ltext, "Description": ltext})
-    scalar = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | text
-    value = st.recursive(scalar, lambda inner: st.lists(inner, max_size=3)
-                         | st.dictionaries(text, inner, max_size=2), max_leaves=6)
-    times = st.datetimes(min_value=dt.datetime(1500, 1, 1),
-                         timezones=st.none() | st.just(dt.UTC)).map(
-        lambda d: d.isoformat().replace("+00:00", "Z"))
-    param = st.deferred(lambda: st.fixed_dictionaries({}, optional={
-        "ID": text, "Value": value, "Description": texts, "EngineeringUnits": eu,
-        "Subparameters": st.lists(param, max_size=2)}))
-    prop = st.deferred(lambda: st.fixed_dictionaries({}, optional={
-        "ID": text, "Value": value, "Description": texts, "EngineeringUnits": eu,
-        "Subproperties": st.lists(prop, max_size=2)}))
-
-    def resource(use: str) -> Any:
-        return st.fixed_dictionaries({}, optional={
-            "ID": text, "Description": texts, use: text, "Quantity": text,
-            "EngineeringUnits": eu, "Properties": st.lists(prop, max_size=2)})
-    material = st.fixed_dictionaries({}, optional={
-        **{k: text for k in ("MaterialClassID", "MaterialDefinitionID", "MaterialLotID",
-                             "MaterialSublotID", "MaterialUse", "Quantity")},
-        "Description": texts, "EngineeringUnits": eu, "Properties": st.lists(prop, max_size=2)})
-    lists = {"Personnel": resource("PersonnelUse"), "Equipment": resource("EquipmentUse"),
-             "PhysicalAsset": resource("PhysicalAssetUse"), "Material": material}
-    state = st.fixed_dictionaries({"StateText": ltext, "StateNumber": st.integers(0, 2**32 - 1)})
-    order = st.fixed_dictionaries({"JobOrderID": text}, optional={
-        "Description": texts, "StartTime": times, "EndTime": times,
-        "Priority": st.integers(-2**15, 2**15 - 1),
-        "WorkMasterID": st.lists(st.fixed_dictionaries({"ID": text}, optional={
-            "Description": ltext, "Parameters": st.lists(param, max_size=2)}), max_size=2),
-        "JobOrderParameters": st.lists(param, max_size=2),
-        **{f"{k}Requirements": st.lists(s, max_size=2) for k, s in lists.items()}})
-    response = st.fixed_dictionaries({"JobResponseID": text, "JobOrderID": text}, optional={
-        "Description": ltext, "StartTime": times, "EndTime": times,
-        "JobState": st.lists(state, max_size=2),
-        "JobResponseData": st.lists(param, max_size=2),
-        **{f"{k}Actuals": st.lists(s, max_size=2) for k, s in lists.items()}})
-    return {"JobOrder": order, "JobResponse": response}
-
-
-@pytest.mark.parametrize("name", ["JobOrder", "JobResponse"])
-def test_the_json_encodes_to_the_bytes_asyncua_makes(nodeset: None, name: str) -> None:
-    """``encode.body`` writes, for any order or response, the bytes asyncua encodes the
-    structure ``from_json`` makes to."""
-    from asyncua.ua.ua_binary import struct_to_binary
-    from hypothesis import HealthCheck, given, settings
-
-    from sfc_host.opcua import encode
-    from sfc_host.opcua.convert import from_json
-
-    @settings(max_examples=300, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(_encode_strategies()[name])
-    def check(doc: dict[str, Any]) -> None:
-        assert encode.body(name, doc) == struct_to_binary(from_json(name, doc))
-    check()
-
-
-@pytest.mark.parametrize(("doc", "says"), [
-    ({"JobOrderID": "J", "Priority": "high"}, r"JobOrder.Priority: not an integer"),
-    ({"JobOrderID": "J", "Priority": 40_000}, r"JobOrder.Priority: 40000 is out of"),
-    ({"JobOrderID": "J", "StartTime": "yesterday"}, r"JobOrder.StartTime: 'yesterday'"),
-    ({"JobOrderID": "J", "Description": "x"}, r"JobOrder.Description: not a list"),
-    ({"JobOrderID": "J", "WorkMasterID": [7]}, r"JobOrder.WorkMasterID\[0\]: not an object"),
-    ({"JobOrderID": "J", "Description": [{"Text": 5}]}, r"LocalizedText's Text"),
-])
-def test_what_does_not_fit_is_refused_with_its_path(nodeset: None, doc: dict[str, Any],
-                                                    says: str) -> None:
-    from sfc_host.opcua import encode
-    from sfc_host.opcua.convert import ConvertError
-
-    with pytest.raises(ConvertError, match=says):
-        encode.body("JobOrder", doc)

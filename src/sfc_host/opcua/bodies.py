@@ -1,6 +1,5 @@
 """What the face's status events and order lists carry: each changed order's JobOrder
-and JobResponse, encoded once from the JSON the host stores (``encode``), and the
-encoded type ids and state arrays around them."""
+and JobResponse, encoded once from the JSON the host stores (``structures``)."""
 
 from __future__ import annotations
 
@@ -10,12 +9,9 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from asyncua import ua
-from asyncua.ua.ua_binary import struct_to_binary
-
+from sfc_fast.wire.uabinary import ExtensionObject
 from sfc_host import isa95 as model
-from sfc_host.opcua import encode
-from sfc_host.opcua.convert import ConvertError, states
+from sfc_host.opcua.structures import ConvertError, Structures
 from sfc_host.store.keys import ScopeKeys
 
 log = logging.getLogger("sfc_host.opcua")
@@ -25,13 +21,15 @@ BUILD_CHUNK = 200           # bodies built between two turns of the event loop
 # an order's change: its new state and its JobOrder's JSON (as the status event had it)
 Change = tuple[str, bytes | None]
 # a change's encoded JobOrder body and JobResponse
-Built = tuple[bytes, ua.ExtensionObject]
+Built = tuple[bytes, ExtensionObject]
 Reads = Callable[[Sequence[tuple[Any, ...]]], Awaitable[list[Any]]]
 
 
 class Bodies:
     """Builds the bodies of changed orders; the stored job responses and the orders'
     times read in one round trip per batch (``reads``: the host's pipelined reads)."""
+
+    structures: Structures          # set once the NodeSet is loaded
 
     def __init__(self, keys: Callable[[str], ScopeKeys], reads: Reads) -> None:
         self.keys = keys
@@ -46,6 +44,7 @@ class Bodies:
             ("GET", keys(scope).response(job)),
             ("HMGET", keys(scope).order(job), "started", "ended"))]) if changes else []
         out: list[Built | None] = []
+        structures = self.structures
         for i, (scope, job, (state, order)) in enumerate(changes):
             if i % BUILD_CHUNK == BUILD_CHUNK - 1:
                 await asyncio.sleep(0)      # a long batch must not hold the loop
@@ -53,8 +52,8 @@ class Bodies:
             if stored is not None:
                 stored = model.with_actuals(bytes(stored), order)
             try:
-                out.append((encode.body("JobOrder", order_doc(job, order)),
-                            encode.extension_object("JobResponse", response_doc(
+                out.append((structures.body("JobOrder", order_doc(job, order)),
+                            structures.extension_object("JobResponse", response_doc(
                                 job, state, stored, started, ended))))
             except (ConvertError, ValueError, KeyError) as e:
                 log.warning("order %s/%s (%s) cannot go over OPC UA (%s): left out of its "
@@ -62,42 +61,6 @@ class Bodies:
                             extra={"scope": scope, "job": job})
                 out.append(None)
         return out
-
-
-class EncodedTypes:
-    """What the face's encoded structures need, made once the NodeSet is loaded: the
-    type ids, and each state's ``ISA95StateDataType`` array (as an event's JobState,
-    and as the encoded tail of an ``ISA95JobOrderAndStateDataType``)."""
-
-    def __init__(self) -> None:
-        self.order = encode.type_id("JobOrder")
-        self.order_and_state = encode.type_id("JobOrderAndState")
-        self._lists: dict[str, list[ua.ExtensionObject]] = {}
-        self._bodies: dict[str, bytes] = {}
-
-    def state_list(self, state: str) -> list[ua.ExtensionObject]:
-        got = self._lists.get(state)
-        if got is None:
-            got = self._lists[state] = [encoded(s) for s in states(state)]
-        return got
-
-    def state_body(self, state: str) -> bytes:
-        """The encoded ``ISA95StateDataType[]`` of a state (a count, then each body),
-        which follows the JobOrder's body in an ``ISA95JobOrderAndStateDataType``."""
-        got = self._bodies.get(state)
-        if got is None:
-            parts = [struct_to_binary(s) for s in states(state)]
-            got = self._bodies[state] = (len(parts).to_bytes(4, "little", signed=True)
-                                         + b"".join(parts))
-        return got
-
-
-def encoded(value: Any) -> ua.ExtensionObject:
-    """A structure as the ExtensionObject it goes out as, encoded once: asyncua copies a
-    written value for each subscriber, and a list of encoded objects copies 20 times
-    faster than one of structures (the bytes on the wire are the same)."""
-    return ua.ExtensionObject(TypeId=ua.typeid_by_extension_objects[type(value)],
-                              Body=struct_to_binary(value))
 
 
 def order_doc(job: str, body: str | bytes | None) -> dict[str, Any]:

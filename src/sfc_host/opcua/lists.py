@@ -4,8 +4,8 @@ with its state, and their job responses.
 The lists cost the host a rewrite for each batch of changes, so they are kept only for
 a client that asks: rewritten as orders change while a monitored item follows one of
 them (asked once a rewrite is due, not per change), brought up to date before a read
-otherwise (asyncua's PreRead hook), and made current for a monitored item when it is
-made. Between full reads from Redis (every
+otherwise (the server's ``before_read``), and made current for a monitored item when
+it is made. Between full reads from Redis (every
 ``RELOAD_S``) they follow the status events, each change encoded once (by its OPC UA
 event, when a client takes the events), so a rewrite is a list of encoded entries.
 """
@@ -16,15 +16,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from asyncua import Node, Server, ua
-from asyncua.common.callback import ServerItemCallback
-
+from sfc_fast.wire.uabinary import EXTENSION_OBJECT, ExtensionObject, NodeId, Variant
 from sfc_host.config import HostConfig
 from sfc_host.metrics import Metrics
-from sfc_host.opcua.bodies import Bodies, Built, Change, EncodedTypes
-from sfc_host.opcua.server import follows_values
+from sfc_host.opcua.bodies import Bodies, Built, Change
+from sfc_host.opcua.structures import Structures
+from sfc_host.opcua_server import Server
 
 if TYPE_CHECKING:
     from sfc_host.execution.host import Host
@@ -40,16 +39,16 @@ RELOAD_S = 60.0
 # lists afresh instead (the changes are in Redis anyway)
 PENDING_MAX = 5_000
 
-Entry = tuple[ua.ExtensionObject, ua.ExtensionObject]
+Entry = tuple[ExtensionObject, ExtensionObject]
 
 
 class ScopeLists:
     """One scope's two list variables and what they hold and lack."""
 
-    def __init__(self, order_list: Node | None, response_list: Node | None) -> None:
+    def __init__(self, order_list: NodeId | None, response_list: NodeId | None) -> None:
         self.order_list = order_list
         self.response_list = response_list
-        self.nodes = {n.nodeid for n in (order_list, response_list) if n is not None}
+        self.nodes = {n for n in (order_list, response_list) if n is not None}
         self.due = asyncio.Event()          # a rewrite is wanted
         self.lock = asyncio.Lock()          # one rewrite at a time: the loop's or a read's
         self.stale = True                   # changes (or a reload) the lists lack
@@ -69,7 +68,7 @@ class OrderLists:
     """The lists of every scope of the face."""
 
     server: Server | None = None
-    types: EncodedTypes             # both set once the face's server is made
+    structures: Structures          # both set once the face's server is made
 
     def __init__(self, config: HostConfig, host: Host, metrics: Metrics,
                  bodies: Bodies) -> None:
@@ -78,13 +77,16 @@ class OrderLists:
         self.metrics = metrics
         self.bodies = bodies
         self.scopes: dict[str, ScopeLists] = {}
-        self._by_node: dict[ua.NodeId, str] = {}    # a list variable's scope
+        self._by_node: dict[NodeId, str] = {}       # a list variable's scope
         self._closed = asyncio.Event()
 
-    def add(self, scope: str, order_list: Node | None, response_list: Node | None) -> None:
+    def add(self, scope: str, order_list: NodeId | None,
+            response_list: NodeId | None) -> None:
         lists = self.scopes[scope] = ScopeLists(order_list, response_list)
         for node in lists.nodes:
             self._by_node[node] = scope
+            if self.server is not None:
+                self.server.before_read(node, self.up_to_date)
         lists.task = asyncio.get_running_loop().create_task(self._keep(scope))
         lists.due.set()
 
@@ -118,21 +120,19 @@ class OrderLists:
         if lists is not None and lists.followed and lists.changed.get(job) is change:
             lists.prebuilt[job] = (change, entry)
 
-    # ---- asyncua's hooks: a client asks for a list
+    # ---- the server's hooks: a client asks for a list
 
-    async def item_made(self, event: ServerItemCallback, _: Any) -> None:
-        """A monitored item about to be made on a list: the lists brought up to date
-        first, so its first value is current (they were left while nobody followed)."""
-        for item in getattr(event.request_params, "ItemsToCreate", None) or []:
-            await self._up_to_date(item.ItemToMonitor.NodeId)
+    def item_made(self, node: NodeId, attribute: int) -> None:
+        """A monitored item made on a list: the lists brought up to date, so it gets
+        the current ones next (they were left while nobody followed)."""
+        scope = self._by_node.get(node)
+        if scope is not None:
+            lists = self.scopes[scope]
+            lists.stale = True
+            lists.due.set()
 
-    async def before_read(self, event: ServerItemCallback, _: Any) -> None:
+    async def up_to_date(self, node: NodeId) -> None:
         """A read of a list that lacks changes waits for them to be written first."""
-        for rv in getattr(event.request_params, "NodesToRead", None) or []:
-            if rv.AttributeId == ua.AttributeIds.Value:
-                await self._up_to_date(rv.NodeId)
-
-    async def _up_to_date(self, node: ua.NodeId) -> None:
         scope = self._by_node.get(node)
         if scope is None:
             return
@@ -160,7 +160,9 @@ class OrderLists:
                 return
             lists.due.clear()
             assert self.server is not None
-            lists.followed = follows_values(self.server, lists.nodes)
+            watched = self.server.subscriptions
+            lists.followed = watched is None or any(watched.watches_value(n)
+                                                    for n in lists.nodes)
             if not lists.followed:
                 lists.prebuilt.clear()      # a read builds what it needs
                 took = 0.0
@@ -186,11 +188,11 @@ class OrderLists:
             try:
                 await self._follow(scope, lists)
                 entries = [lists.listed[j] for j in sorted(lists.listed)]
+                assert self.server is not None
                 for node, value in ((lists.order_list, [e[0] for e in entries]),
                                     (lists.response_list, [e[1] for e in entries])):
                     if node is not None:
-                        await node.write_value(
-                            ua.Variant(value, ua.VariantType.ExtensionObject, is_array=True))
+                        self.server.space.set_value(node, Variant(EXTENSION_OBJECT, value))
             except BaseException:
                 lists.stale = True          # the next read or watch tries again
                 raise
@@ -226,8 +228,9 @@ class OrderLists:
     def _entry(self, state: str, built: Built) -> Entry:
         """A list entry: the order with its state, and its job response."""
         order, response = built
-        return (ua.ExtensionObject(TypeId=self.types.order_and_state,
-                                   Body=order + self.types.state_body(state)), response)
+        st = self.structures
+        return (ExtensionObject(st.type_id("JobOrderAndState"),
+                                order + st.state_array(state)), response)
 
     async def read_all(self, scope: str) -> dict[str, Entry]:
         """Every order of the scope not cleared, with its state and job response (the

@@ -9,10 +9,10 @@ What a caller gets back:
   the ``ReturnStatus`` bits the MQTT face returns, so the output still reaches the
   client (the model's way);
 - an argument of the wrong type or count: **BadInvalidArgument**, with a result per
-  input argument (``BadTypeMismatch`` where it is wrong);
-- a method called on another scope's object: **BadMethodInvalid**.
-
-asyncua checks none of this itself: a callback gets the raw Variants.
+  input argument (``BadTypeMismatch`` where it is wrong): the server checks each
+  against the method's declared InputArguments before the call gets here, and a
+  structure's fields are checked here as it is decoded;
+- a method called on another scope's object: **BadMethodInvalid** (the server's check).
 """
 
 from __future__ import annotations
@@ -22,20 +22,13 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncua import ua
-
+from sfc_fast.wire.uabinary import EXTENSION_OBJECT, UINT64, Variant
 from sfc_host import isa95 as model
 from sfc_host.errors import SfcHostError
 from sfc_host.mes.codec import Invalid
-from sfc_host.opcua.convert import (
-    ConvertError,
-    state_of,
-    texts_to_json,
-    to_json,
-    ua_class,
-)
-from sfc_host.opcua.encode import extension_object
 from sfc_host.opcua.security import user_name
+from sfc_host.opcua.structures import ConvertError, Structures, state_of, texts_to_json
+from sfc_host.opcua_server import CallMethodResult
 from sfc_host.store.orders import OrderError
 
 if TYPE_CHECKING:
@@ -49,23 +42,23 @@ ORDER_METHODS = ("Store", "StoreAndStart", "Update")
 QUERIES = ("RequestJobResponseByJobOrderID", "RequestJobResponseByJobOrderState")
 
 
-def _status(rs: int) -> ua.Variant:
-    return ua.Variant(rs, ua.VariantType.UInt64)
+UNCERTAIN = 0x40000000
+BAD_INVALID_ARGUMENT = 0x80AB0000
+BAD_TYPE_MISMATCH = 0x80740000
+BAD_METHOD_INVALID = 0x80750000
+BAD_INTERNAL_ERROR = 0x80020000
 
 
-def _refused(rs: int, *more: ua.Variant) -> ua.CallMethodResult:
-    return ua.CallMethodResult(StatusCode=ua.StatusCode(ua.StatusCodes.Uncertain),
-                               OutputArguments=[*more, _status(rs)])
+def _status(rs: int) -> Variant:
+    return Variant(UINT64, rs)
 
 
-def _done(*more: ua.Variant) -> ua.CallMethodResult:
-    return ua.CallMethodResult(OutputArguments=[*more, _status(model.NO_ERROR)])
+def _refused(rs: int, *more: Variant | None) -> CallMethodResult:
+    return CallMethodResult(UNCERTAIN, (), [*more, _status(rs)])
 
 
-def _bad_arguments(results: Sequence[int]) -> ua.CallMethodResult:
-    return ua.CallMethodResult(
-        StatusCode=ua.StatusCode(ua.StatusCodes.BadInvalidArgument),
-        InputArgumentResults=[ua.StatusCode(r) for r in results])
+def _done(*more: Variant | None) -> CallMethodResult:
+    return CallMethodResult(0, (), [*more, _status(model.NO_ERROR)])
 
 
 class BadArgument(SfcHostError, ValueError):
@@ -76,21 +69,19 @@ class BadArgument(SfcHostError, ValueError):
         self.index = index
         self.count = count
 
-    def result(self) -> ua.CallMethodResult:
-        codes = [ua.StatusCodes.Good] * self.count
+    def result(self) -> CallMethodResult:
+        codes = [0] * self.count
         if 0 <= self.index < self.count:
-            codes[self.index] = ua.StatusCodes.BadTypeMismatch
-        return _bad_arguments(codes)
+            codes[self.index] = BAD_TYPE_MISMATCH
+        return CallMethodResult(BAD_INVALID_ARGUMENT, codes)
 
 
-def _values(args: Sequence[Any], count: int, optional: int = 0) -> list[Any]:
-    """The Variants' values; BadArgument for a missing one (the last ``optional`` may
-    be absent or null)."""
-    if not count - optional <= len(args) <= count:
+def _values(args: Sequence[Variant | None], count: int) -> list[Any]:
+    """The Variants' values (None for a null one); the server gave ``count``."""
+    if len(args) != count:
         raise BadArgument(-1, max(len(args), count),
                           f"{len(args)} input arguments, {count} expected")
-    out = [a.Value if isinstance(a, ua.Variant) else a for a in args]
-    return out + [None] * (count - len(out))
+    return [a.value if a is not None else None for a in args]
 
 
 class JobControlCalls:
@@ -99,12 +90,13 @@ class JobControlCalls:
     def __init__(self, control: MesControl) -> None:
         self.control = control
         self.metrics = control.metrics
+        self.structures: Structures | None = None     # once the NodeSet is loaded
 
-    async def call(self, scope: str, method: str, args: Sequence[Any]
-                   ) -> ua.CallMethodResult:
+    async def call(self, scope: str, method: str, args: Sequence[Variant | None],
+                   user: object = None) -> CallMethodResult:
         """One call of ``method`` on ``scope``'s objects, by the session's user (logged
         with it: a query at DEBUG); never raises."""
-        user = user_name()
+        who = user_name(user)
         try:
             if method in ORDER_METHODS:
                 result = await self._order(scope, method, args)
@@ -115,30 +107,30 @@ class JobControlCalls:
             elif method == "RequestJobResponseByJobOrderState":
                 result = await self._responses(scope, args)
             else:
-                return ua.CallMethodResult(
-                    StatusCode=ua.StatusCode(ua.StatusCodes.BadMethodInvalid))
+                return CallMethodResult(BAD_METHOD_INVALID)
         except BadArgument as e:
             self.metrics.inc("bad_opcua_calls")
-            log.warning("OPC UA %s in %s by %s refused: %s", method, scope, user, e,
+            log.warning("OPC UA %s in %s by %s refused: %s", method, scope, who, e,
                         extra={"scope": scope})
             return e.result()
         except Exception:
             self.metrics.inc("bad_opcua_calls")
-            log.exception("OPC UA %s in %s by %s failed", method, scope, user,
+            log.exception("OPC UA %s in %s by %s failed", method, scope, who,
                           extra={"scope": scope})
-            return ua.CallMethodResult(
-                StatusCode=ua.StatusCode(ua.StatusCodes.BadInternalError))
+            return CallMethodResult(BAD_INTERNAL_ERROR)
         self.metrics.inc("opcua_calls")
-        rs = result.OutputArguments[-1].Value if result.OutputArguments else None
+        last = result.outputs[-1] if result.outputs else None
+        rs = last.value if last is not None else None
         # what changes an order is the operators' record; a query, which an MES may
         # poll, only at DEBUG (counted either way)
-        log.log(logging.DEBUG if method in QUERIES else logging.INFO,
-                "OPC UA %s in %s by %s: ReturnStatus %s", method, scope, user, rs,
-                extra={"scope": scope})
+        if method not in QUERIES or log.isEnabledFor(logging.DEBUG):
+            log.log(logging.DEBUG if method in QUERIES else logging.INFO,
+                    "OPC UA %s in %s by %s: ReturnStatus %s", method, scope, who, rs,
+                    extra={"scope": scope})
         return result
 
     async def _run(self, scope: str, method: str, data: dict[str, Any]
-                   ) -> ua.CallMethodResult:
+                   ) -> CallMethodResult:
         try:
             await self.control.job_control(scope, method, data)
         except Invalid as e:
@@ -152,11 +144,15 @@ class JobControlCalls:
             return _refused(e.status)
         return _done()
 
-    async def _order(self, scope: str, method: str, args: Sequence[Any]
-                     ) -> ua.CallMethodResult:
-        order, comment = _values(args, 2, optional=1)
+    async def _order(self, scope: str, method: str, args: Sequence[Variant | None]
+                     ) -> CallMethodResult:
+        assert self.structures is not None
+        if len(args) != 2:
+            raise BadArgument(-1, max(len(args), 2), f"{len(args)} input arguments")
+        order, comment = args
         try:
-            doc = to_json("JobOrder", order, "JobOrder")
+            doc = self.structures.decode_object(
+                "JobOrder", order.value if order is not None else None, "JobOrder")
         except ConvertError as e:
             raise BadArgument(0, 2, str(e)) from None
         try:
@@ -165,46 +161,45 @@ class JobControlCalls:
             raise BadArgument(1, 2, str(e)) from None
         return await self._run(scope, method, {"JobOrder": doc, "Comment": texts})
 
-    async def _by_id_call(self, scope: str, method: str, args: Sequence[Any]
-                          ) -> ua.CallMethodResult:
-        job, comment = _values(args, 2, optional=1)
+    async def _by_id_call(self, scope: str, method: str, args: Sequence[Variant | None]
+                          ) -> CallMethodResult:
+        job, _ = _values(args, 2)
         if not isinstance(job, str):
             raise BadArgument(0, 2, "JobOrderID: not a String")
         try:
-            texts = texts_to_json(comment)
+            texts = texts_to_json(args[1])
         except ConvertError as e:
             raise BadArgument(1, 2, str(e)) from None
         return await self._run(scope, method, {"JobOrderID": job, "Comment": texts})
 
-    async def _response(self, scope: str, args: Sequence[Any]) -> ua.CallMethodResult:
+    async def _response(self, scope: str, args: Sequence[Variant | None]
+                        ) -> CallMethodResult:
         (job,) = _values(args, 1)
         if not isinstance(job, str):
             raise BadArgument(0, 1, "JobOrderID: not a String")
-        none = ua.Variant(None, ua.VariantType.ExtensionObject)
         try:
             served, _ = await self.control.job_response(scope, job)
         except OrderError as e:
-            return _refused(e.status, none)
-        return _done(ua.Variant(_encoded_response(served), ua.VariantType.ExtensionObject))
+            return _refused(e.status, Variant(EXTENSION_OBJECT, None))
+        return _done(Variant(EXTENSION_OBJECT, self._encoded_response(served)))
 
-    async def _responses(self, scope: str, args: Sequence[Any]) -> ua.CallMethodResult:
-        (states,) = _values(args, 1)
-        if not isinstance(states, list) or not all(
-                isinstance(s, ua_class("State")) for s in states):
+    async def _responses(self, scope: str, args: Sequence[Variant | None]
+                         ) -> CallMethodResult:
+        assert self.structures is not None
+        if len(args) != 1 or args[0] is None or args[0].type != EXTENSION_OBJECT:
             raise BadArgument(0, 1, "JobOrderState: not an ISA95StateDataType array")
-        empty = ua.Variant([], ua.VariantType.ExtensionObject, is_array=True)
+        empty = Variant(EXTENSION_OBJECT, [])
         try:
-            want = state_of(states)
+            want = state_of(self.structures, args[0])
         except ConvertError:
             # a state the machine does not know: the MQTT face's INVALID_REQUEST
             return _refused(model.INVALID_REQUEST, empty)
         served = await self.control.responses_in(scope, want)
-        responses = [_encoded_response(r) for r in served]
-        return _done(ua.Variant(responses, ua.VariantType.ExtensionObject, is_array=True))
+        return _done(Variant(EXTENSION_OBJECT,
+                             [self._encoded_response(r) for r in served]))
 
-
-def _encoded_response(served: bytes) -> ua.ExtensionObject:
-    """A stored job response as the JobResponse structure goes out, encoded from its
-    JSON at once: building asyncua's objects only for asyncua to encode them was most
-    of a query's own cost."""
-    return extension_object("JobResponse", json.loads(served))
+    def _encoded_response(self, served: bytes) -> Any:
+        """A stored job response as the JobResponse structure goes out, encoded straight
+        from its JSON."""
+        assert self.structures is not None
+        return self.structures.extension_object("JobResponse", json.loads(served))

@@ -14,16 +14,15 @@ users and their roles, as plants run OPC UA.
 - **Anonymous sessions** (``opcua_anonymous``): ``browse`` (the default) as a reader,
   or ``none``.
 
-A session's secure channel is checked against the trust list when the session is
-activated, not only the certificate its CreateSession names: asyncua checks the latter,
-and skips the check when it is empty, so a client could name a trusted certificate (they
-are public) over a channel of an untrusted one.
+The trust list decides at the secure channel, whose certificate the client proves by
+its signature; a session must then name that same certificate (the server checks), so
+a trusted certificate named over another application's channel gets nowhere.
 """
 
 from __future__ import annotations
 
 import base64
-import contextvars
+import datetime as dt
 import hashlib
 import hmac
 import logging
@@ -32,20 +31,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from asyncua import ua
-from asyncua.common.utils import ServiceError
-from asyncua.crypto.permission_rules import PermissionRuleset, User, UserRole
-from asyncua.crypto.truststore import TrustStore
-from asyncua.crypto.validator import CertificateValidator, CertificateValidatorOptions
-from asyncua.server.user_managers import UserManager
-from asyncua.ua.status_codes import get_name_and_doc
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from sfc_host.errors import SfcHostError
+from sfc_host.opcua_server import ANONYMOUS, CERTIFICATE, Identity, NodeId, Refused
 
 log = logging.getLogger("sfc_host.opcua")
 
@@ -54,27 +47,26 @@ READER = "reader"
 ROLES = (OPERATOR, READER)
 USERS_VARIABLE = "SFC_OPCUA_USERS"
 _X509 = re.compile(r"x509:[0-9a-f]{40}")
-# the files of trusted/ that asyncua's trust store reads as certificates
-_CERT_FILE = re.compile(r".*(der|pem)")
+_CERT_FILE = re.compile(r".*\.(der|pem|crt|cer)")
 # scrypt's cost: about 50 ms a check on a plant server, once per session
 _N, _R, _P = 2**14, 8, 1
+_DER = Encoding.DER
 
-# the user of the request being served: a method callback reads it (asyncua gives a
-# callback no session); set by the ruleset right before each request is processed
-CURRENT_USER: contextvars.ContextVar[User | None] = contextvars.ContextVar(
-    "sfc_opcua_user", default=None)
+BAD_CERTIFICATE_UNTRUSTED = 0x801A0000
+BAD_CERTIFICATE_TIME_INVALID = 0x80140000
+BAD_CERTIFICATE_INVALID = 0x80120000
+BAD_USER_ACCESS_DENIED = 0x801F0000
 
 
 class SecurityError(SfcHostError, ValueError):
     """A users file, PKI folder or certificate the face cannot use; says which."""
 
 
-@dataclass
-class HostUser(User):
+@dataclass(frozen=True, slots=True)
+class HostUser:
     """A session's user: may it call the methods (an operator), or only look."""
-
+    name: str
     may_call: bool = False
-
 
 # ---- passwords and users
 
@@ -167,18 +159,17 @@ class Pki:
 class TrustList:
     """The trusted client certificates, read again when the folder changed (an
     administrator trusts a rejected certificate by moving it there); refused ones are
-    stored under ``rejected/``. An empty folder (a plant's first start) trusts nobody."""
+    stored under ``rejected/``. An empty folder (a plant's first start) trusts nobody.
+    A certificate is trusted when it is in the folder, or signed by a certificate
+    there (a plant CA's), and is within its validity."""
 
     def __init__(self, pki: Pki) -> None:
         self.pki = pki
-        self.store = TrustStore([pki.trusted], [])
-        self._validator = CertificateValidator(
-            CertificateValidatorOptions.TRUSTED_VALIDATION
-            | CertificateValidatorOptions.PEER_CLIENT, self.store)
         self._seen: tuple[tuple[str, int], ...] | None = None
+        self._trusted: dict[bytes, x509.Certificate] = {}
         self.count = 0      # the certificates trusted now
 
-    async def refresh(self) -> None:
+    def refresh(self) -> None:
         """Read ``trusted/`` again if it changed; ``SecurityError`` naming a file that
         cannot be read (the list read last stays)."""
         try:
@@ -189,50 +180,62 @@ class TrustList:
                                 f"{e.strerror or e}") from None
         if state == self._seen:
             return
-        count = sum(1 for name, _ in state if _CERT_FILE.match(name.lower()))
-        if count:
-            # asyncua's store cannot be made of no certificate: an empty folder is
-            # ``count == 0``, which refuses every client without asking the store
+        trusted: dict[bytes, x509.Certificate] = {}
+        for name, _ in state:
+            path = self.pki.trusted / name
+            if not _CERT_FILE.fullmatch(name.lower()) or not path.is_file():
+                continue
             try:
-                await self.store.load_trust()
-            except Exception as e:
-                raise SecurityError(f"setting opcua_pki_dir: a file in {self.pki.trusted} "
-                                    f"is not a certificate (DER or PEM): {e}") from None
-        self.count = count
+                data = path.read_bytes()
+                cert = (x509.load_pem_x509_certificate(data) if data.lstrip().startswith(
+                    b"-----") else x509.load_der_x509_certificate(data))
+            except (OSError, ValueError) as e:
+                raise SecurityError(f"setting opcua_pki_dir: {path} is not a certificate "
+                                    f"(DER or PEM): {e}") from None
+            trusted[cert.public_bytes(_DER)] = cert
+        self._trusted = trusted
+        self.count = len(trusted)
         self._seen = state
 
-    async def __call__(self, cert: x509.Certificate, app: ua.ApplicationDescription) -> None:
-        """asyncua's certificate validator hook: raises ``ServiceError`` to refuse."""
+    def check(self, der: bytes) -> int:
+        """Good (0) for a trusted certificate, else why not (the certificate stored
+        under ``rejected/`` and the refusal logged)."""
         try:
-            await self.refresh()
+            self.refresh()
         except SecurityError as e:
             log.warning("OPC UA: the trust list was not read again (the last one holds): "
                         "%s", e)
         try:
-            if not self.count:
-                raise ServiceError(ua.StatusCodes.BadCertificateUntrusted)
-            await self._validator.validate(cert, app)
-        except Exception as e:
-            self.reject(cert, app.ApplicationUri, _why(e))
-            raise
-
-    def trusted(self, der: bytes) -> bool:
-        """Whether a certificate (DER) is in the trust list."""
-        try:
             cert = x509.load_der_x509_certificate(der)
         except ValueError:
-            return False
-        if self.count and self.store.is_trusted(cert):
-            return True
-        self.reject(cert, "", "not trusted")
-        return False
+            log.warning("OPC UA: a client certificate that is no DER certificate refused")
+            return BAD_CERTIFICATE_INVALID
+        status, why = self._verdict(der, cert)
+        if status:
+            self.reject(cert, _uri(cert), why)
+        return status
+
+    def _verdict(self, der: bytes, cert: x509.Certificate) -> tuple[int, str]:
+        now = dt.datetime.now(dt.UTC)
+        if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+            return BAD_CERTIFICATE_TIME_INVALID, "outside its validity"
+        if der in self._trusted:
+            return 0, ""
+        for ca in self._trusted.values():
+            if ca.subject == cert.issuer and _signed_by(cert, ca):
+                return 0, ""
+        return BAD_CERTIFICATE_UNTRUSTED, "not trusted"
+
+    def trusted(self, der: bytes) -> bool:
+        """Whether a certificate (DER) is trusted now."""
+        return self.check(der) == 0
 
     def reject(self, cert: x509.Certificate, uri: str, why: str) -> None:
-        thumb = cert.fingerprint(hashes.SHA1()).hex()
+        thumb = thumbprint(cert.public_bytes(_DER))
         path = self.pki.rejected / f"{thumb}.der"
         if not path.exists():
             try:
-                path.write_bytes(cert.public_bytes(Encoding.DER))
+                path.write_bytes(cert.public_bytes(_DER))
             except OSError as e:
                 log.warning("OPC UA: refused client certificate not stored in %s: %s",
                             path, e)
@@ -241,107 +244,85 @@ class TrustList:
                     "administrator to move to trusted/", thumb[:16], uri or "-", why, path)
 
 
-def _why(e: Exception) -> str:
-    """A refusal's reason for the log."""
-    if isinstance(e, ServiceError):
-        if e.code == ua.StatusCodes.BadCertificateUntrusted:
-            return "not trusted"
-        return get_name_and_doc(e.code)[0]
-    return str(e) or type(e).__name__
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    key = ca.public_key()
+    try:
+        if isinstance(key, rsa.RSAPublicKey):
+            assert cert.signature_hash_algorithm is not None
+            key.verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(),
+                       cert.signature_hash_algorithm)
+        elif isinstance(key, ec.EllipticCurvePublicKey):
+            assert cert.signature_hash_algorithm is not None
+            key.verify(cert.signature, cert.tbs_certificate_bytes,
+                       ec.ECDSA(cert.signature_hash_algorithm))
+        else:
+            return False
+    except (InvalidSignature, AssertionError, ValueError):
+        return False
+    return True
+
+
+def _uri(cert: x509.Certificate) -> str:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        return ""
+    return uris[0] if uris else ""
 
 
 # ---- sessions
 
 
-class HostUsers(UserManager):
-    """Users from the users file; anonymous as configured; the channel's certificate
-    checked against the trust list (with ``trust``)."""
+class HostUsers:
+    """Who a session's user is: users from the users file, anonymous as configured.
+    ``identify`` is the server's hook, called with the token's proofs checked; every
+    refusal is logged with why."""
 
-    def __init__(self, users: dict[str, tuple[str, str]], anonymous: str,
-                 trust: TrustList | None) -> None:
+    def __init__(self, users: dict[str, tuple[str, str]], anonymous: str) -> None:
         self.users = users
         self.anonymous = anonymous
-        self.trust = trust
         # X.509 users by their certificates' thumbprints
         self.by_certificate = {secret.removeprefix("x509:"): (name, role)
                                for name, (role, secret) in users.items()
                                if secret.startswith("x509:")}
 
-    def get_user(self, iserver: Any, username: str | None = None,
-                 password: str | None = None, certificate: Any = None) -> User | None:
-        """``certificate``: an X.509 user token's (its signature checked by asyncua),
-        else the secure channel's: empty on a channel with security None, which has
-        no certificate to check. Every refusal is logged with why."""
-        der = bytes(certificate) if certificate else None
-        who = username if username is not None else "anonymous"
-        if username is None and der is not None:
-            mapped = self.by_certificate.get(thumbprint(der))
-            if mapped is not None:
-                return HostUser(role=UserRole.User, name=mapped[0],
-                                may_call=mapped[1] == OPERATOR)
-        if self.trust is not None and der is not None and not self.trust.trusted(der):
-            log.warning("OPC UA: a session of %s refused: its certificate is not trusted",
-                        who)
-            return None
-        if username is None:
+    def identify(self, identity: Identity) -> HostUser:
+        if identity.kind == CERTIFICATE:
+            mapped = self.by_certificate.get(thumbprint(identity.certificate or b""))
+            if mapped is None:
+                log.warning("OPC UA: an X.509 user refused: no user has its certificate")
+                raise Refused(BAD_USER_ACCESS_DENIED, "an unknown X.509 user")
+            return HostUser(mapped[0], mapped[1] == OPERATOR)
+        if identity.kind == ANONYMOUS:
             if self.anonymous == "none":
                 log.warning("OPC UA: an anonymous session refused (opcua_anonymous = none)")
-                return None
-            return HostUser(role=UserRole.User, name="anonymous",
-                            may_call=self.anonymous == "call")
-        known = self.users.get(username)
+                raise Refused(BAD_USER_ACCESS_DENIED, "anonymous sessions are off")
+            return HostUser("anonymous", self.anonymous == "call")
+        name = identity.user_name or ""
+        known = self.users.get(name)
+        try:
+            password = (identity.password or b"").decode()
+        except UnicodeDecodeError:
+            password = ""
         if known is None or not known[1].startswith("scrypt$") \
-                or not check_password(password or "", known[1]):
-            log.warning("OPC UA: user %r refused: unknown user or wrong password", username)
-            return None
-        return HostUser(role=UserRole.User, name=username, may_call=known[0] == OPERATOR)
+                or not check_password(password, known[1]):
+            log.warning("OPC UA: user %r refused: unknown user or wrong password", name)
+            raise Refused(BAD_USER_ACCESS_DENIED, f"user {name!r} refused")
+        return HostUser(name, known[0] == OPERATOR)
 
 
-_CALL = ua.NodeId(ua.ObjectIds.CallRequest_Encoding_DefaultBinary)
-_LOOKING = frozenset(ua.NodeId(i) for i in (
-    ua.ObjectIds.CreateSessionRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.CloseSessionRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.ActivateSessionRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.ReadRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.BrowseRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.BrowseNextRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.GetEndpointsRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.FindServersRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.TranslateBrowsePathsToNodeIdsRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.CreateSubscriptionRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.ModifySubscriptionRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.DeleteSubscriptionsRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.TransferSubscriptionsRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.CreateMonitoredItemsRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.ModifyMonitoredItemsRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.DeleteMonitoredItemsRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.PublishRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.RepublishRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.CloseSecureChannelRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.SetMonitoringModeRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.SetPublishingModeRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.RegisterNodesRequest_Encoding_DefaultBinary,
-    ua.ObjectIds.UnregisterNodesRequest_Encoding_DefaultBinary,
-))
-
-
-class HostRules(PermissionRuleset):
+def allowed(user: object, what: str, node: NodeId) -> bool:
     """What a session may do: look (browse, read, subscribe) for every user, call for
-    an operator; nothing is written or added over OPC UA. Notes each request's user
-    for the method callbacks (``CURRENT_USER``)."""
-
-    def check_validity(self, user: User, action_type_id: ua.NodeId, body: Any) -> bool:
-        CURRENT_USER.set(user)
-        if action_type_id == _CALL:
-            allowed = isinstance(user, HostUser) and user.may_call
-            if not allowed:
-                log.warning("OPC UA: a call by %s refused: may only look",
-                            getattr(user, "name", None) or "anonymous")
-            return allowed
-        return action_type_id in _LOOKING
+    an operator; nothing is written over OPC UA."""
+    if what == "call":
+        if isinstance(user, HostUser) and user.may_call:
+            return True
+        log.warning("OPC UA: a call by %s refused: may only look",
+                    getattr(user, "name", None) or "anonymous")
+    return False
 
 
-def user_name() -> str:
-    """The name of the user of the request being served (``anonymous`` for none)."""
-    user = CURRENT_USER.get()
-    return (user.name if user is not None else None) or "anonymous"
+def user_name(user: object) -> str:
+    """A session's user's name (``anonymous`` for none)."""
+    return getattr(user, "name", None) or "anonymous"

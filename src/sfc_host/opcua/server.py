@@ -1,35 +1,44 @@
-"""The OPC UA server the face runs on: asyncua's, on the host's event loop, with the
-ISA-95 Job Control v2 NodeSet loaded from the package and a namespace of our own for
-the objects of each scope and the status event type.
+"""The OPC UA server the face runs on: our own (``sfc_host.opcua_server``), on the
+host's event loop, with the ISA-95 Job Control v2 NodeSet loaded from the package and a
+namespace of our own for the objects of each scope and the status event type.
 
-The NodeSet is the OPC Foundation's published file, unchanged (its MIT header kept):
-``import_xml`` loads its 258 nodes and makes its structure classes in ``asyncua.ua``.
-The event type ``ISA95JobOrderStatusEventType`` is abstract; the server raises its own
-concrete subtype, ``SfcJobOrderStatusEventType``.
+The NodeSet is the OPC Foundation's published file, unchanged (its MIT header kept);
+its DataTypeDefinitions give the structures' layouts (``structures``). The event type
+``ISA95JobOrderStatusEventType`` is abstract; the server raises its own concrete
+subtype, ``SfcJobOrderStatusEventType``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import socket
 from importlib import resources
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
-from asyncua import Node, Server, ua
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
+from sfc_fast.wire.uabinary import NodeId, QualifiedName, ticks_now
 from sfc_host import __version__
 from sfc_host.config import HostConfig
 from sfc_host.opcua.security import (
-    HostRules,
     HostUsers,
     Pki,
     SecurityError,
     TrustList,
+    allowed,
     load_users,
+)
+from sfc_host.opcua_server import (
+    ANONYMOUS,
+    CERTIFICATE,
+    USER_NAME,
+    Server,
+    ServerIdentity,
+    base_space,
+    describe_server,
+    load_nodeset,
 )
 
 log = logging.getLogger("sfc_host.opcua")
@@ -69,63 +78,59 @@ def application_uri(config: HostConfig) -> str:
     return f"urn:sfc-fast:{host}:{config.consumer or 'sfc-host'}"
 
 
-_POLICIES = {"SignAndEncrypt": ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt,
-             "Sign": ua.SecurityPolicyType.Basic256Sha256_Sign,
-             "None": ua.SecurityPolicyType.NoSecurity}
+_MODES = {"None": 1, "Sign": 2, "SignAndEncrypt": 3}
 
 
-async def make_server(config: HostConfig) -> tuple[Server, Namespaces, Node]:
+def make_server(config: HostConfig) -> tuple[Server, Namespaces, NodeId]:
     """The server (not yet listening), its namespaces and the event type it raises.
     ``SecurityError`` for a PKI folder, certificate or users file it cannot use."""
-    # asyncua logs every request at INFO: the host's log is for what the host does
-    logging.getLogger("asyncua").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
     modes = config.opcua_security
     secure = any(m != "None" for m in modes)
     users = check_security(config)
     trust = None
-    if secure:
-        trust = TrustList(Pki(config.opcua_pki_dir))
-        await trust.refresh()
-    server = Server(user_manager=HostUsers(users, config.opcua_anonymous, trust))
-    await server.init()
-    server.set_endpoint(config.opcua_endpoint)
-    server.set_server_name(f"sfc-host {config.consumer_name}")
-    uri = application_uri(config)
-    await server.set_application_uri(uri)
-    server.product_uri = PRODUCT_URI
-    await server.set_build_info(PRODUCT_URI, "sfc-fast", "sfc-fast", __version__, "0",
-                                dt.datetime.now(dt.UTC))
+    certificate, key = None, None
     if secure:
         pki = Pki(config.opcua_pki_dir)
-        await server.load_certificate(str(pki.cert))
-        await server.load_private_key(str(pki.key))
-        server.set_certificate_validator(trust)
-    server.set_security_policy([_POLICIES[m] for m in modes], permission_ruleset=HostRules())
-    tokens: list[Any] = []
+        trust = TrustList(pki)
+        trust.refresh()
+        certificate = pki.cert.read_bytes()
+        try:
+            key = load_pem_private_key(pki.key.read_bytes(), None)
+        except (OSError, ValueError, TypeError) as e:
+            raise SecurityError(f"setting opcua_pki_dir: {pki.key} is no unencrypted PEM "
+                                f"private key: {e}") from None
+    space = base_space()
+    load_nodeset(space, nodeset_path())
+    ns = Namespaces(space.namespace_index(JC_URI), space.register_namespace(OWN_URI))
+    event_type = NodeId(EVENT_TYPE_NAME, ns.own)
+    space.add_event_type(event_type, QualifiedName(EVENT_TYPE_NAME, ns.own),
+                         supertype=NodeId(STATUS_EVENT_TYPE, ns.jc))
+    uri = application_uri(config)
+    describe_server(space, uri, PRODUCT_URI,
+                    {"ProductName": "sfc-fast", "ManufacturerName": "sfc-fast",
+                     "SoftwareVersion": __version__, "BuildNumber": "0"}, ticks_now())
+    tokens = []
     if config.opcua_anonymous != "none":
-        tokens.append(ua.AnonymousIdentityToken)
+        tokens.append(ANONYMOUS)
     if any(s.startswith("scrypt$") for _, s in users.values()):
-        tokens.append(ua.UserNameIdentityToken)
+        tokens.append(USER_NAME)
     if any(s.startswith("x509:") for _, s in users.values()):
-        tokens.append(ua.X509IdentityToken)
-    server.set_identity_tokens(tokens)
-    await server.import_xml(str(nodeset_path()))
-    ns = Namespaces(await server.get_namespace_index(JC_URI),
-                    await server.register_namespace(OWN_URI))
-    event_type = await server.create_custom_event_type(
-        ua.NodeId(EVENT_TYPE_NAME, ns.own), ua.QualifiedName(EVENT_TYPE_NAME, ns.own),
-        ua.NodeId(STATUS_EVENT_TYPE, ns.jc))
+        tokens.append(CERTIFICATE)
+    server = Server(space, ServerIdentity(config.opcua_endpoint, uri, PRODUCT_URI,
+                                          f"sfc-host {config.consumer_name}"),
+                    modes=[_MODES[m] for m in modes], certificate=certificate,
+                    private_key=key, user_tokens=tokens,
+                    identify=HostUsers(users, config.opcua_anonymous).identify,
+                    trusts=trust.check if trust is not None else None, allowed=allowed)
     return server, ns, event_type
 
 
 async def check_server(config: HostConfig) -> int:
     """``sfc-host run --check``: the server made as the start makes it (its PKI folder,
     trust list, users, endpoint and NodeSet), then dropped without listening, so the
-    check cannot pass where the start would fail; the number of users.
-    ``SecurityError`` or ``ValueError`` naming what is wrong."""
-    server, _, _ = await make_server(config)
-    users = server.iserver.user_manager
-    return len(users.users) if isinstance(users, HostUsers) else 0
+    check cannot pass where the start would fail; the number of users."""
+    make_server(config)
+    return len(load_users(config.opcua_users_file))
 
 
 def check_security(config: HostConfig) -> dict[str, tuple[str, str]]:
@@ -159,31 +164,3 @@ def _check_certificate(pki: Pki, uri: str) -> None:
         raise SecurityError(f"setting opcua_pki_dir: {pki.cert} names {uris or 'no URI'}, "
                             f"not this server's {uri} (the endpoint's host and the "
                             "consumer name): make it again with sfc-host opcua cert --force")
-
-
-# ---- who watches what: asyncua keeps each subscription's monitored items in private
-# maps (``_monitored_events``, ``_monitored_items``). The ``[opcua]`` extra pins asyncua
-# to 2.1 and tests/opcua/test_opcua.py checks both answers; without a map both say yes,
-# so the face does everything as if a client watched.
-
-
-def takes_events(server: Server, node: ua.NodeId) -> bool:
-    """Whether a monitored item takes the events ``node`` raises."""
-    for sub in server.iserver.subscription_service.subscriptions.values():
-        watched = getattr(sub.monitored_item_srv, "_monitored_events", None)
-        if watched is None or watched.get(node):
-            return True
-    return False
-
-
-def follows_values(server: Server, nodes: set[ua.NodeId]) -> bool:
-    """Whether a monitored item follows the value of one of ``nodes``."""
-    for sub in server.iserver.subscription_service.subscriptions.values():
-        items = getattr(sub.monitored_item_srv, "_monitored_items", None)
-        if items is None:
-            return True
-        for item in items.values():
-            rv = getattr(item, "read_value_id", None)
-            if rv is None or rv.NodeId in nodes:
-                return True
-    return False

@@ -1,7 +1,8 @@
 """The crypto of the secure channel (IEC 62541 Part 6 §6.7, Part 4 §5.6, Part 7's
-SecurityPolicy Basic256Sha256): the chunks an OPC UA client sends and receives, built
-and opened for the policies None and Basic256Sha256 in the modes None, Sign and
-SignAndEncrypt; and the session's proofs (the client signature, an encrypted password).
+SecurityPolicy Basic256Sha256): the chunks an OPC UA client or server sends and
+receives, built and opened for the policies None and Basic256Sha256 in the modes None,
+Sign and SignAndEncrypt; and the session's proofs (the signatures over the other side's
+certificate and nonce, an encrypted password).
 
 Pure: bytes in, bytes out, no sockets. A chunk is ``MessageHeader`` (type, chunk type,
 MessageSize, SecureChannelId) + security header + [sequence header + body + padding +
@@ -41,7 +42,8 @@ from sfc_host.opcua_client.errors import OpcUaError
 
 __all__ = ["BASIC256SHA256", "MODE_NONE", "MODE_SIGN", "MODE_SIGN_AND_ENCRYPT",
            "POLICY_NONE", "RSA_OAEP", "RSA_SHA256", "ChannelSecurity", "SecurityError",
-           "encrypt_secret", "first_certificate", "thumbprint", "verify_signature"]
+           "decrypt_secret", "encrypt_secret", "first_certificate", "open_header",
+           "thumbprint", "verify_signature"]
 
 POLICY_NONE = "http://opcfoundation.org/UA/SecurityPolicy#None"
 BASIC256SHA256 = "http://opcfoundation.org/UA/SecurityPolicy#Basic256Sha256"
@@ -95,20 +97,61 @@ def encrypt_secret(policy_uri: str, server_certificate: bytes, secret: bytes,
     return _oaep_encrypt(_public_key(server_certificate, "the server's"), plain), RSA_OAEP
 
 
+def decrypt_secret(private_key: Any, data: bytes, server_nonce: bytes) -> bytes:
+    """The server's side of ``encrypt_secret``: the secret, once the data decrypts with
+    the server's key, its length field fits and it ends with the server's nonce."""
+    if not isinstance(private_key, rsa.RSAPrivateKey):
+        raise SecurityError("the server's private key is no RSA key")
+    size = private_key.key_size // 8
+    if not data or len(data) % size:
+        raise SecurityError("the encrypted secret is no whole number of RSA blocks")
+    try:
+        plain = b"".join(private_key.decrypt(data[i:i + size], _OAEP)
+                         for i in range(0, len(data), size))
+    except ValueError:
+        raise SecurityError("the secret does not decrypt with the server's key") from None
+    if len(plain) < 4:
+        raise SecurityError("the decrypted secret is cut short")
+    (n,) = _U32.unpack_from(plain)
+    if n != len(plain) - 4 or n < len(server_nonce) or not plain.endswith(server_nonce):
+        raise SecurityError("the decrypted secret does not end with the server's nonce")
+    return plain[4:len(plain) - len(server_nonce)]
+
+
+def open_header(chunk: bytes) -> tuple[str, bytes | None, bytes | None]:
+    """An OPN chunk's asymmetric security header: (policy URI, sender certificate,
+    receiver's thumbprint); what a server reads before it knows the channel's security."""
+    _header(chunk)
+    at = _HEADER.size
+    uri, at = _read_bytestring(chunk, at)
+    sender, at = _read_bytestring(chunk, at)
+    receiver, at = _read_bytestring(chunk, at)
+    try:
+        return (uri or b"").decode(), sender, receiver
+    except UnicodeDecodeError:
+        raise SecurityError("the OPN's policy URI is no UTF-8") from None
+
+
 class ChannelSecurity:
-    """The security of one secure channel, the client's side of it. ``certificate`` and
-    ``private_key`` are ours, ``peer_certificate`` the server's (all needed but in
+    """The security of one secure channel, either side of it (``server``). ``certificate``
+    and ``private_key`` are ours, ``peer_certificate`` the other side's (all needed but in
     mode None). The symmetric keys are kept per token id: ``derive`` after each
-    OpenSecureChannel response, ``forget`` once the old token is out of use."""
+    OpenSecureChannel exchange, ``forget`` once the old token is out of use. A server
+    that takes a Basic256Sha256 OPN makes it with the mode SignAndEncrypt and sets
+    ``mode`` to the request's once the OPN is open: the asymmetric chunks are the same
+    in both modes."""
 
     def __init__(self, mode: int, certificate: bytes | None = None,
-                 private_key: Any = None, peer_certificate: bytes | None = None) -> None:
+                 private_key: Any = None, peer_certificate: bytes | None = None,
+                 *, server: bool = False) -> None:
+        self.server = server
         if mode not in (MODE_NONE, MODE_SIGN, MODE_SIGN_AND_ENCRYPT):
             raise SecurityError(f"security mode {mode} is none of 1 (None), 2 (Sign), "
                                 "3 (SignAndEncrypt)")
         self.mode = mode
         self.policy_uri = POLICY_NONE if mode == MODE_NONE else BASIC256SHA256
-        # token id -> (our keys, the server's keys); None for both in mode None
+        self._peer = "the client's" if server else "the server's"
+        # token id -> (our keys, the peer's keys); None for both in mode None
         self._tokens: dict[int, tuple[_Keys | None, _Keys | None]] = {}
         if mode == MODE_NONE:
             self._security_header = (_bytestring(POLICY_NONE.encode()) + _bytestring(None)
@@ -116,7 +159,7 @@ class ChannelSecurity:
             return
         if certificate is None or private_key is None or peer_certificate is None:
             raise SecurityError("a secure channel needs our certificate, our private key "
-                                "and the server's certificate")
+                                f"and {self._peer} certificate")
         if not isinstance(private_key, rsa.RSAPrivateKey):
             raise SecurityError("our private key is no RSA key")
         ours = _public_key(certificate, "our")
@@ -125,7 +168,7 @@ class ChannelSecurity:
         self._certificate = certificate
         self._key = private_key
         self._peer_certificate = peer_certificate
-        self._peer_key = _public_key(peer_certificate, "the server's")
+        self._peer_key = _public_key(peer_certificate, self._peer)
         self._key_bytes = private_key.key_size // 8
         self._peer_key_bytes = self._peer_key.key_size // 8
         self._security_header = (_bytestring(BASIC256SHA256.encode())
@@ -155,9 +198,8 @@ class ChannelSecurity:
         return head + _oaep_encrypt(self._peer_key, plain + signature, block)
 
     def decode_open(self, chunk: bytes) -> tuple[int, bytes]:
-        """The server's OPN chunk -> (channel id, payload), once its sender is the
-        server's certificate, it decrypts with our key and its signature and padding
-        hold."""
+        """The peer's OPN chunk -> (channel id, payload), once its sender is the peer's
+        certificate, it decrypts with our key and its signature and padding hold."""
         kind, final, channel_id = _header(chunk)
         if kind != b"OPN" or final != b"F":
             raise SecurityError(f"a {kind!r} chunk of type {final!r} where an OPN was due")
@@ -166,12 +208,12 @@ class ChannelSecurity:
         sender, at = _read_bytestring(chunk, at)
         receiver, at = _read_bytestring(chunk, at)
         if (uri or b"") != self.policy_uri.encode():
-            raise SecurityError(f"the server's OPN is of policy {uri!r}, not "
+            raise SecurityError(f"{self._peer} OPN is of policy {uri!r}, not "
                                 f"{self.policy_uri}")
         if self.mode == MODE_NONE:
             return channel_id, chunk[at:]
         if not sender or first_certificate(sender) != self._peer_certificate:
-            raise SecurityError("the OPN's sender certificate is not the server's")
+            raise SecurityError(f"the OPN's sender certificate is not {self._peer}")
         if receiver != self._our_thumbprint:
             raise SecurityError("the OPN is encrypted for another certificate than ours")
         cipher = chunk[at:]
@@ -204,12 +246,13 @@ class ChannelSecurity:
         if self.mode == MODE_NONE:
             self._tokens[token_id] = (None, None)
             return
-        for who, nonce in (("our", client_nonce), ("the server's", server_nonce)):
+        for who, nonce in (("the client's", client_nonce), ("the server's", server_nonce)):
             if len(nonce) != _NONCE:
                 raise SecurityError(f"{who} nonce has {len(nonce)} bytes, "
                                     f"Basic256Sha256 wants {_NONCE}")
-        self._tokens[token_id] = (_derive(server_nonce, client_nonce),
-                                  _derive(client_nonce, server_nonce))
+        clients, servers = _derive(server_nonce, client_nonce), _derive(client_nonce,
+                                                                         server_nonce)
+        self._tokens[token_id] = (servers, clients) if self.server else (clients, servers)
 
     def forget(self, token_id: int) -> None:
         """Drop an old token's keys, once the new token is in use both ways."""
@@ -239,7 +282,7 @@ class ChannelSecurity:
         return head + enc.update(plain) + enc.finalize()
 
     def decode_message(self, chunk: bytes) -> tuple[bytes, bytes, int, int, bytes]:
-        """The server's MSG or CLO chunk -> (message type, chunk type, channel id, token
+        """The peer's MSG or CLO chunk -> (message type, chunk type, channel id, token
         id, payload), checked and decrypted with the keys of its token id."""
         kind, final, channel_id = _header(chunk)
         if kind not in _MSG_TYPES or final not in _CHUNK_TYPES:
@@ -291,7 +334,9 @@ class ChannelSecurity:
     def client_signature(self, server_certificate: bytes,
                          server_nonce: bytes) -> tuple[str, bytes]:
         """ActivateSession's clientSignature (Part 4 §5.6.3): (algorithm URI, our
-        signature over the server's certificate + its nonce); ("", b"") in mode None."""
+        signature over the server's certificate + its nonce); ("", b"") in mode None. A
+        server's CreateSession signature is the same over the client's certificate and
+        nonce."""
         if self.mode == MODE_NONE:
             return "", b""
         data = server_certificate + server_nonce
