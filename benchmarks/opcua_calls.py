@@ -10,9 +10,11 @@ process:
 
 - the host: ``sfc-host run`` with ``opcua = true``, on a local redis-server and
   mosquitto started here, the reference's Work Master and catalogs configured over MQTT;
-- the bare server: the same server construction (``make_server``: certificate, trust
-  list, users, the Job Control NodeSet) with the scope's two objects and their methods
-  linked to callbacks that do nothing but answer ReturnStatus 1.
+- the bare server: asyncua's server, made as a plant would make it with asyncua (the
+  same certificate, security and user, the client's certificate checked against
+  ``trusted/``, the Job Control NodeSet loaded), with the scope's two objects and their
+  methods linked to callbacks that do nothing but answer ReturnStatus 1: the floor of
+  the OPC UA stack the face ran on before it had a server of its own.
 
 Each round measures, on one server and then the other: ``--calls`` Stores of new orders,
 Starts of those orders, and RequestJobResponseByJobOrderID of an ended order, one call
@@ -60,14 +62,44 @@ def cpu_s(pid: int) -> float:
 
 
 async def bare(config_path: str) -> None:
+    from asyncua import Server
+    from asyncua.crypto.permission_rules import User, UserRole
+    from asyncua.crypto.truststore import TrustStore
+    from asyncua.crypto.validator import CertificateValidator, CertificateValidatorOptions
+    from asyncua.server.user_managers import UserManager
+
     from sfc_host.config import HostConfig
-    from sfc_host.opcua.face import ORDER_METHODS
-    from sfc_host.opcua.methods import ID_METHODS, QUERIES
-    from sfc_host.opcua.server import PROVIDER_TYPE, RECEIVER_TYPE, make_server
+    from sfc_host.opcua.methods import ID_METHODS, ORDER_METHODS, QUERIES
+    from sfc_host.opcua.security import Pki, check_password, load_users
+    from sfc_host.opcua.server import PROVIDER_TYPE, RECEIVER_TYPE, nodeset_path
 
     config = HostConfig.load(config_path)
-    server, ns, _ = await make_server(config)
-    own = ns.own
+    users = load_users(config.opcua_users_file)
+
+    class Users(UserManager):
+        def get_user(self, iserver: Any, username: str | None = None,
+                     password: str | None = None, certificate: Any = None) -> User | None:
+            known = users.get(username or "")
+            if known is None or not check_password(password or "", known[1]):
+                return None
+            return User(role=UserRole.User, name=username)
+
+    pki = Pki(config.opcua_pki_dir)
+    server = Server(user_manager=Users())
+    await server.init()
+    server.set_endpoint(config.opcua_endpoint)
+    await server.load_certificate(str(pki.cert))
+    await server.load_private_key(str(pki.key))
+    store = TrustStore([pki.trusted], [])
+    await store.load_trust()
+    server.set_certificate_validator(CertificateValidator(
+        CertificateValidatorOptions.TRUSTED_VALIDATION
+        | CertificateValidatorOptions.PEER_CLIENT, store))
+    server.set_security_policy([ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt])
+    server.set_identity_tokens([ua.UserNameIdentityToken])
+    await server.import_xml(str(nodeset_path()))
+    jc = await server.get_namespace_index(JC_URI)
+    own = await server.register_namespace(OWN_URI)
     folder = await server.nodes.objects.add_folder(ua.NodeId("Scopes", own),
                                                    ua.QualifiedName("Scopes", own))
     top = await folder.add_folder(ua.NodeId(SCOPE, own), ua.QualifiedName(SCOPE, own))
@@ -83,9 +115,9 @@ async def bare(config_path: str) -> None:
                                 ("JobOrderResults", PROVIDER_TYPE, QUERIES)):
         obj = await top.add_object(ua.NodeId(f"{SCOPE}.{name}", own),
                                    ua.QualifiedName(name, own),
-                                   objecttype=ua.NodeId(kind, ns.jc))
+                                   objecttype=ua.NodeId(kind, jc))
         for m in methods:
-            node = await obj.get_child(f"{ns.jc}:{m}")
+            node = await obj.get_child(f"{jc}:{m}")
             server.link_method(node, query if m in QUERIES else answer)
     async with server:
         print("ready", flush=True)

@@ -30,6 +30,7 @@ from asyncua import Client, ua
 from helpers.hosts import work_master
 from helpers.servers import MosquittoServer, RedisServer
 
+from sfc_fast.wire.uabinary import EXTENSION_OBJECT, Variant
 from sfc_host.config import HostConfig
 from sfc_host.opcua.lists import COST_FACTOR
 from sfc_host.service.app import App
@@ -58,8 +59,7 @@ async def lists(app: App) -> tuple[float, float, int]:
     orders = [e[0] for e in entries]
     for node, value in ((lists.order_list, orders),
                         (lists.response_list, [e[1] for e in entries])):
-        await node.write_value(ua.Variant(value, ua.VariantType.ExtensionObject,
-                                          is_array=True))
+        face.server.space.set_value(node, Variant(EXTENSION_OBJECT, value))
     return built, time.perf_counter() - t0, len(orders)
 
 

@@ -17,6 +17,9 @@ from sfc_host.store.keys import ScopeKeys
 log = logging.getLogger("sfc_host.opcua")
 
 BUILD_CHUNK = 200           # bodies built between two turns of the event loop
+# JobOrder bodies kept by the order's JSON: an order's status events (three a job, and
+# the lists' entries) carry the same JobOrder, so it is encoded once, not per change
+ORDERS_KEPT = 4096
 
 # an order's change: its new state and its JobOrder's JSON (as the status event had it)
 Change = tuple[str, bytes | None]
@@ -34,6 +37,19 @@ class Bodies:
     def __init__(self, keys: Callable[[str], ScopeKeys], reads: Reads) -> None:
         self.keys = keys
         self.reads = reads
+        self._orders: dict[tuple[str, bytes | None], bytes] = {}
+
+    def order_body(self, job: str, order: bytes | None) -> bytes:
+        """A JobOrder's encoded body, by the JSON it is made of (kept: an order's
+        changes carry the same JSON)."""
+        key = (job, order)
+        got = self._orders.get(key)
+        if got is None:
+            got = self.structures.body("JobOrder", order_doc(job, order))
+            if len(self._orders) >= ORDERS_KEPT:
+                del self._orders[next(iter(self._orders))]     # the oldest
+            self._orders[key] = got
+        return got
 
     async def build(self, changes: Sequence[tuple[str, str, Change]]) -> list[Built | None]:
         """Per change the encoded body of its JobOrder and its JobResponse (the stored
@@ -52,7 +68,7 @@ class Bodies:
             if stored is not None:
                 stored = model.with_actuals(bytes(stored), order)
             try:
-                out.append((structures.body("JobOrder", order_doc(job, order)),
+                out.append((self.order_body(job, order),
                             structures.extension_object("JobResponse", response_doc(
                                 job, state, stored, started, ended))))
             except (ConvertError, ValueError, KeyError) as e:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
@@ -47,7 +48,6 @@ from sfc_fast.wire.uabinary import (
     UINT16,
     LocalizedText,
     QualifiedName,
-    ticks_now,
 )
 from sfc_host import isa95 as model
 from sfc_host.aio import reap
@@ -397,7 +397,7 @@ class OpcUaFace:
             order, response = entry
             self.lists.built(scope, job, change, entry)
             try:
-                now = ticks_now()
+                now = dt.datetime.now(dt.UTC)
                 server.raise_event(objects.provider, Event(event_type, {
                     "EventId": Variant(BYTE_STRING, os.urandom(16)),
                     "EventType": Variant(NODE_ID, event_type),

@@ -105,7 +105,7 @@ class ServerChannel(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._buf = bytearray()
         self._out: list[bytes] = []
-        self._flushing = False
+        self._reading = False
         self._hello = False
         self._send_size = 8192
         self._max_response = 0
@@ -139,9 +139,15 @@ class ServerChannel(asyncio.Protocol):
         for at in range(0, max(len(message), 1), room):
             part = message[at:at + room]
             last = at + room >= len(message)
-            self._write(sec.encode_message(b"MSG", b"F" if last else b"C", self.channel_id,
-                                           self._token_id,
-                                           _SEQ.pack(self._next_seq(), request_id) + part))
+            self._out.append(sec.encode_message(b"MSG", b"F" if last else b"C",
+                                                self.channel_id, self._token_id,
+                                                _SEQ.pack(self._next_seq(), request_id)
+                                                + part))
+        if not self._reading:
+            # an answer made outside a read (a method's coroutine, a Publish) goes out
+            # now, ahead of the work its call woke; data_received writes what its
+            # chunks answered in one write at its end
+            self._flush()
 
     def close(self, status: int = 0, why: str = "") -> None:
         """End the connection, with an ERR message when ``status`` is set."""
@@ -164,12 +170,10 @@ class ServerChannel(asyncio.Protocol):
 
     def _write(self, data: bytes) -> None:
         self._out.append(data)
-        if not self._flushing:
-            self._flushing = True
-            self._loop.call_soon(self._flush)
+        if not self._reading:
+            self._flush()
 
     def _flush(self) -> None:
-        self._flushing = False
         out, self._out = self._out, []
         if self._transport is not None and out:
             self._transport.write(b"".join(out) if len(out) > 1 else out[0])
@@ -197,6 +201,15 @@ class ServerChannel(asyncio.Protocol):
             self.owner.channel_closed(self)
 
     def data_received(self, data: bytes) -> None:
+        self._reading = True
+        try:
+            self._read(data)
+        finally:
+            self._reading = False
+            if self._out:
+                self._flush()
+
+    def _read(self, data: bytes) -> None:
         buf = self._buf
         buf += data
         at = 0
