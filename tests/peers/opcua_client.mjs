@@ -1,17 +1,27 @@
-// An OPC UA MES client on node-opcua, a stack independent of asyncua (the host's), for
-// tests/opcua/test_opcua_node.py: the scenario of tests/opcua/test_opcua.py with another stack.
+// An OPC UA MES client on node-opcua, a stack independent of asyncua and of the host's own
+// server, for tests/opcua/test_opcua_node.py: the scenario of tests/opcua/test_opcua.py
+// with another stack.
 //
 //   node opcua_client.mjs ENDPOINT SCOPE JOB [TIMEOUT_S]
 //
-// The client's certificate store (node-opcua makes one even for security None) is
-// $OPCUA_CLIENT_PKI if set, else node-opcua's default under the user's config folder.
-// Security None, anonymous. Connects; browses Objects → Scopes → SCOPE (namespace
-// urn:sfc-fast:opcua) and finds its ISA95JobOrderReceiverObjectType and
-// ISA95JobResponseProviderObjectType children by type definition; subscribes to the
-// provider's SfcJobOrderStatusEventType events; Stores JOB (an ISA95JobOrderDataType made
-// from the server's data type) and Starts it; waits for its Ended_Completed event; asks
-// for its job response, and for one of an unknown id. Prints one JSON line of what it
-// saw and exits 0, or prints the error (stderr) and exits 1.
+// Environment (all optional but for the PKI folder under security):
+//   OPCUA_SECURITY   None (the default), Sign or SignAndEncrypt: Basic256Sha256 for the
+//                    latter two
+//   OPCUA_USER, OPCUA_PASSWORD
+//                    a user-name session instead of an anonymous one
+//   OPCUA_CLIENT_PKI the client's certificate store: its own certificate (made on first
+//                    use) and the servers' it accepted; a server's certificate is accepted
+//                    unseen (the tests' server is the one they started). Required for
+//                    security; for None, node-opcua still makes a store, by default under
+//                    the user's config folder.
+//
+// Connects; browses Objects → Scopes → SCOPE (namespace urn:sfc-fast:opcua) and finds its
+// ISA95JobOrderReceiverObjectType and ISA95JobResponseProviderObjectType children by type
+// definition; subscribes to the provider's SfcJobOrderStatusEventType events; Stores JOB
+// (an ISA95JobOrderDataType made from the server's data type) and Starts it; waits for its
+// Ended_Completed event; asks for its job response, and for one of an unknown id. Prints
+// one JSON line of what it saw and exits 0, or prints the error (stderr) and exits 1 (a
+// refused connection or session included).
 
 import {
     AttributeIds,
@@ -25,6 +35,7 @@ import {
     SecurityPolicy,
     StatusCodes,
     TimestampsToReturn,
+    UserTokenType,
     VariantArrayType,
     coerceNodeId,
     constructEventFilter,
@@ -46,6 +57,20 @@ if (!endpoint || !scope || !job) {
     process.exit(2);
 }
 const timeoutMs = 1000 * Number(timeoutArg || 30);
+const security = process.env.OPCUA_SECURITY || "None";
+const MODES = { None: MessageSecurityMode.None, Sign: MessageSecurityMode.Sign,
+                SignAndEncrypt: MessageSecurityMode.SignAndEncrypt };
+if (!(security in MODES)) {
+    console.error(`OPCUA_SECURITY: ${security}? (None, Sign or SignAndEncrypt)`);
+    process.exit(2);
+}
+const pki = process.env.OPCUA_CLIENT_PKI;
+if (security !== "None" && !pki) {
+    // else node-opcua would make and trust certificates outside the caller's folder
+    console.error("OPCUA_CLIENT_PKI is required with OPCUA_SECURITY");
+    process.exit(2);
+}
+const user = process.env.OPCUA_USER;
 
 function fail(message) {
     console.error(`opcua_client: ${message}`);
@@ -128,20 +153,30 @@ function wake() {
 }
 
 async function main() {
-    const pki = process.env.OPCUA_CLIENT_PKI;
     const clientCertificateManager = pki ? new OPCUACertificateManager({
         rootFolder: pki, automaticallyAcceptUnknownCertificate: true }) : undefined;
     const client = OPCUAClient.create({
         clientCertificateManager,
         applicationName: "sfc-fast node-opcua test client",
         endpointMustExist: false,
-        securityMode: MessageSecurityMode.None,
-        securityPolicy: SecurityPolicy.None,
-        connectionStrategy: { maxRetry: 2, initialDelay: 200, maxDelay: 1000 },
+        securityMode: MODES[security],
+        securityPolicy: security === "None" ? SecurityPolicy.None
+            : SecurityPolicy.Basic256Sha256,
+        // a refused channel fails the run at once: retrying would only hide why
+        connectionStrategy: { maxRetry: security === "None" ? 2 : 0, initialDelay: 200,
+                              maxDelay: 1000 },
         keepSessionAlive: false,
     });
     await client.connect(endpoint);
-    const session = await client.createSession();   // anonymous
+    let session;
+    try {
+        session = await client.createSession(user === undefined ? undefined : {
+            type: UserTokenType.UserName, userName: user,
+            password: process.env.OPCUA_PASSWORD || "" });
+    } catch (e) {
+        await client.disconnect().catch(() => {});
+        throw e;
+    }
     try {
         return await scenario(session);
     } finally {

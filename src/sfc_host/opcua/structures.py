@@ -97,6 +97,7 @@ _INT_READ: dict[int, Callable[[Reader], int]] = {
     2: Reader.sbyte, 3: Reader.byte, 4: Reader.int16, 5: Reader.uint16, 6: Reader.int32,
     7: Reader.uint32, 8: Reader.int64, 9: Reader.uint64}
 _ENUMERATION = NodeId(29)
+STATES_KEPT = 256           # distinct ISA95StateDataType bodies kept (a machine has ~20)
 
 # one field of a structure: name, kind (FIELDS), its bit in the encoding mask (-1: not
 # optional), the integer's built-in type (0 for other kinds)
@@ -125,6 +126,7 @@ class Structures:
                 raise RuntimeError(f"{type_name} has no Default Binary encoding")
             self._type_ids[name] = encoding
         self._states: dict[str, tuple[bytes, ...]] = {}
+        self._state_bodies: dict[tuple[Any, ...], bytes] = {}
 
     def type_id(self, name: str) -> NodeId:
         """The binary encoding id structure ``name`` goes out with."""
@@ -161,8 +163,26 @@ class Structures:
         return len(parts).to_bytes(4, "little", signed=True) + b"".join(parts)
 
     def _struct(self, w: Writer, name: str, doc: Any, path: str) -> None:
-        if not isinstance(doc, Mapping):
+        if type(doc) is not dict and not isinstance(doc, Mapping):
             raise ConvertError(f"{path}: not an object")
+        if name == "State":
+            # a state machine's few states: each state's body made once
+            text = doc.get("StateText")
+            key = (text.get("Text"), text.get("Locale")) if type(text) is dict else None
+            if key is not None:
+                key = (*key, doc.get("StateNumber"))
+                got = self._state_bodies.get(key)
+                if got is None:
+                    sub = Writer()
+                    self._fields(sub, name, doc, path)
+                    got = sub.getvalue()
+                    if len(self._state_bodies) < STATES_KEPT:
+                        self._state_bodies[key] = got
+                w.raw(got)
+                return
+        self._fields(w, name, doc, path)
+
+    def _fields(self, w: Writer, name: str, doc: Any, path: str) -> None:
         masked, fields = self._layouts[name]
         if masked:
             mask = 0
@@ -183,7 +203,7 @@ class Structures:
             self._field(w, kind, v, int_type, f"{path}.{field}")
 
     def _field(self, w: Writer, kind: Kind, v: Any, int_type: int, path: str) -> None:
-        if isinstance(kind, tuple):
+        if type(kind) is tuple:
             how, inner = kind
             if how == "one":
                 self._struct(w, inner, v, path)

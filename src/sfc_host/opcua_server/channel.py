@@ -161,7 +161,8 @@ class ServerChannel(asyncio.Protocol):
             if status:
                 w = Writer()
                 w.uint32(status)
-                w.string(why[:4000])
+                # a security check's reason stays in our log
+                w.string(None if status == BAD_SECURITY_CHECKS_FAILED else why[:4000])
                 body = w.getvalue()
                 self._out.append(_HEADER.pack(b"ERR", b"F", 8 + len(body)) + body)
             self._flush()
@@ -366,7 +367,10 @@ class ServerChannel(asyncio.Protocol):
             raise ChannelRefused(BAD_SECURITY_CHECKS_FAILED, "an OPN without a certificate")
         status = owner.trusts(sender)
         if status:
-            raise ChannelRefused(status, "the client's certificate is not trusted")
+            # Part 6 §6.7.7: BadSecurityChecksFailed, and nothing of why for a peer not
+            # yet authenticated; the owner logged the reason
+            raise ChannelRefused(BAD_SECURITY_CHECKS_FAILED,
+                                 "the client's certificate is not trusted")
         self.client_certificate = sender
         return ChannelSecurity(MODE_SIGN_AND_ENCRYPT, owner.certificate, owner.private_key,
                                sender, server=True)
