@@ -294,9 +294,9 @@ class HostConfig:
         if self.equipment_opcua and not Path(self.equipment_opcua).is_file():
             raise ConfigError(f"setting equipment_opcua: {self.equipment_opcua!r} is not a "
                               "file")
-        if self.opcua and not _installed("asyncua"):
-            raise ConfigError("setting opcua: the OPC UA stack is not installed: "
-                              "pip install 'sfc-fast[opcua]'")
+        if self.opcua and not _installed("cryptography"):
+            raise ConfigError("setting opcua: the OPC UA face's crypto (cryptography) is not "
+                              "installed: pip install 'sfc-fast[opcua]'")
         if self.opcua and self.opcua_pki_dir and not Path(self.opcua_pki_dir).is_dir():
             raise ConfigError(f"setting opcua_pki_dir: {self.opcua_pki_dir!r} is not a folder "
                               "(sfc-host opcua cert makes it)")

@@ -203,16 +203,16 @@ def test_a_certificate_for_another_server_stops_the_start_in_one_line(
 
 
 def test_opcua_without_the_extra_is_refused_in_one_line(tmp_path: Path) -> None:
-    """As if asyncua were not installed: ``opcua = true`` stops the host before it
-    connects anywhere, in one line that says what to install."""
+    """As if the extra's cryptography were not installed: ``opcua = true`` stops the
+    host before it connects anywhere, in one line that says what to install."""
     code = """
 import importlib.abc, sys
-class NoAsyncua(importlib.abc.MetaPathFinder):
+class NoCrypto(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "asyncua" or name.startswith("asyncua."):
+        if name == "cryptography" or name.startswith("cryptography."):
             raise ImportError(f"No module named {name!r}", name=name)
         return None
-sys.meta_path.insert(0, NoAsyncua())
+sys.meta_path.insert(0, NoCrypto())
 from sfc_host.config import ConfigError, HostConfig
 from sfc_host.service.app import App
 try:
@@ -223,6 +223,7 @@ except ConfigError as e:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == ("refused: setting opcua: the OPC UA stack is not "
-                                  "installed: pip install 'sfc-fast[opcua]'"), \
+    assert out.stdout.strip() == ("refused: setting opcua: the OPC UA face's crypto "
+                                  "(cryptography) is not installed: pip install "
+                                  "'sfc-fast[opcua]'"), \
         out.stdout

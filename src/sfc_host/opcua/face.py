@@ -222,10 +222,12 @@ class OpcUaFace:
         provider = space.instantiate(top, HAS_COMPONENT, f"{scope}.JobOrderResults", own,
                                      QualifiedName("JobOrderResults", own),
                                      NodeId(PROVIDER_TYPE, ns.jc), keep)
-        space.get(provider).attributes[12] = 1      # EventNotifier: SubscribeToEvents
+        notifier = space.get(provider)
+        assert notifier is not None
+        notifier.attributes[12] = 1                 # EventNotifier: SubscribeToEvents
         for obj, names in ((receiver, ORDER_METHODS + ID_METHODS), (provider, QUERIES)):
             for name in names:
-                method = NodeId(f"{obj.identifier}.{name}", own)
+                method = NodeId(f"{obj.identifier!s}.{name}", own)
                 if method in space:
                     server.methods.add(method, self._callback(scope, name))
         order_list = self._child(receiver, "JobOrderList")
@@ -241,7 +243,7 @@ class OpcUaFace:
         self.lists.add(scope, order_list, response_list)
 
     def _child(self, obj: NodeId, name: str) -> NodeId | None:
-        node = NodeId(f"{obj.identifier}.{name}", obj.namespace)
+        node = NodeId(f"{obj.identifier!s}.{name}", obj.namespace)
         assert self.server is not None
         return node if node in self.server.space else None
 

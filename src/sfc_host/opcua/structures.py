@@ -168,9 +168,8 @@ class Structures:
         if name == "State":
             # a state machine's few states: each state's body made once
             text = doc.get("StateText")
-            key = (text.get("Text"), text.get("Locale")) if type(text) is dict else None
-            if key is not None:
-                key = (*key, doc.get("StateNumber"))
+            if type(text) is dict:
+                key = (text.get("Text"), text.get("Locale"), doc.get("StateNumber"))
                 got = self._state_bodies.get(key)
                 if got is None:
                     sub = Writer()
@@ -214,6 +213,7 @@ class Structures:
             for i, x in enumerate(v):
                 self._struct(w, inner, x, f"{path}[{i}]")
             return
+        assert isinstance(kind, str)
         try:
             _WRITE[kind](w, v, int_type, path)
         except EncodeError as e:

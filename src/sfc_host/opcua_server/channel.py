@@ -416,14 +416,14 @@ class ServerChannel(asyncio.Protocol):
             if self._partial_size > MAX_MESSAGE or len(parts) > MAX_CHUNKS:
                 raise ChannelRefused(BAD_REQUEST_TOO_LARGE, "a request over our limit")
             return
-        parts = self._partial.pop(request_id, None)
-        if parts:
-            self._partial_size -= sum(len(p) for p in parts)
+        done = self._partial.pop(request_id, None)
+        if done:
+            self._partial_size -= sum(len(p) for p in done)
         if final == b"A":
             return                                  # the client gave the request up
-        if parts:
-            parts.append(body)
-            body = b"".join(parts)
+        if done:
+            done.append(body)
+            body = b"".join(done)
         self.requests += 1
         r = Reader(body)
         tid = r.nodeid()

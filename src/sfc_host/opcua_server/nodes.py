@@ -702,7 +702,7 @@ class AddressSpace:
             else:
                 value = _DEFAULTS[attribute]
         if attribute == ARRAY_DIMENSIONS:
-            value = list(value)
+            value = list(value or ())
         return DataValue(Variant(_TYPES[attribute], value))
 
     def set_value(self, node_id: NodeId, value: Variant | DataValue) -> None:
@@ -903,7 +903,7 @@ class AddressSpace:
         for qname, args in ((INPUT_ARGUMENTS, inputs), (OUTPUT_ARGUMENTS, outputs)):
             if args:
                 self.add_variable(
-                    node_id, NodeId(f"{node_id.identifier}.{qname.name}", node_id.namespace),
+                    node_id, NodeId(f"{node_id.identifier!s}.{qname.name}", node_id.namespace),
                     qname, Variant(EXTENSION_OBJECT, [a.encode() for a in args]),
                     ARGUMENT_TYPE, 1, ref_type=HAS_PROPERTY, array_dimensions=(len(args),),
                     modelling_rule=rule)
@@ -927,7 +927,7 @@ class AddressSpace:
                                     description=description)
         for field_name, data_type in fields:
             qname = _qualified(field_name, node_id.namespace)
-            self.add_variable(node_id, NodeId(f"{node_id.identifier}.{qname.name}",
+            self.add_variable(node_id, NodeId(f"{node_id.identifier!s}.{qname.name}",
                                               node_id.namespace),
                               qname, None, data_type, ref_type=HAS_PROPERTY,
                               modelling_rule=MANDATORY)

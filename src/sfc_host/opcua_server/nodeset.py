@@ -192,12 +192,12 @@ class _Loader:
             for node, definition in definitions:
                 current = str(node.node_id)
                 node.attributes[DATA_TYPE_DEFINITION] = self._definition(node, definition)
-            for nid, parent, where in parents:
-                current = where
-                node = self.space.get(nid)
-                assert node is not None
-                if not any(r.target == parent for r in node.references):
-                    raise _Bad(f"has no reference to its ParentNodeId {parent}")
+            for nid, parent_id, where in parents:
+                current = str(where)
+                child = self.space.get(nid)
+                assert child is not None
+                if not any(r.target == parent_id for r in child.references):
+                    raise _Bad(f"has no reference to its ParentNodeId {parent_id}")
         except (_Bad, ValueError, TypeError, OverflowError) as e:
             for nid in reversed(added):
                 self.space.remove(nid)
@@ -405,9 +405,10 @@ class _Loader:
         sfields = []
         optional = subtyped = False
         for f in fields:
-            name = f.get("Name")
-            if not name:
+            fname = f.get("Name")
+            if not fname:
                 raise _Bad("has a definition field without a Name")
+            name = fname
             dims = f.get("ArrayDimensions")
             is_optional = _bool(f.get("IsOptional"), False)
             optional = optional or is_optional

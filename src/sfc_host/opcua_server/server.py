@@ -113,7 +113,7 @@ class Server:
         self.sessions: Sessions | None = None
         self._read_hooks: dict[NodeId, Callable[[NodeId], Awaitable[None]]] = {}
         self._channels: set[ServerChannel] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handlers: dict[int, Callable[..., None]] = {
@@ -189,6 +189,7 @@ class Server:
     def request(self, channel: ServerChannel, request_id: int, type_id: int,
                 body: Reader) -> None:
         self._channels.add(channel)
+        assert self._loop is not None       # started
         try:
             header = bodies.read_request_header(body)
         except DecodeError as e:

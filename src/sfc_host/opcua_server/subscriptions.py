@@ -48,7 +48,7 @@ import re
 import struct
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from sfc_fast.wire.uabinary import (
     BYTE_STRING,
@@ -1352,12 +1352,12 @@ class Subscriptions:
         """The item in (or out of) the index of enabled items of its node."""
         table: dict[NodeId, list[Any]]
         if item.is_event:
-            table = self._events
+            table = cast(dict[NodeId, list[Any]], self._events)
         elif item.attribute == VALUE:
-            table = self._values
+            table = cast(dict[NodeId, list[Any]], self._values)
         else:
             return
-        items = table.get(item.node)
+        items: list[Any] | None = table.get(item.node)
         if item.mode != DISABLED:
             if items is None:
                 table[item.node] = [item]

@@ -95,7 +95,7 @@ def _extra_missing(setting: str, stack: str) -> ConfigError:
 
 def opcua_face(config: HostConfig, host: Any, mes: Any, link: Any) -> Any:
     """The OPC UA face of ``opcua = true`` (None when off); a ``ConfigError`` for a
-    missing extra. asyncua is imported only here."""
+    missing extra. The face's modules are imported only here."""
     if not config.opcua:
         return None
     try:
