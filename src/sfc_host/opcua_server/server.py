@@ -2,7 +2,7 @@
 
 Each request is read with the compiled codec and answered in the same loop pass where
 it can be: Browse, Read, Write, Translate and the subscription services never make a
-task. A method's callback is the owner's (``add_method``) and may be a coroutine; a
+task. A method's callback is the owner's (``methods.add``) and may be a coroutine; a
 read of a value may wait for the owner first (``before_read``: the face brings a list
 up to date). Events go out through ``subscriptions``: encoded once, whatever the number
 of subscribers (docs/design.md, "The OPC UA face on a server of our own").
