@@ -35,6 +35,7 @@ from sfc_host.opcua_client import (
     services,
     thumbprint,
 )
+from sfc_host.opcua_server import bodies
 
 log = logging.getLogger("sfc_host.opcua_server")
 
@@ -58,6 +59,7 @@ BAD_SEQUENCE_NUMBER_INVALID = 0x80880000
 BAD_DECODING_ERROR = 0x80070000
 BAD_REQUEST_TOO_LARGE = 0x80B80000
 BAD_TIMEOUT = 0x800A0000
+BAD_RESPONSE_TOO_LARGE = 0x80B90000
 
 
 class ChannelRefused(SfcHostError):
@@ -303,12 +305,10 @@ class ServerChannel(asyncio.Protocol):
         if tid != NodeId(services.OPEN_REQUEST):
             raise ChannelRefused(BAD_TCP_MESSAGE_TYPE_INVALID,
                                  f"an OPN chunk holding a message of type {tid}")
-        handle = _request_handle(r)
-        r.uint32()                                  # client protocol version
-        request_type = r.uint32()
-        mode = r.uint32()
-        client_nonce = r.bytestring() or b""
-        lifetime = min(max(r.uint32(), MIN_LIFETIME_MS), MAX_LIFETIME_MS)
+        handle = bodies.read_request_header(r).handle
+        req = bodies.read_open_secure_channel(r)
+        request_type, mode, client_nonce = req.request_type, req.security_mode, req.client_nonce
+        lifetime = min(max(req.requested_lifetime_ms, MIN_LIFETIME_MS), MAX_LIFETIME_MS)
         if request_type == 1 and not renew:
             raise ChannelRefused(BAD_SECURITY_CHECKS_FAILED, "a renewal of no channel")
         if not renew:
@@ -325,20 +325,10 @@ class ServerChannel(asyncio.Protocol):
         if renew:
             self._old_token = self._token_id
         self._token_id = token
-        w = Writer()
-        w.nodeid(NodeId(services.OPEN_RESPONSE))
-        w.datetime(ticks_now())
-        w.uint32(handle)
-        w.uint32(0)
-        w.byte(0)                                   # no diagnostic info
-        w.length(-1)                                # no string table
-        w.extension_object(None)
-        w.uint32(0)                                 # server protocol version
-        w.uint32(self.channel_id)
-        w.uint32(token)
-        w.datetime(ticks_now())
-        w.uint32(lifetime)
-        w.bytestring(server_nonce or None)
+        w = bodies.start_response(services.OPEN_RESPONSE, handle)
+        bodies.write_open_secure_channel(w, channel_id=self.channel_id, token_id=token,
+                                         created_at=ticks_now(), lifetime_ms=lifetime,
+                                         server_nonce=server_nonce)
         self._write(sec.encode_open(self.channel_id,
                                     _SEQ.pack(self._next_seq(), request_id) + w.getvalue()))
         self._max_chunk_body = sec.max_payload(self._send_size) - 8
@@ -432,32 +422,10 @@ class ServerChannel(asyncio.Protocol):
         self.owner.request(self, request_id, type_id, r)
 
 
-def _request_handle(r: Reader) -> int:
-    """A RequestHeader read past; its request handle."""
-    r.nodeid()
-    r.datetime()
-    handle = r.uint32()
-    r.uint32()
-    r.string()
-    r.uint32()
-    r.extension_object()
-    return handle
-
-
 def _too_large(message: bytes) -> bytes:
     """A ServiceFault with BadResponseTooLarge in place of a response over the client's
     limit, keeping its request handle."""
     r = Reader(message)
     r.nodeid()
     r.datetime()
-    handle = r.uint32()
-    w = Writer()
-    w.nodeid(NodeId(services.SERVICE_FAULT))
-    w.datetime(ticks_now())
-    w.uint32(handle)
-    w.uint32(0x80B90000)                            # BadResponseTooLarge
-    w.byte(0)
-    w.length(-1)
-    w.extension_object(None)
-    return w.getvalue()
-
+    return bodies.service_fault(r.uint32(), BAD_RESPONSE_TOO_LARGE)
